@@ -1,0 +1,32 @@
+# glmserve: `make serve` starts the server on the embedded default model; `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# llama.cpp's native build (-march=native) segfaults on some CPUs (ggml's AMX path); build a
+# portable AVX2 binary instead. pip caches the wheel, so this costs minutes only once.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+STAMP := $(VENV)/.glmserve-installed
+
+.PHONY: install serve test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/glmserve serve --host $(HOST) --port $(PORT)
+
+test: install
+	$(BIN)/python -m pytest tests
+
+bench: install
+	$(BIN)/python benchmarks/single_stream.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,3 @@
+from glmserve.cli import main
+
+raise SystemExit(main())

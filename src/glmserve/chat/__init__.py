@@ -1,0 +1,12 @@
+"""Chat formats: the model's chat template and the OpenAI -> template message mapping."""
+
+from glmserve.chat.messages import UnsupportedContentError, to_template_messages
+from glmserve.chat.template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "UnsupportedContentError",
+    "to_template_messages",
+]

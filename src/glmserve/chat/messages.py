@@ -1,0 +1,74 @@
+"""Map OpenAI request messages to the plain dicts chat templates expect.
+
+Text parts are joined with newlines (the vLLM convention); ``developer`` becomes ``system``
+(templates know only the classic roles); assistant ``tool_calls`` are passed in the OpenAI
+shape with ``arguments`` parsed to an object where it is JSON (what Hugging Face templates
+iterate over).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from glmserve.protocol.chat import AssistantMessage, ChatMessageParam, ImagePart, TextPart, ToolMessage
+
+
+class UnsupportedContentError(ValueError):
+    """A message part this model cannot take (for example an image sent to a text model).
+
+    ``param`` names the offending field (``messages.2.content.1``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _text(content: str | list | None, param: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if isinstance(part, ImagePart):
+            raise UnsupportedContentError(
+                "this model does not accept image input", f"{param}.{j}"
+            )
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def to_template_messages(messages: list[ChatMessageParam]) -> list[dict[str, Any]]:
+    """Template-ready dicts for ``messages``. Raises ``UnsupportedContentError``."""
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        role = "system" if msg.role == "developer" else msg.role
+        item: dict[str, Any] = {"role": role, "content": _text(msg.content, f"messages.{i}.content")}
+        if isinstance(msg, AssistantMessage):
+            if item["content"] is None:
+                item["content"] = ""
+            if msg.tool_calls:
+                item["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.function.name,
+                            "arguments": _arguments(call.function.arguments),
+                        },
+                    }
+                    for call in msg.tool_calls
+                ]
+        if isinstance(msg, ToolMessage):
+            item["tool_call_id"] = msg.tool_call_id
+        if getattr(msg, "name", None):
+            item["name"] = msg.name
+        out.append(item)
+    return out

@@ -1,0 +1,64 @@
+"""``glmserve`` command line: ``glmserve serve [flags]``.
+
+Flags are generated from the settings classes (``settings.py``) by pydantic-settings, so each
+flag is also a ``GLMSERVE_<NAME>`` environment variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from pydantic import ValidationError
+from pydantic_settings import CliApp, SettingsError
+
+from glmserve.settings import ServeSettings
+
+USAGE = """usage: glmserve COMMAND [flags]
+
+commands:
+  serve   start the OpenAI-compatible server (glmserve serve --help for flags)
+"""
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"glmserve: error: {message}", file=sys.stderr)
+    return code
+
+
+def serve(args: list[str]) -> int:
+    try:
+        settings = CliApp.run(ServeSettings, cli_args=args)
+    except (ValidationError, SettingsError) as exc:
+        return _fail(str(exc).splitlines()[0] if not isinstance(exc, ValidationError) else
+                     "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
+
+    import uvicorn
+
+    from glmserve.runtime import STARTUP_ERRORS, start_runtime
+    from glmserve.server import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        runtime = start_runtime(settings)
+    except STARTUP_ERRORS as exc:
+        return _fail(f"cannot start: {exc}")
+    app = create_app(runtime.engine, runtime.chat, api_key=settings.api_key)
+    info = runtime.engine.model_info
+    logging.getLogger("glmserve").info(
+        "serving %s (n_ctx=%d) on http://%s:%d", runtime.chat.model_name, info.context_length,
+        settings.host, settings.port,
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(USAGE, end="")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return serve(rest)
+    return _fail(f"unknown command {command!r}\n{USAGE}", 2)

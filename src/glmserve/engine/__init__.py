@@ -1,0 +1,42 @@
+"""Engines behind one interface; each engine is a subpackage imported lazily by name."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from glmserve.engine.base import Engine, EngineError, Tokenizer
+from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
+
+if TYPE_CHECKING:
+    from glmserve.settings import ServeSettings
+
+ENGINES = {"llama_cpp": "glmserve.engine.llama_cpp"}
+
+
+def create_engine(settings: ServeSettings) -> Engine:
+    """Import the engine named by ``settings.engine`` and build it (not started).
+
+    Raises ``EngineError`` for an unknown engine or one whose optional dependencies are missing.
+    """
+    module_name = ENGINES.get(settings.engine)
+    if module_name is None:
+        raise EngineError(f"unknown engine {settings.engine!r}; choose one of {sorted(ENGINES)}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EngineError(f"engine {settings.engine!r} is not installed ({exc})") from exc
+    return module.build(settings)
+
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineError",
+    "GenerationOutput",
+    "GenerationRequest",
+    "ModelInfo",
+    "SamplingParams",
+    "Tokenizer",
+    "create_engine",
+]

@@ -1,0 +1,50 @@
+"""The ``Engine`` protocol that every engine (llama_cpp, transformers, vllm) implements."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """The model's tokenizer, as the serving layer needs it."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, special-token markup parsed as special tokens, no BOS added."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a rendered chat prompt: like ``encode``, plus the model's BOS token
+        when the model asks for one and the text does not already start with it."""
+
+    def is_special(self, token_id: int) -> bool:
+        """True for control tokens (role markers, end-of-turn, BOS/EOS), which produce no text."""
+
+
+class EngineError(RuntimeError):
+    """A failure inside the engine (model load, decode). Start-up turns it into a one-line exit."""
+
+
+class Engine(Protocol):
+    """A request-based generation engine.
+
+    Lifecycle: ``start()`` once (loads the model; raises ``EngineError``), then any number of
+    concurrent ``generate`` calls, then ``shutdown()``. Generation runs on the engine's own
+    thread(s), never on the event loop.
+    """
+
+    model_info: ModelInfo
+    tokenizer: Tokenizer
+
+    def start(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Stream outputs for ``request``; the last has ``finish_reason`` set. Closing the
+        iterator early aborts the request."""
+
+    def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,58 @@
+"""The ``Tokenizer`` protocol over a llama.cpp vocabulary, plus incremental detokenization."""
+
+from __future__ import annotations
+
+import codecs
+
+import llama_cpp
+
+
+class LlamaCppTokenizer:
+    """Tokenizer of a loaded ``llama_cpp.Llama`` (thread-safe: the vocabulary is read-only)."""
+
+    def __init__(self, llm: llama_cpp.Llama) -> None:
+        self._llm = llm
+        self._vocab = llm._model.vocab
+        self.bos_id = llm.token_bos()
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def encode(self, text: str) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        ids = self.encode(text)
+        if self.add_bos and self.bos_id >= 0 and (not ids or ids[0] != self.bos_id):
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def is_special(self, token_id: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or bool(
+            llama_cpp.llama_vocab_is_eog(self._vocab, token_id)
+        )
+
+    def is_eog(self, token_id: int) -> bool:
+        """End-of-generation per llama.cpp (EOS, EOT and the tokens it knows end a turn)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token_id))
+
+    def token_text(self, token_id: int) -> str:
+        return self._llm._model.token_get_text(token_id) if token_id >= 0 else ""
+
+    def piece(self, token_id: int) -> bytes:
+        """The bytes a token stands for; control tokens give ``b""``."""
+        return self._llm.detokenize([token_id], special=False)
+
+
+class IncrementalDecoder:
+    """Token pieces (bytes) -> text deltas; a UTF-8 character split across tokens is emitted
+    when its last byte arrives; invalid bytes become U+FFFD."""
+
+    __slots__ = ("_decoder",)
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, piece: bytes) -> str:
+        return self._decoder.decode(piece, final=False)
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

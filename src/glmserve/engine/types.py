@@ -1,0 +1,108 @@
+"""Engine-neutral request/response types shared by every engine and the serving layer.
+
+Hot-path state, so plain ``@dataclass(slots=True)`` with checks in ``__post_init__`` (the
+nano-vllm style), not pydantic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick each next token.
+
+    ``temperature == 0`` means greedy decoding. ``top_k <= 0`` and ``top_p == 1`` / ``min_p == 0``
+    disable those filters. ``repetition_penalty`` is multiplicative (1.0 = off, llama.cpp's
+    ``repeat_penalty``); ``presence_penalty`` / ``frequency_penalty`` are OpenAI's additive
+    penalties. ``seed`` None means a fresh random seed per request.
+    ``max_tokens`` is the number of tokens to generate at most (already resolved against the
+    context window by the serving layer). ``stop_token_ids`` end generation with
+    ``finish_reason="stop"`` (the token itself is not returned as text) unless ``ignore_eos``.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One sequence to generate: prompt token ids (already rendered and tokenized) + sampling."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    lora: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("prompt_token_ids must not be empty")
+
+
+@dataclass(slots=True)
+class GenerationOutput:
+    """One step of one request's output, as the engine streams it.
+
+    ``token_ids``: tokens produced since the previous output (usually one).
+    ``text``: their detokenized text (UTF-8 safe: a character split across tokens is emitted
+    once complete; special tokens produce no text).
+    ``finish_reason``: set on the last output of the request; ``error`` carries a message then.
+    ``num_prompt_tokens`` / ``num_cached_tokens``: prompt size and how much of it was reused from
+    the KV cache (prefix reuse).
+    """
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """What an engine serves: the model's id, its context length (tokens) and capabilities."""
+
+    id: str
+    context_length: int
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    vision: bool = False
+    lora: bool = False
+    grammar: bool = False
+    owned_by: str = "glmserve"

@@ -1,0 +1,1 @@
+"""OpenAI wire types (pydantic v2) and the error envelope. No logic."""

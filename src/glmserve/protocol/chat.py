@@ -1,0 +1,202 @@
+"""OpenAI Chat Completions wire types (pydantic v2). No logic.
+
+Source: the OpenAI API reference for ``POST /v1/chat/completions`` and its streaming chunk
+object. Unknown request fields are tolerated (``extra="allow"``); wrong types and out-of-range
+values fail validation, which the HTTP layer answers with a 400.
+Extensions beyond OpenAI (the common ones vLLM and llama.cpp accept): ``top_k``, ``min_p``,
+``repetition_penalty``, ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop generating"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- request: messages -------------------------------------------------------------------
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(_Lenient):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Lenient):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(_Lenient):
+    role: Literal["system"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class DeveloperMessage(_Lenient):
+    role: Literal["developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class UserMessage(_Lenient):
+    role: Literal["user"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class AssistantMessage(_Lenient):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+
+
+class ToolMessage(_Lenient):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str
+
+
+ChatMessageParam = Annotated[
+    Union[SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage],
+    Field(discriminator="role"),
+]
+
+
+# ---- request: options --------------------------------------------------------------------
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class FunctionDefinition(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChatCompletionRequest(_Lenient):
+    model: str
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=128)
+    response_format: ResponseFormat | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    # extensions
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    ignore_eos: bool = False
+
+
+# ---- response ----------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ChatMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ChatMessage
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None

@@ -1,0 +1,51 @@
+"""Assemble a serving runtime from settings: engine (started), chat template, chat service.
+
+Shared by ``glmserve serve`` and any in-process use, so both behave the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from glmserve.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from glmserve.engine import Engine, EngineError, create_engine
+from glmserve.models import ModelNotFoundError
+from glmserve.serving.chat import ChatService
+from glmserve.settings import ServeSettings
+
+STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError)
+
+
+@dataclass(slots=True)
+class Runtime:
+    engine: Engine
+    chat: ChatService
+
+
+def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
+    """``--chat-template`` file, else the model's own template, else ChatML.
+
+    Raises ``ChatTemplateError`` (does not compile) or ``OSError`` (file unreadable)."""
+    info = engine.model_info
+    if settings.chat_template:
+        source = Path(settings.chat_template).read_text(encoding="utf-8")
+    else:
+        source = info.chat_template or CHATML_TEMPLATE
+    return ChatTemplate(source, bos_token=info.bos_token, eos_token=info.eos_token)
+
+
+def start_runtime(settings: ServeSettings) -> Runtime:
+    """Build and start the engine and the services over it.
+
+    Raises one of ``STARTUP_ERRORS`` with a one-line message when the model cannot be found or
+    loaded; the engine is shut down again if a later step fails."""
+    engine = create_engine(settings)
+    engine.start()
+    try:
+        template = load_chat_template(settings, engine)
+        name = settings.served_model_name or engine.model_info.id
+        return Runtime(engine, ChatService(engine, name, template))
+    except BaseException:
+        engine.shutdown()
+        raise

@@ -1,0 +1,47 @@
+"""``create_app``: the FastAPI application around a started engine. No engine imports here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+
+from glmserve.engine.base import Engine
+from glmserve.protocol.models import ModelCard
+from glmserve.server.auth import require_api_key
+from glmserve.server.errors import install_error_handlers
+from glmserve.server.routes import chat, health, models
+from glmserve.serving.chat import ChatService
+
+
+def create_app(
+    engine: Engine, chat_service: ChatService, api_key: str | None = None
+) -> FastAPI:
+    """The app serving ``engine`` (already started); shuts the engine down on exit."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="glmserve", lifespan=lifespan)
+    app.state.api_key = api_key
+    app.state.chat = chat_service
+    info = engine.model_info
+    app.state.model_cards = [
+        ModelCard(
+            id=chat_service.model_name,
+            created=int(time.time()),
+            owned_by=info.owned_by,
+            max_model_len=info.context_length,
+            root=info.id,
+        )
+    ]
+    install_error_handlers(app)
+    app.include_router(health.router)
+    protected = [Depends(require_api_key)]
+    app.include_router(models.router, dependencies=protected)
+    app.include_router(chat.router, dependencies=protected)
+    return app

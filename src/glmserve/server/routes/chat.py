@@ -1,0 +1,22 @@
+"""``POST /v1/chat/completions``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
+from glmserve.server.cancellation import with_cancellation
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    result = await with_cancellation(request.app.state.chat.create(body), request)
+    if result is None:  # client went away; nobody reads this
+        return Response(status_code=499)
+    if isinstance(result, ChatCompletion):
+        return JSONResponse(result.model_dump(exclude_none=True))
+    return EventSourceResponse(result, ping=15)

@@ -1,0 +1,1 @@
+"""Serving: OpenAI requests -> engine requests, engine outputs -> OpenAI responses/chunks."""

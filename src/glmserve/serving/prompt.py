@@ -1,0 +1,69 @@
+"""Chat request -> prompt token ids, with the context-window checks.
+
+The prompt is rendered with the model's chat template (``chat/``) and tokenized by the engine's
+tokenizer; it is never truncated: a prompt that does not fit is a 400
+``context_length_exceeded``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentError, to_template_messages
+from glmserve.engine.base import Tokenizer
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.protocol.errors import context_length_exceeded, invalid_request
+
+
+@dataclass(slots=True)
+class Prompt:
+    text: str
+    token_ids: list[int]
+    max_tokens: int  # tokens the reply may use, resolved against the context window
+
+
+def end_of_turn_token_ids(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The special token the template closes an assistant turn with (``<|im_end|>`` for
+    ChatML, ``<|user|>`` for GLM-4), as a 1-tuple, or ``()`` when there is none."""
+    text = template.end_of_turn_text()
+    for token_id in tokenizer.encode(text) if text else []:
+        if tokenizer.is_special(token_id):
+            return (token_id,)
+    return ()
+
+
+def build_prompt(
+    req: ChatCompletionRequest,
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+    context_length: int,
+    max_tokens: int | None,
+) -> Prompt:
+    """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
+    context). Raises ``APIError`` 400 for content the model cannot take, a template that
+    rejects the conversation, or a prompt/``max_tokens`` that does not fit."""
+    try:
+        messages = to_template_messages(req.messages)
+    except UnsupportedContentError as exc:
+        raise invalid_request(str(exc), exc.param) from exc
+    try:
+        text = template.render(messages, add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
+    token_ids = tokenizer.encode_prompt(text)
+    n_prompt = len(token_ids)
+    if n_prompt >= context_length:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"messages resulted in {n_prompt} tokens. Please reduce the length of the messages."
+        )
+    if max_tokens is None:
+        max_tokens = context_length - n_prompt
+    elif n_prompt + max_tokens > context_length:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {context_length} tokens. However, you "
+            f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} "
+            "in the completion). Please reduce the length of the messages or completion.",
+            param="max_tokens",
+        )
+    return Prompt(text, token_ids, max_tokens)
