@@ -20,19 +20,34 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body().model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
+_UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url", "function"}
+_TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
+
+
 def _param(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    # drop pydantic's union-branch tags ("str", "list[...]", "UserMessage") from the path
-    parts = [p for p in parts if not (p[:1].isupper() or "[" in p or p in {"str", "int", "float", "bool"})]
+    """The field path of a validation error, without pydantic's union-branch labels
+    (``messages.0.user.content.str`` -> ``messages.0.content``)."""
+    parts: list[str] = []
+    items = [p for p in loc if p != "body"]
+    for i, item in enumerate(items):
+        text = str(item)
+        if "[" in text or text in _TYPE_NAMES or text[:1].isupper():
+            continue  # union member labels such as "list[...]", "str", "TextPart"
+        after_index = i > 0 and isinstance(items[i - 1], int)
+        if after_index and text in _UNION_TAGS and i < len(items) - 1:
+            continue  # discriminator tag of a tagged union
+        parts.append(text)
     return ".".join(parts) or None
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
-    """The first validation problem as a 400 with ``param`` set to its field path."""
+    """The most specific validation problem (deepest field path; for a union, the branch that
+    got furthest) as a 400 with ``param`` set to its field path."""
     errors = exc.errors()
     if not errors:
         return invalid_request("invalid request body")
-    first = errors[0]
+    # a value of the right type but out of bounds says more than "should be a string"
+    first = max(errors, key=lambda e: (len(e.get("loc", ())), not e.get("type", "").endswith("_type")))
     kind = first.get("type", "")
     if kind == "json_invalid":
         return invalid_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))

@@ -156,6 +156,7 @@ class LlamaCppEngine:
         rid, sp = req.request_id, req.sampling
         n_prompt = len(req.prompt_token_ids)
         if self._is_aborted(rid):
+            log.info("request %s aborted before it started", rid)
             stream.put(GenerationOutput(rid, finish_reason="abort", num_prompt_tokens=n_prompt))
             return
         cached = self._cached_prefix(req.prompt_token_ids)
@@ -179,6 +180,7 @@ class LlamaCppEngine:
                 out = GenerationOutput(rid, [token], num_prompt_tokens=n_prompt, num_cached_tokens=cached)
                 if self._is_aborted(rid):
                     out.token_ids, out.finish_reason = [], "abort"
+                    log.info("request %s aborted after %d tokens", rid, n_generated - 1)
                 elif not sp.ignore_eos and (token in sp.stop_token_ids or self.tokenizer.is_eog(token)):
                     out.text, out.finish_reason = decoder.flush(), "stop"
                 else:

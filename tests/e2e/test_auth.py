@@ -1,0 +1,53 @@
+"""``--api-key``: every route but /health needs the key; a wrong or missing key is a 401."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import DEFAULT_MODEL, RemoteServer
+
+KEY = "sk-test-glmserve"
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    srv = RemoteServer("--api-key", KEY)
+    yield srv
+    srv.stop()
+
+
+def test_health_needs_no_key(keyed_server):
+    assert httpx.get(f"{keyed_server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
+                         ids=["missing", "wrong", "no-bearer"])
+def test_wrong_or_missing_key_is_401(keyed_server, headers):
+    for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
+        resp = httpx.request(method, f"{keyed_server.url}{path}", headers=headers,
+                             json={"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Hi"}]})
+        assert resp.status_code == 401
+        error = resp.json()["error"]
+        assert error["code"] == "invalid_api_key"
+        assert error["type"] == "invalid_request_error"
+
+
+def test_right_key_works(keyed_server):
+    client = keyed_server.client(api_key=KEY)
+    assert client.models.list().data[0].id == DEFAULT_MODEL
+    reply = client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=3)
+    assert reply.usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        keyed_server.client(api_key="nope").models.list()
+
+
+def test_key_from_environment():
+    srv = RemoteServer(env={"GLMSERVE_API_KEY": KEY, "GLMSERVE_SERVED_MODEL_NAME": "env-named"})
+    try:
+        assert httpx.get(f"{srv.url}/v1/models").status_code == 401
+        assert srv.client(api_key=KEY).models.list().data[0].id == "env-named"
+    finally:
+        srv.stop()

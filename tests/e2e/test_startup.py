@@ -1,0 +1,48 @@
+"""Start-up: a model that cannot be found or loaded stops with one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "glmserve", "serve", "--port", "0", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _assert_one_line_failure(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err
+
+
+def test_missing_model_file(tmp_path):
+    _assert_one_line_failure(_serve("--model", str(tmp_path / "nope.gguf")), "nope.gguf", "no such file")
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\0" * 16)
+    _assert_one_line_failure(_serve("--model", str(path)), "not a .gguf")
+
+
+def test_corrupt_gguf_file(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\xff" * 64)
+    _assert_one_line_failure(_serve("--model", str(path)), "cannot load")
+
+
+def test_invalid_flag_value():
+    _assert_one_line_failure(_serve("--n-ctx", "-3"))
+
+
+def test_help_lists_flags():
+    proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    for flag in ("--model", "--host", "--port", "--n-ctx", "--n-threads", "--served-model-name", "--api-key"):
+        assert flag in proc.stdout
