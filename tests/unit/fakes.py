@@ -1,0 +1,82 @@
+"""A fake engine and tokenizer for testing the serving and HTTP layers without a model.
+
+The tokenizer maps each character to its code point and a few ChatML markers to ids >= 1000;
+the engine replays a scripted reply (or fails on cue), through the real ``Engine`` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
+
+SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001}
+
+
+class FakeTokenizer:
+    def encode(self, text: str) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            for tok, tid in SPECIAL.items():
+                if text.startswith(tok, i):
+                    ids.append(tid)
+                    i += len(tok)
+                    break
+            else:
+                ids.append(ord(text[i]))
+                i += 1
+        return ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in SPECIAL.values()
+
+
+class FakeEngine:
+    """Replies with ``reply`` one character per output; fails after ``fail_after`` outputs
+    when the prompt contains ``FAIL`` (as an error output) or ``CRASH`` (as an exception)."""
+
+    def __init__(self, reply: str = "Hello there", context_length: int = 256, fail_after: int = 3) -> None:
+        self.reply = reply
+        self.fail_after = fail_after
+        self.tokenizer = FakeTokenizer()
+        self.model_info = ModelInfo(id="fake", context_length=context_length, chat_template=None,
+                                    bos_token="", eos_token="")
+        self.aborted: list[str] = []
+        self.requests: list[GenerationRequest] = []
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        self.requests.append(request)
+        prompt = "".join(chr(t) for t in request.prompt_token_ids if t < 1000)
+        n = len(request.prompt_token_ids)
+        finished = False
+        try:
+            async for out in self._outputs(request, prompt, n):
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # the consumer left early: the protocol says that aborts
+                self.abort(request.request_id)
+
+    async def _outputs(self, request: GenerationRequest, prompt: str, n: int) -> AsyncIterator[GenerationOutput]:
+        for i, ch in enumerate(self.reply[: request.sampling.max_tokens]):
+            await asyncio.sleep(0)
+            if i == self.fail_after and "FAIL" in prompt:
+                yield GenerationOutput(request.request_id, finish_reason="error", error="decode failed",
+                                       num_prompt_tokens=n)
+                return
+            if i == self.fail_after and "CRASH" in prompt:
+                raise RuntimeError("engine crashed")
+            last = i == min(len(self.reply), request.sampling.max_tokens) - 1
+            reason = None if not last else ("length" if request.sampling.max_tokens <= len(self.reply) else "stop")
+            yield GenerationOutput(request.request_id, [ord(ch)], ch, reason, num_prompt_tokens=n)

@@ -1,0 +1,126 @@
+"""Serving + HTTP layers over a fake engine: request mapping, context checks, and a failing
+request that ends with an error while the server keeps serving others."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.protocol.errors import APIError
+from glmserve.server import create_app
+from glmserve.serving.chat import ChatService
+from glmserve.serving.sampling import check_supported, to_sampling_params
+from tests.unit.fakes import FakeEngine
+
+
+@pytest.fixture()
+def engine():
+    return FakeEngine()
+
+
+@pytest.fixture()
+def http(engine):
+    service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
+    with TestClient(create_app(engine, service)) as client:
+        yield client
+
+
+def _body(content="Hi", **kw):
+    return {"model": "fake", "messages": [{"role": "user", "content": content}], **kw}
+
+
+def _req(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(_body(**kw))
+
+
+def test_end_of_turn_token_from_template(engine):
+    service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
+    assert service.stop_token_ids == (1001,)
+
+
+def test_sampling_defaults_and_mapping():
+    sp = to_sampling_params(_req(), 10, (7,))
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.repetition_penalty) == (1.0, 1.0, 0, 0.0, 1.0)
+    assert sp.stop_token_ids == (7,) and sp.max_tokens == 10 and sp.seed is None
+    sp = to_sampling_params(_req(temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, repetition_penalty=1.2,
+                                 presence_penalty=0.3, frequency_penalty=-0.3, seed=9, ignore_eos=True), 5, ())
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.repetition_penalty) == (0.5, 0.9, 40, 0.1, 1.2)
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.seed, sp.ignore_eos) == (0.3, -0.3, 9, True)
+    assert to_sampling_params(_req(top_p=0), 5, ()).greedy
+    assert to_sampling_params(_req(top_k=-1), 5, ()).top_k == 0
+
+
+@pytest.mark.parametrize("kw, param", [
+    ({"n": 3}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+])
+def test_unsupported_options_are_refused(kw, param):
+    with pytest.raises(APIError) as info:
+        check_supported(_req(**kw))
+    assert info.value.status_code == 400 and info.value.param == param
+
+
+def test_tools_with_tool_choice_none_are_fine():
+    check_supported(_req(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="none"))
+
+
+def test_plain_and_usage(http, engine):
+    body = http.post("/v1/chat/completions", json=_body()).json()
+    assert body["choices"][0]["message"]["content"] == "Hello there"
+    prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert body["usage"]["prompt_tokens"] == len(engine.tokenizer.encode(prompt))
+    assert body["usage"]["completion_tokens"] == len("Hello there")
+    assert engine.requests[0].sampling.max_tokens == 256 - body["usage"]["prompt_tokens"]
+
+
+def test_max_completion_tokens_wins_over_max_tokens(http, engine):
+    body = http.post("/v1/chat/completions", json=_body(max_tokens=9, max_completion_tokens=4)).json()
+    assert body["choices"][0]["message"]["content"] == "Hell"
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_context_checks(http):
+    resp = http.post("/v1/chat/completions", json=_body("x" * 300))
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+    resp = http.post("/v1/chat/completions", json=_body(max_tokens=250))
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_tokens"
+
+
+def test_stop_string_aborts_engine(http, engine):
+    body = http.post("/v1/chat/completions", json=_body(stop="lo t")).json()
+    assert body["choices"][0]["message"]["content"] == "Hel"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == len("Hello t")
+    assert engine.aborted == [engine.requests[0].request_id]
+
+
+@pytest.mark.parametrize("cue", ["FAIL", "CRASH"])
+def test_engine_failure_ends_only_that_request(http, cue):
+    resp = http.post("/v1/chat/completions", json=_body(cue))
+    assert resp.status_code == 500
+    error = resp.json()["error"]
+    assert error["type"] == "server_error" and "generation failed" in error["message"]
+    # streamed: an error event, no [DONE]
+    with http.stream("POST", "/v1/chat/completions", json=_body(cue, stream=True)) as stream:
+        events = [line[len("data: "):] for line in stream.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert "error" in json.loads(events[-1]) and "[DONE]" not in events
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]) == "Hel"
+    # and the next request is served normally
+    ok = http.post("/v1/chat/completions", json=_body("fine"))
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "Hello there"
+
+
+def test_template_rejection_is_400(engine):
+    strict = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    with TestClient(create_app(engine, ChatService(engine, "fake", strict))) as client:
+        resp = client.post("/v1/chat/completions", json=_body())
+    assert resp.status_code == 400
+    assert "roles must alternate" in resp.json()["error"]["message"]
