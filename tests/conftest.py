@@ -1,72 +1,15 @@
-"""Shared test helpers: start the real server in a subprocess (vLLM ``RemoteOpenAIServer``
-pattern) and talk to it over HTTP."""
+"""Shared test fixtures: the real server in a subprocess, talked to over HTTP."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-STARTUP_TIMEOUT_S = 120
+from glmserve.testing import DEFAULT_MODEL, RemoteServer
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RemoteServer:
-    """``glmserve serve ARGS`` on a free loopback port; ``stop()`` ends it and returns its log."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile("w+", prefix="glmserve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), "--n-threads", "2", *args]
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-        self._wait_healthy()
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server did not become healthy:\n{self.log()}")
-
-    def log(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")
-
-    def client(self, api_key: str = "unused", **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120, **kwargs)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+__all__ = ["DEFAULT_MODEL", "RemoteServer"]
 
 
 @pytest.fixture(scope="session")
