@@ -49,7 +49,8 @@ def serve(args: list[str]) -> int:
         "serving %s (n_ctx=%d) on http://%s:%d", runtime.chat.model_name, info.context_length,
         settings.host, settings.port,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=settings.shutdown_timeout)
     return 0
 
 

@@ -45,7 +45,21 @@ class ServeSettings(BaseSettings):
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, le=1024,
         description="CPU threads for generation.",
     )
-    n_batch: int = Field(512, ge=1, le=1 << 16, description="Prompt tokens decoded per step.")
+    max_num_seqs: int = Field(
+        8, ge=1, le=256, description="Sequences decoded together in one batch (running requests)."
+    )
+    max_num_batched_tokens: int = Field(
+        512, ge=16, le=1 << 16,
+        description="Tokens per engine step: one per running sequence plus prompt chunks (chunked prefill).",
+    )
+    max_queue: int = Field(
+        64, ge=0, le=1 << 16,
+        description="Requests that may wait for a free sequence; beyond that the server answers 429.",
+    )
+    shutdown_timeout: float = Field(
+        30.0, ge=0, le=3600,
+        description="Seconds to let running requests finish after SIGTERM before they are aborted.",
+    )
     chat_template: str | None = Field(
         None, description="Jinja2 chat template file to use instead of the model's own."
     )

@@ -55,8 +55,11 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         self.requests.append(request)
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         prompt = "".join(chr(t) for t in request.prompt_token_ids if t < 1000)
         n = len(request.prompt_token_ids)
         finished = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from glmserve.engine.base import Engine, EngineError, Tokenizer
+from glmserve.engine.base import Engine, EngineError, EngineOverloaded, Tokenizer
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ __all__ = [
     "ENGINES",
     "Engine",
     "EngineError",
+    "EngineOverloaded",
     "GenerationOutput",
     "GenerationRequest",
     "ModelInfo",

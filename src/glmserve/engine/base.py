@@ -27,6 +27,15 @@ class EngineError(RuntimeError):
     """A failure inside the engine (model load, decode). Start-up turns it into a one-line exit."""
 
 
+class EngineOverloaded(EngineError):
+    """Raised by ``generate`` when ``max_num_seqs`` are running and ``max_queue`` are waiting;
+    the server answers 429 with ``Retry-After: retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Engine(Protocol):
     """A request-based generation engine.
 
@@ -41,8 +50,9 @@ class Engine(Protocol):
     def start(self) -> None: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        """Stream outputs for ``request``; the last has ``finish_reason`` set. Closing the
-        iterator early aborts the request."""
+        """Admit ``request`` now (raises ``EngineOverloaded`` when full) and return the stream
+        of its outputs; the last has ``finish_reason`` set. Closing the stream (``aclose``)
+        before the end aborts the request, also if it was never iterated."""
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""

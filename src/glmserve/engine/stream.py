@@ -1,12 +1,13 @@
 """Hand outputs from an engine's worker thread to the asyncio consumer of ``generate``.
 
 Engine-neutral: every engine's worker thread calls ``OutputStream.put`` (thread-safe) and the
-event loop awaits ``OutputStream.get``.
+request's ``RequestStream`` is what ``Engine.generate`` returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from glmserve.engine.types import GenerationOutput
 
@@ -21,7 +22,7 @@ class OutputStream:
         self._queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
 
     def put(self, output: GenerationOutput) -> None:
-        """Called from any thread. Silently dropped if the loop is closed (server exiting)."""
+        """Called from any thread. Dropped if the loop is closed (server exiting)."""
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, output)
         except RuntimeError:
@@ -29,3 +30,40 @@ class OutputStream:
 
     async def get(self) -> GenerationOutput:
         return await self._queue.get()
+
+
+class RequestStream:
+    """The async iterator of one request's outputs; the last has ``finish_reason`` set.
+
+    ``aclose()`` (or garbage collection) before the last output aborts the request, also when
+    iteration never started, so a request whose client left early never runs on for nobody.
+    """
+
+    __slots__ = ("request_id", "_outputs", "_abort", "_done", "__weakref__")
+
+    def __init__(self, request_id: str, outputs: OutputStream, abort: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self._outputs = outputs
+        self._abort = abort
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> GenerationOutput:
+        if self._done:
+            raise StopAsyncIteration
+        output = await self._outputs.get()
+        self._done = output.finished
+        return output
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._abort(self.request_id)
+
+    def __del__(self) -> None:
+        self.close()

@@ -19,7 +19,8 @@ class SamplingParams:
     ``temperature == 0`` means greedy decoding. ``top_k <= 0`` and ``top_p == 1`` / ``min_p == 0``
     disable those filters. ``repetition_penalty`` is multiplicative (1.0 = off, llama.cpp's
     ``repeat_penalty``); ``presence_penalty`` / ``frequency_penalty`` are OpenAI's additive
-    penalties. ``seed`` None means a fresh random seed per request.
+    penalties. ``seed`` None means a fresh random seed per request. ``logit_bias`` maps token
+    ids to values added to their logits (OpenAI's -100..100; -100 bans a token).
     ``max_tokens`` is the number of tokens to generate at most (already resolved against the
     context window by the serving layer). ``stop_token_ids`` end generation with
     ``finish_reason="stop"`` (the token itself is not returned as text) unless ``ignore_eos``.
@@ -36,6 +37,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -71,6 +71,12 @@ def context_length_exceeded(message: str, param: str = "messages") -> APIError:
     return APIError(400, message, "invalid_request_error", param, "context_length_exceeded")
 
 
+def overloaded(message: str, retry_after_s: int) -> APIError:
+    """429 with ``Retry-After``: every running and queued place is taken."""
+    return APIError(429, message, "rate_limit_error", None, "rate_limit_exceeded",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
 def server_error(message: str) -> APIError:
     """500 ``server_error``: a failure inside the server, not the client's fault."""
     return APIError(500, message, "server_error", None, "internal_error")

@@ -13,8 +13,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from glmserve.chat import ChatTemplate
-from glmserve.engine.base import Engine
-from glmserve.engine.types import GenerationRequest
+from glmserve.engine.base import Engine, EngineOverloaded
+from glmserve.engine.types import GenerationOutput, GenerationRequest
 from glmserve.protocol.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -26,7 +26,7 @@ from glmserve.protocol.chat import (
     PromptTokensDetails,
     Usage,
 )
-from glmserve.protocol.errors import APIError, model_not_found, server_error
+from glmserve.protocol.errors import APIError, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.sampling import check_supported, requested_max_tokens, stop_strings, to_sampling_params
 from glmserve.serving.stop import StopStringMatcher
@@ -42,6 +42,7 @@ class _Run:
     created: int
     request: GenerationRequest
     stops: list[str]
+    outputs: AsyncIterator[GenerationOutput]
     completion_tokens: int = 0
     cached_tokens: int = 0
 
@@ -89,7 +90,11 @@ class ChatService:
             prompt_token_ids=prompt.token_ids,
             sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids),
         )
-        return _Run(request.request_id, int(time.time()), request, stop_strings(req))
+        try:
+            outputs = self.engine.generate(request)  # admission: may refuse at once
+        except EngineOverloaded as exc:
+            raise overloaded(str(exc), exc.retry_after_s) from exc
+        return _Run(request.request_id, int(time.time()), request, stop_strings(req), outputs)
 
     async def _deltas(self, run: _Run) -> AsyncIterator[tuple[str, str | None]]:
         """``(text, finish_reason)`` pairs; the last has ``finish_reason`` set.
@@ -98,7 +103,7 @@ class ChatService:
         gone) closes the engine stream, which aborts the request."""
         matcher = StopStringMatcher(run.stops)
         try:
-            async with aclosing(self.engine.generate(run.request)) as outputs:
+            async with aclosing(run.outputs) as outputs:
                 async for out in outputs:
                     run.completion_tokens += len(out.token_ids)
                     run.cached_tokens = out.num_cached_tokens

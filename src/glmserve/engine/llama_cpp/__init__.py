@@ -1,10 +1,10 @@
-"""llama.cpp engine (CPU, GGUF) over llama-cpp-python."""
+"""llama.cpp engine (CPU, GGUF) over llama-cpp-python, continuously batched."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmserve.engine.llama_cpp.engine import LlamaCppEngine
+from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
 from glmserve.models import resolve_model
 
 if TYPE_CHECKING:
@@ -15,10 +15,14 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
     return LlamaCppEngine(
         resolve_model(settings.model),
-        n_ctx=settings.n_ctx,
-        n_threads=settings.n_threads,
-        n_batch=settings.n_batch,
+        EngineConfig(
+            n_ctx=settings.n_ctx,
+            n_threads=settings.n_threads,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_queue=settings.max_queue,
+        ),
     )
 
 
-__all__ = ["LlamaCppEngine", "build"]
+__all__ = ["EngineConfig", "LlamaCppEngine", "build"]

@@ -1,60 +1,68 @@
-"""The ``llama_cpp`` engine: GGUF models on the CPU through llama-cpp-python.
+"""The ``llama_cpp`` engine: GGUF models on the CPU, continuously batched.
 
-One worker thread owns the ``llama_cpp.Llama`` context and runs requests one at a time, token
-by token, checking for aborts between tokens; the event loop only waits on queues. Sampling is
-llama.cpp's own sampler chain (in C). Prompt prefixes still in the KV cache from the previous
-request are reused (``Llama.generate``'s prefix match) and reported as cached tokens.
+One llama.cpp context with a unified KV cache of ``n_ctx`` cells shared by ``max_num_seqs``
+sequences. A worker thread runs engine steps (nano-vllm's shape): ``Scheduler.schedule()``,
+then one ``llama_decode`` of a batch holding the next token of every running sequence plus
+prompt chunks of new ones, then sampling with each sequence's own llama.cpp sampler chain and
+post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop). Requests
+join and leave between steps; an abort takes effect at the next step.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import llama_cpp
+from llama_cpp._internals import LlamaModel
+from llama_cpp._utils import suppress_stdout_stderr
 
-from glmserve.engine.base import EngineError
+from glmserve.engine.base import EngineError, EngineOverloaded
+from glmserve.engine.llama_cpp.batch import BatchDecoder
+from glmserve.engine.llama_cpp.sampling import SamplerChain
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
-from glmserve.engine.stream import OutputStream
-from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.scheduler import AdmissionControl, Scheduler, Sequence, SeqStatus
+from glmserve.engine.stream import OutputStream, RequestStream
+from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
 
-_RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
 
-
-def _llama_seed(seed: int | None) -> int:
-    """A 32-bit llama.cpp seed; never the value llama.cpp reads as "random"."""
-    if seed is None:
-        return random.getrandbits(31)
-    value = seed & 0xFFFFFFFF
-    return value - 1 if value == _RANDOM_SEED else value
+@dataclass(slots=True)
+class EngineConfig:
+    n_ctx: int = 4096  # 0: the model's training context
+    n_threads: int = 1
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    max_queue: int = 64
 
 
 @dataclass(slots=True)
-class _Job:
+class _SeqState:
     request: GenerationRequest
     stream: OutputStream
+    sampler: SamplerChain
+    decoder: IncrementalDecoder
 
 
 class LlamaCppEngine:
-    """See module docstring. ``n_ctx`` 0 means the model's training context."""
+    """See module docstring."""
 
-    def __init__(self, model: ResolvedModel, n_ctx: int, n_threads: int, n_batch: int) -> None:
-        self._model = model
-        self._n_ctx = n_ctx
-        self._n_threads = n_threads
-        self._n_batch = n_batch
-        self._llm: llama_cpp.Llama | None = None
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+    def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
+        self._resolved = model
+        self.config = config
+        self._model: LlamaModel | None = None
+        self._ctx = None
+        self._decoder: BatchDecoder | None = None
+        self._scheduler: Scheduler | None = None
+        self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
+        self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
+        self._aborts: set[str] = set()
         self._lock = threading.Lock()
-        self._active: set[str] = set()
-        self._aborted: set[str] = set()
+        self._by_id: dict[str, Sequence] = {}
         self._thread: threading.Thread | None = None
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
@@ -62,134 +70,167 @@ class LlamaCppEngine:
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        path = self._model.path
+        path, cfg = self._resolved.path, self.config
         try:
-            self._llm = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=self._n_ctx,
-                n_batch=self._n_batch,
-                n_threads=self._n_threads,
-                n_threads_batch=self._n_threads,
-                verbose=False,
-            )
+            self._model = LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
+                                     verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load {path}: {exc}") from exc
-        self.tokenizer = LlamaCppTokenizer(self._llm)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = cfg.n_ctx or self._model.n_ctx_train()
+        params.n_batch = cfg.max_num_batched_tokens
+        params.n_ubatch = min(cfg.max_num_batched_tokens, 512)
+        params.n_seq_max = cfg.max_num_seqs
+        params.n_threads = params.n_threads_batch = cfg.n_threads
+        params.kv_unified = True  # one pool of cells for all sequences, no per-slot slices
+        params.no_perf = True
+        with suppress_stdout_stderr(disable=False):
+            self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
+        if not self._ctx:
+            self._model.close()
+            raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={params.n_ctx})")
+        n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens)
+        self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens)
+        self.tokenizer = LlamaCppTokenizer(self._model)
         self.model_info = ModelInfo(
-            id=self._model.name,
-            context_length=self._llm.n_ctx(),
-            chat_template=self._llm.metadata.get("tokenizer.chat_template"),
-            bos_token=self.tokenizer.token_text(self._llm.token_bos()),
-            eos_token=self.tokenizer.token_text(self._llm.token_eos()),
+            id=self._resolved.name,
+            context_length=n_ctx,
+            chat_template=self._model.metadata().get("tokenizer.chat_template"),
+            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
+            eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
         )
         self._thread = threading.Thread(target=self._worker, name="llama-cpp-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Abort what is still running, stop the worker, free llama.cpp resources."""
         if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout=30)
+            self._inbox.put(None)
+            self._thread.join(timeout=60)
             self._thread = None
-        if self._llm is not None:
-            self._llm.close()
-            self._llm = None
+        if self._decoder is not None:
+            self._decoder.free()
+            self._decoder = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            self._model.close()
+            self._model = None
 
-    # ---- requests -----------------------------------------------------------------------
+    # ---- requests (any thread) ----------------------------------------------------------
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+    def generate(self, request: GenerationRequest) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
+        if not self._admission.try_acquire():
+            raise EngineOverloaded(
+                f"server is at capacity ({self.config.max_num_seqs} running, {self.config.max_queue} "
+                "waiting); retry shortly"
+            )
         stream = OutputStream()
-        with self._lock:
-            self._active.add(request.request_id)
-        self._jobs.put(_Job(request, stream))
-        finished = False
-        try:
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
-                yield output
-        finally:
-            if not finished:
-                self.abort(request.request_id)
+        sampler = SamplerChain(request.sampling, self.tokenizer.n_vocab, self.model_info.context_length)
+        state = _SeqState(request, stream, sampler, IncrementalDecoder())
+        self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state))
+        return RequestStream(request.request_id, stream, self.abort)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
-            if request_id in self._active:
-                self._aborted.add(request_id)
-
-    def _is_aborted(self, request_id: str) -> bool:
-        with self._lock:
-            return request_id in self._aborted
-
-    def _release(self, request_id: str) -> None:
-        with self._lock:
-            self._active.discard(request_id)
-            self._aborted.discard(request_id)
+            self._aborts.add(request_id)
 
     # ---- worker thread ------------------------------------------------------------------
 
     def _worker(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            request_id = job.request.request_id
-            try:
-                self._run(job)
-            except Exception as exc:  # one request fails; the engine keeps serving
-                log.exception("request %s failed", request_id)
-                job.stream.put(
-                    GenerationOutput(request_id, finish_reason="error", error=f"{type(exc).__name__}: {exc}")
-                )
-            finally:
-                self._release(request_id)
-
-    def _cached_prefix(self, prompt: list[int]) -> int:
-        llm = self._llm
-        n = 0
-        for a, b in zip(llm._input_ids[: llm.n_tokens], prompt):
-            if a != b:
+        sched = self._scheduler
+        running = True
+        while running:
+            running = self._drain_inbox(block=not sched.has_work())
+            self._apply_aborts()
+            if not running:
                 break
-            n += 1
-        return min(n, len(prompt) - 1)  # the last prompt token is always decoded again
+            try:
+                self._step()
+            except Exception as exc:  # one failed step ends its requests; the engine goes on
+                log.exception("engine step failed")
+                self._fail_all(f"{type(exc).__name__}: {exc}")
+        for seq in [*sched.running, *sched.waiting]:
+            self._finish(seq, "abort")
 
-    def _run(self, job: _Job) -> None:
-        req, stream, llm = job.request, job.stream, self._llm
-        rid, sp = req.request_id, req.sampling
-        n_prompt = len(req.prompt_token_ids)
-        if self._is_aborted(rid):
-            log.info("request %s aborted before it started", rid)
-            stream.put(GenerationOutput(rid, finish_reason="abort", num_prompt_tokens=n_prompt))
-            return
-        cached = self._cached_prefix(req.prompt_token_ids)
-        llm.set_seed(_llama_seed(sp.seed))
-        decoder = IncrementalDecoder()
-        tokens = llm.generate(
-            req.prompt_token_ids,
-            top_k=sp.top_k,
-            top_p=sp.top_p,
-            min_p=sp.min_p,
-            typical_p=1.0,
-            temp=sp.temperature,
-            repeat_penalty=sp.repetition_penalty,
-            frequency_penalty=sp.frequency_penalty,
-            presence_penalty=sp.presence_penalty,
-        )
-        n_generated = 0
+    def _drain_inbox(self, block: bool) -> bool:
+        """Move new sequences into the scheduler; False once shutdown was requested."""
         try:
-            for token in tokens:
-                n_generated += 1
-                out = GenerationOutput(rid, [token], num_prompt_tokens=n_prompt, num_cached_tokens=cached)
-                if self._is_aborted(rid):
-                    out.token_ids, out.finish_reason = [], "abort"
-                    log.info("request %s aborted after %d tokens", rid, n_generated - 1)
-                elif not sp.ignore_eos and (token in sp.stop_token_ids or self.tokenizer.is_eog(token)):
-                    out.text, out.finish_reason = decoder.flush(), "stop"
-                else:
-                    out.text = decoder.feed(self.tokenizer.piece(token))
-                    if n_generated >= sp.max_tokens:
-                        out.text += decoder.flush()
-                        out.finish_reason = "length"
-                stream.put(out)
-                if out.finished:
-                    return
-        finally:
-            tokens.close()
+            item = self._inbox.get(block=block)
+            while True:
+                if item is None:
+                    return False
+                self._by_id[item.request_id] = item
+                self._scheduler.add(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _apply_aborts(self) -> None:
+        with self._lock:
+            if not self._aborts:
+                return
+            ids, self._aborts = self._aborts, set()
+        for request_id in ids:
+            seq = self._by_id.get(request_id)
+            if seq is not None:
+                log.info("request %s aborted after %d tokens", request_id, seq.num_generated)
+                self._finish(seq, "abort")
+
+    def _step(self) -> None:
+        out = self._scheduler.schedule()
+        for seq in out.preempted:
+            log.info("request %s preempted (KV cache full); it will be recomputed", seq.request_id)
+        if not out.chunks:
+            return
+        self._decoder.apply(out.kv_ops)
+        try:
+            rows = self._decoder.decode(out.chunks)
+        except RuntimeError as exc:
+            for chunk in out.chunks:
+                self._finish(chunk.seq, "error", str(exc))
+            return
+        for seq, row in rows:
+            token = seq.payload.sampler.sample(self._ctx, row)
+            self._scheduler.append_token(seq, token)
+            self._emit(seq, token)
+
+    def _emit(self, seq: Sequence, token: int) -> None:
+        state: _SeqState = seq.payload
+        sp = state.request.sampling
+        finish: FinishReason | None = None
+        if not sp.ignore_eos and (token in sp.stop_token_ids or self.tokenizer.is_eog(token)):
+            text, finish = state.decoder.flush(), "stop"
+        else:
+            text = state.decoder.feed(self.tokenizer.piece(token))
+            if seq.num_generated >= sp.max_tokens or len(seq.tokens) >= self._scheduler.n_ctx:
+                text, finish = text + state.decoder.flush(), "length"
+        state.stream.put(GenerationOutput(seq.request_id, [token], text, finish, None, seq.num_prompt,
+                                          max(seq.num_cached, 0)))
+        if finish is not None:
+            self._finish(seq, finish, send=False)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None, send: bool = True) -> None:
+        if seq.status is SeqStatus.FINISHED:
+            return
+        if reason == "error" and seq.status is SeqStatus.RUNNING:
+            slot = self._scheduler.slots[seq.slot]
+            self._decoder.clear_slot(slot.id)  # its cells may be half-written
+            slot.tokens, slot.n_kv = [], 0
+        self._scheduler.finish(seq)
+        state: _SeqState = seq.payload
+        state.sampler.free()
+        self._by_id.pop(seq.request_id, None)
+        self._admission.release()
+        if send:
+            state.stream.put(GenerationOutput(seq.request_id, finish_reason=reason, error=error,
+                                              num_prompt_tokens=seq.num_prompt,
+                                              num_cached_tokens=max(seq.num_cached, 0)))
+
+    def _fail_all(self, message: str) -> None:
+        for seq in [*self._scheduler.running, *self._scheduler.waiting]:
+            self._finish(seq, "error", message)

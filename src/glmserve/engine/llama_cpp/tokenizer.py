@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import codecs
+import ctypes
 
 import llama_cpp
+from llama_cpp._internals import LlamaModel
 
 
 class LlamaCppTokenizer:
-    """Tokenizer of a loaded ``llama_cpp.Llama`` (thread-safe: the vocabulary is read-only)."""
+    """Tokenizer of a loaded GGUF model (thread-safe: the vocabulary is read-only)."""
 
-    def __init__(self, llm: llama_cpp.Llama) -> None:
-        self._llm = llm
-        self._vocab = llm._model.vocab
-        self.bos_id = llm.token_bos()
+    def __init__(self, model: LlamaModel) -> None:
+        self._model = model
+        self._vocab = model.vocab
+        self.n_vocab = model.n_vocab()
+        self.bos_id = model.token_bos()
+        self.eos_id = model.token_eos()
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 
     def encode(self, text: str) -> list[int]:
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=True) if text else []
 
     def encode_prompt(self, text: str) -> list[int]:
         ids = self.encode(text)
@@ -26,20 +30,23 @@ class LlamaCppTokenizer:
         return ids
 
     def is_special(self, token_id: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or bool(
-            llama_cpp.llama_vocab_is_eog(self._vocab, token_id)
-        )
+        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or self.is_eog(token_id)
 
     def is_eog(self, token_id: int) -> bool:
         """End-of-generation per llama.cpp (EOS, EOT and the tokens it knows end a turn)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token_id))
 
     def token_text(self, token_id: int) -> str:
-        return self._llm._model.token_get_text(token_id) if token_id >= 0 else ""
+        return self._model.token_get_text(token_id) if token_id >= 0 else ""
 
     def piece(self, token_id: int) -> bytes:
         """The bytes a token stands for; control tokens give ``b""``."""
-        return self._llm.detokenize([token_id], special=False)
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+        if n < 0:  # buffer too small: -n is the size needed
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+        return buf.raw[:n]
 
 
 class IncrementalDecoder:

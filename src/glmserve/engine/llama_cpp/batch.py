@@ -1,0 +1,63 @@
+"""One engine step on a llama.cpp context: apply the scheduler's KV operations, fill a
+``llama_batch`` with every scheduled chunk (each row tagged with its sequence's slot), decode it
+once, and report which batch rows carry logits to sample from."""
+
+from __future__ import annotations
+
+import llama_cpp
+
+from glmserve.engine.scheduler import Chunk, KVOp, Sequence
+
+
+class BatchDecoder:
+    """Owns a ``llama_batch`` of ``capacity`` tokens for context ``ctx``. ``free()`` releases it."""
+
+    def __init__(self, ctx, capacity: int) -> None:
+        self._ctx = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self.capacity = capacity
+
+    def apply(self, ops: list[KVOp]) -> None:
+        for op in ops:
+            if op.kind == "rm":
+                llama_cpp.llama_memory_seq_rm(self._memory, op.slot, op.p0, -1)
+            else:
+                llama_cpp.llama_memory_seq_cp(self._memory, op.src, op.slot, op.p0, op.p1)
+
+    def clear_slot(self, slot: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
+
+    def decode(self, chunks: list[Chunk]) -> list[tuple[Sequence, int]]:
+        """Decode ``chunks`` in one batch; returns ``(sequence, batch_row)`` for each chunk that
+        samples. Raises ``RuntimeError`` when llama.cpp fails."""
+        total = sum(chunk.length for chunk in chunks)
+        if total > self.capacity:
+            raise RuntimeError(f"batch of {total} tokens exceeds capacity {self.capacity}")
+        batch = self._batch
+        token, pos, n_seq_id, seq_id, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        rows: list[tuple[Sequence, int]] = []
+        i = 0
+        for chunk in chunks:
+            seq = chunk.seq
+            slot, tokens = seq.slot, seq.tokens
+            for p in range(chunk.start, chunk.start + chunk.length):
+                token[i] = tokens[p]
+                pos[i] = p
+                n_seq_id[i] = 1
+                seq_id[i][0] = slot
+                logits[i] = 0
+                i += 1
+            if chunk.sample:
+                logits[i - 1] = 1
+                rows.append((seq, i - 1))
+        batch.n_tokens = i
+        ret = llama_cpp.llama_decode(self._ctx, batch)
+        if ret != 0:
+            raise RuntimeError(f"llama_decode failed with status {ret}" + (" (KV cache full)" if ret == 1 else ""))
+        return rows
+
+    def free(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None

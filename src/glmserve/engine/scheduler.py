@@ -1,0 +1,286 @@
+"""Continuous-batching scheduler: who runs, who waits, who is preempted.
+
+No llama.cpp or torch imports (nano-vllm's split): the scheduler decides, the engine executes.
+Each engine step is ``schedule()`` -> the engine applies the returned KV operations and decodes
+the returned chunks in one batch -> ``append_token`` / ``finish`` for what came out.
+
+Model of the KV cache (llama.cpp's unified cache): ``n_ctx`` cells shared by ``max_num_seqs``
+slots (sequence ids). No slot owns a fixed slice: a long request may use what short ones
+leave free. A slot that finished keeps its tokens' KV as a cache until the cells are needed, so a
+new request whose prompt starts with those tokens (the same system prompt, the earlier turns of
+a chat) reuses them instead of recomputing; a prefix held by another slot is copied
+(``seq_cp``: in a unified cache the cells are shared, not duplicated). Accounting is
+conservative: shared cells are counted once per slot, so the real cache is never fuller than
+the count.
+
+Per step: every running sequence gets its next token (decode) or its next prompt chunk
+(chunked prefill), within ``max_num_batched_tokens``; then waiting requests are admitted in
+arrival order while a slot, the budget and KV cells for their whole remaining prompt are free.
+When a running sequence needs a cell and none is free, idle caches are evicted first, then
+the newest running sequence is preempted: its cells are freed and it waits at the head of the
+queue, to be recomputed from its tokens (prompt + what it generated) later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request inside the engine. ``tokens`` = prompt then generated tokens;
+    ``num_computed`` of them are in the KV cache. ``payload`` is the engine's own state."""
+
+    request_id: str
+    tokens: list[int]
+    payload: Any = None
+    num_prompt: int = 0
+    num_computed: int = 0
+    num_cached: int = -1  # prompt tokens reused from the cache, set at first admission
+    slot: int = -1
+    status: SeqStatus = SeqStatus.WAITING
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            raise ValueError("a sequence needs at least one token")
+        self.num_prompt = self.num_prompt or len(self.tokens)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """A llama.cpp sequence id: ``tokens[:n_kv]`` are in the KV cache under this id."""
+
+    id: int
+    tokens: list[int] = field(default_factory=list)
+    n_kv: int = 0
+    seq: Sequence | None = None
+    last_used: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class KVOp:
+    """``rm``: drop ``slot``'s cells at positions >= ``p0``. ``cp``: make positions
+    ``[0, p1)`` of ``src`` visible to ``slot`` too."""
+
+    kind: Literal["rm", "cp"]
+    slot: int
+    p0: int = 0
+    p1: int = -1
+    src: int = -1
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Decode ``seq.tokens[start:start + length]`` at positions ``start...`` in ``seq.slot``;
+    ``sample``: the chunk ends the known tokens, so sample the next one from its last logits."""
+
+    seq: Sequence
+    start: int
+    length: int
+    sample: bool
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[Chunk] = field(default_factory=list)
+    kv_ops: list[KVOp] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.length for c in self.chunks)
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n
+
+
+class Scheduler:
+    """See module docstring. Not thread-safe: the engine thread owns it."""
+
+    def __init__(self, max_num_seqs: int, n_ctx: int, max_num_batched_tokens: int) -> None:
+        if max_num_seqs < 1 or n_ctx < 2 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs >= 1, n_ctx >= 2 and max_num_batched_tokens >= 1 required")
+        self.max_num_seqs = max_num_seqs
+        self.n_ctx = n_ctx
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.slots = [Slot(i) for i in range(max_num_seqs)]
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._step = 0
+
+    # ---- state ---------------------------------------------------------------------------
+
+    @property
+    def kv_used(self) -> int:
+        return sum(slot.n_kv for slot in self.slots)
+
+    @property
+    def kv_free(self) -> int:
+        return self.n_ctx - self.kv_used
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if len(seq.tokens) > self.n_ctx:
+            raise ValueError(f"sequence of {len(seq.tokens)} tokens cannot fit n_ctx={self.n_ctx}")
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self._step += 1
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            remaining = len(seq.tokens) - seq.num_computed
+            n = min(remaining, budget)
+            if not self._make_room(n, out, protect=seq):
+                continue
+            out.chunks.append(self._advance(seq, n, remaining))
+            budget -= n
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            if not self._admit(seq, out):
+                break
+            self.waiting.popleft()
+            remaining = len(seq.tokens) - seq.num_computed
+            n = min(remaining, budget)
+            out.chunks.append(self._advance(seq, n, remaining))
+            budget -= n
+        return out
+
+    def _advance(self, seq: Sequence, n: int, remaining: int) -> Chunk:
+        chunk = Chunk(seq, seq.num_computed, n, sample=(n == remaining))
+        seq.num_computed += n
+        self.slots[seq.slot].n_kv = seq.num_computed
+        return chunk
+
+    def _make_room(self, n: int, out: SchedulerOutput, protect: Sequence) -> bool:
+        """Free ``n`` cells for ``protect``: evict idle caches, then preempt the newest running
+        sequences. False if ``protect`` itself had to be preempted."""
+        while self.kv_free < n:
+            if self._evict_idle(out):
+                continue
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is protect:
+                return False
+        return True
+
+    def _evict_idle(self, out: SchedulerOutput, keep: tuple[int, ...] = ()) -> bool:
+        idle = [s for s in self.slots if s.seq is None and s.n_kv > 0 and s.id not in keep]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.last_used)
+        out.kv_ops.append(KVOp("rm", slot.id, 0))
+        slot.tokens, slot.n_kv = [], 0
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        slot = self.slots[seq.slot]
+        out.kv_ops.append(KVOp("rm", slot.id, 0))
+        slot.tokens, slot.n_kv, slot.seq = [], 0, None
+        self.running.remove(seq)
+        seq.slot, seq.num_computed, seq.status = -1, 0, SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def _admit(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Pick a free slot (reusing the longest cached prefix) if the whole remaining prompt
+        fits in the KV cache; emit the KV operations for it."""
+        limit = len(seq.tokens) - 1  # the last known token is always decoded, for its logits
+        matches = {s.id: common_prefix(s.tokens[: s.n_kv], seq.tokens, limit) for s in self.slots}
+        free = [s for s in self.slots if s.seq is None]
+        # the free slot with the longest own prefix; else an empty one; else the least recently used
+        own = max(free, key=lambda s: (matches[s.id], s.n_kv == 0, -s.last_used))
+        src = max(self.slots, key=lambda s: matches[s.id])
+        reuse_src = src.id if matches[src.id] > matches[own.id] else own.id
+        n_reuse = matches[reuse_src]
+        keep = (own.id, reuse_src)
+        # the slot's old cells give way to the reused prefix plus the rest of the prompt
+        need = len(seq.tokens) - own.n_kv
+        while self.kv_free < need and self._evict_idle(out, keep):
+            pass
+        if self.kv_free < need:
+            return False
+        if reuse_src == own.id:
+            if own.n_kv > n_reuse:
+                out.kv_ops.append(KVOp("rm", own.id, n_reuse))
+        else:
+            if own.n_kv:
+                out.kv_ops.append(KVOp("rm", own.id, 0))
+            out.kv_ops.append(KVOp("cp", own.id, 0, n_reuse, src=reuse_src))
+        own.tokens, own.n_kv, own.seq, own.last_used = seq.tokens, n_reuse, seq, self._step
+        seq.slot, seq.num_computed, seq.status = own.id, n_reuse, SeqStatus.RUNNING
+        if seq.num_cached < 0:
+            seq.num_cached = n_reuse
+        self.running.append(seq)
+        return True
+
+    # ---- results -------------------------------------------------------------------------
+
+    def append_token(self, seq: Sequence, token: int) -> None:
+        seq.tokens.append(token)
+
+    def finish(self, seq: Sequence) -> None:
+        """End ``seq`` (done, stopped or aborted). A running sequence's slot keeps its KV as
+        a reusable prefix cache; a waiting one is just dropped."""
+        if seq.status is SeqStatus.RUNNING:
+            slot = self.slots[seq.slot]
+            slot.seq, slot.last_used = None, self._step
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+
+class AdmissionControl:
+    """Thread-safe count of unfinished requests, bounded by ``max_num_seqs + max_queue``: the
+    requests past that are refused at once (the server answers 429), so the queue never grows
+    without bound."""
+
+    def __init__(self, max_num_seqs: int, max_queue: int) -> None:
+        self.capacity = max_num_seqs + max_queue
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            if self._count >= self.capacity:
+                return False
+            self._count += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._count -= 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._count
