@@ -49,8 +49,10 @@ class ServeSettings(BaseSettings):
         8, ge=1, le=256, description="Sequences decoded together in one batch (running requests)."
     )
     max_num_batched_tokens: int = Field(
-        512, ge=16, le=1 << 16,
-        description="Tokens per engine step: one per running sequence plus prompt chunks (chunked prefill).",
+        63, ge=1, le=1 << 16,
+        description="Tokens per engine step: one per running sequence plus prompt chunks (chunked "
+        "prefill). Below 64, llama.cpp's CPU backend computes every batch the same way, so a "
+        "request's output does not depend on what it is batched with.",
     )
     max_queue: int = Field(
         64, ge=0, le=1 << 16,

@@ -127,6 +127,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._step = 0
+        self._committed = [0] * max_num_seqs
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -151,6 +152,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._step += 1
+        # cells decoded by earlier steps: only these can be reused or copied in this step
+        self._committed = [slot.n_kv for slot in self.slots]
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for seq in list(self.running):
@@ -215,7 +218,10 @@ class Scheduler:
         """Pick a free slot (reusing the longest cached prefix) if the whole remaining prompt
         fits in the KV cache; emit the KV operations for it."""
         limit = len(seq.tokens) - 1  # the last known token is always decoded, for its logits
-        matches = {s.id: common_prefix(s.tokens[: s.n_kv], seq.tokens, limit) for s in self.slots}
+        matches = {
+            s.id: common_prefix(s.tokens[: min(s.n_kv, self._committed[s.id])], seq.tokens, limit)
+            for s in self.slots
+        }
         free = [s for s in self.slots if s.seq is None]
         # the free slot with the longest own prefix; else an empty one; else the least recently used
         own = max(free, key=lambda s: (matches[s.id], s.n_kv == 0, -s.last_used))

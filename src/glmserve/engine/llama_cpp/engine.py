@@ -36,7 +36,7 @@ class EngineConfig:
     n_ctx: int = 4096  # 0: the model's training context
     n_threads: int = 1
     max_num_seqs: int = 8
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 63
     max_queue: int = 64
 
 
