@@ -7,6 +7,7 @@ flag is also a ``GLMSERVE_<NAME>`` environment variable.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 from pydantic import ValidationError
@@ -43,14 +44,19 @@ def serve(args: list[str]) -> int:
         runtime = start_runtime(settings)
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
-    app = create_app(runtime.engine, runtime.chat, api_key=settings.api_key)
+    app = create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
+                     shutdown_timeout=settings.shutdown_timeout)
     info = runtime.engine.model_info
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d) on http://%s:%d", runtime.chat.model_name, info.context_length,
         settings.host, settings.port,
     )
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal into the handler
+    # that was installed before it: this one, so that a graceful stop exits with status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=settings.shutdown_timeout)
+                timeout_graceful_shutdown=settings.shutdown_timeout + 1)
     return 0
 
 

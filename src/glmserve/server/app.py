@@ -17,9 +17,10 @@ from glmserve.serving.chat import ChatService
 
 
 def create_app(
-    engine: Engine, chat_service: ChatService, api_key: str | None = None
+    engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0
 ) -> FastAPI:
-    """The app serving ``engine`` (already started); shuts the engine down on exit."""
+    """The app serving ``engine`` (already started); shuts the engine down on exit.
+    ``shutdown_timeout``: seconds open streams may run on after SIGTERM."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -28,6 +29,7 @@ def create_app(
 
     app = FastAPI(title="glmserve", lifespan=lifespan)
     app.state.api_key = api_key
+    app.state.shutdown_timeout = shutdown_timeout
     app.state.chat = chat_service
     info = engine.model_info
     app.state.model_cards = [

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
-
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
 from glmserve.server.cancellation import with_cancellation
+from glmserve.server.sse import event_stream
 
 router = APIRouter()
 
@@ -19,4 +18,4 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return Response(status_code=499)
     if isinstance(result, ChatCompletion):
         return JSONResponse(result.model_dump(exclude_none=True))
-    return EventSourceResponse(result, ping=15)
+    return event_stream(result, request.app.state.shutdown_timeout)

@@ -1,0 +1,67 @@
+"""Server-Sent Events for chat streams, with a graceful end on server shutdown.
+
+On SIGTERM sse-starlette sets a shutdown event for every open stream. A stream then keeps
+going until ``grace_s`` has passed; if it has not finished by then, its source is closed
+(aborting the engine request) and it ends with an OpenAI error event
+(``server_shutting_down``) and no ``[DONE]``, instead of a cut connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import anyio
+from sse_starlette import EventSourceResponse
+
+from glmserve.protocol.errors import APIError
+
+PING_INTERVAL_S = 15
+
+
+def shutdown_error_event() -> str:
+    error = APIError(503, "the server is shutting down; the request was aborted", "server_error", None,
+                     "server_shutting_down")
+    return error.body().model_dump_json()
+
+
+async def stream_until_shutdown(source: AsyncIterator[str], shutdown: anyio.Event,
+                                grace_s: float) -> AsyncIterator[str]:
+    """Items of ``source`` until it ends, or until ``grace_s`` after ``shutdown`` is set."""
+    shutdown_seen = asyncio.ensure_future(shutdown.wait())
+    deadline: float | None = None
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(source))
+            waiting = {step} if deadline is not None else {step, shutdown_seen}
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if step not in done and deadline is None:  # shutdown began: allow grace_s more
+                deadline = loop.time() + grace_s
+                done, _ = await asyncio.wait({step}, timeout=grace_s)
+            if step not in done:
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+                yield shutdown_error_event()
+                return
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        shutdown_seen.cancel()
+        await source.aclose()
+
+
+def event_stream(source: AsyncIterator[str], shutdown_timeout_s: float) -> EventSourceResponse:
+    """An SSE response of ``source``'s items (each sent as one ``data:`` line)."""
+    shutdown = anyio.Event()
+    grace = max(0.0, shutdown_timeout_s - 1.0)
+    return EventSourceResponse(
+        stream_until_shutdown(source, shutdown, grace),
+        ping=PING_INTERVAL_S,
+        shutdown_event=shutdown,
+        shutdown_grace_period=grace + 0.5,
+    )

@@ -1,0 +1,174 @@
+"""The continuous-batching scheduler alone: admission, chunked-prefill budget, KV accounting,
+prefix reuse, preemption. No model involved."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from glmserve.engine.scheduler import AdmissionControl, KVOp, Scheduler, Sequence, SeqStatus
+
+
+def seq(name: str, tokens) -> Sequence:
+    return Sequence(name, list(tokens))
+
+
+def run_step(s: Scheduler, sampled: int = 7):
+    """One step: schedule, then append a token for every chunk that samples."""
+    out = s.schedule()
+    for chunk in out.chunks:
+        if chunk.sample:
+            s.append_token(chunk.seq, sampled)
+    return out
+
+
+def test_admission_up_to_max_num_seqs_then_wait():
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=50)
+    a, b, c = seq("a", range(5)), seq("b", range(5)), seq("c", range(5))
+    for x in (a, b, c):
+        s.add(x)
+    out = run_step(s)
+    assert [ch.seq for ch in out.chunks] == [a, b]
+    assert (a.status, b.status, c.status) == (SeqStatus.RUNNING, SeqStatus.RUNNING, SeqStatus.WAITING)
+    s.finish(a)
+    out = run_step(s)
+    assert [ch.seq.request_id for ch in out.chunks] == ["b", "c"]
+    assert c.slot == a.slot  # the freed slot is reused
+
+
+def test_decode_gets_one_token_each_and_prefill_is_chunked():
+    s = Scheduler(max_num_seqs=4, n_ctx=1000, max_num_batched_tokens=10)
+    short, long = seq("short", range(3)), seq("long", range(100, 125))
+    s.add(short)
+    run_step(s)  # short: 3-token prefill, samples
+    s.add(long)
+    out = run_step(s)
+    assert [(c.seq.request_id, c.start, c.length, c.sample) for c in out.chunks] == [
+        ("short", 3, 1, True), ("long", 0, 9, False)]
+    out = run_step(s)
+    assert [(c.seq.request_id, c.start, c.length, c.sample) for c in out.chunks] == [
+        ("short", 4, 1, True), ("long", 9, 9, False)]
+    out = run_step(s)
+    assert [(c.seq.request_id, c.start, c.length, c.sample) for c in out.chunks] == [
+        ("short", 5, 1, True), ("long", 18, 7, True)]
+    assert all(o.num_tokens <= 10 for o in [out])
+
+
+def test_budget_never_exceeded():
+    s = Scheduler(max_num_seqs=8, n_ctx=4000, max_num_batched_tokens=16)
+    for i in range(8):
+        s.add(seq(f"r{i}", range(i * 50, i * 50 + 30)))
+    for _ in range(40):
+        out = run_step(s)
+        assert out.num_tokens <= 16
+    assert all(x.status is SeqStatus.RUNNING for x in s.running)
+
+
+def test_kv_accounting_and_waiting_for_room():
+    s = Scheduler(max_num_seqs=4, n_ctx=20, max_num_batched_tokens=64)
+    a = seq("a", range(12))
+    b = seq("b", range(100, 110))
+    s.add(a)
+    s.add(b)
+    run_step(s)
+    assert s.kv_used == 12 and b.status is SeqStatus.WAITING  # 12 + 10 > 20: b waits
+    s.finish(a)
+    run_step(s)
+    # a's slot is idle with 12 cached cells; they are evicted to make room for b
+    assert b.status is SeqStatus.RUNNING
+    assert s.kv_used == 10
+
+
+def test_prefix_reuse_from_an_idle_slot():
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=64)
+    system = list(range(500, 520))
+    first = seq("first", system + [1, 2, 3])
+    s.add(first)
+    run_step(s)
+    s.finish(first)
+    second = seq("second", system + [9, 9])
+    s.add(second)
+    out = run_step(s)
+    assert second.num_cached == 20 and second.slot == first.slot
+    assert out.kv_ops == [KVOp("rm", first.slot, 20)]  # drop what differs, keep the prefix
+    assert [(c.start, c.length) for c in out.chunks] == [(20, 2)]
+
+
+def test_identical_prompt_recomputes_last_token():
+    s = Scheduler(max_num_seqs=1, n_ctx=100, max_num_batched_tokens=64)
+    a = seq("a", range(10))
+    s.add(a)
+    run_step(s)
+    s.finish(a)
+    b = seq("b", range(10))
+    s.add(b)
+    out = run_step(s)
+    assert b.num_cached == 9
+    assert [(c.start, c.length, c.sample) for c in out.chunks] == [(9, 1, True)]
+
+
+def test_prefix_copied_from_a_running_slot_only_once_decoded():
+    s = Scheduler(max_num_seqs=3, n_ctx=200, max_num_batched_tokens=64)
+    system = list(range(500, 530))
+    a, b = seq("a", system + [1]), seq("b", system + [2])
+    s.add(a)
+    s.add(b)
+    out = run_step(s)
+    # a's cells are only written in this very step: b must not copy them yet
+    assert b.num_cached == 0 and not [op for op in out.kv_ops if op.kind == "cp"]
+    c = seq("c", system + [3])
+    s.add(c)
+    out = run_step(s)  # a and b are running with the system prompt decoded; c's slot is empty
+    assert c.slot == 2 and c.num_cached == 30
+    assert KVOp("cp", 2, 0, 30, src=a.slot) in out.kv_ops
+    assert [(ch.seq, ch.start, ch.length) for ch in out.chunks][-1] == (c, 30, 1)
+    assert s.kv_used == (32 + 32 + 31)  # copied cells are counted again: conservative
+
+
+def test_preemption_when_kv_runs_out():
+    s = Scheduler(max_num_seqs=2, n_ctx=12, max_num_batched_tokens=64)
+    a, b = seq("a", range(5)), seq("b", range(100, 105))
+    s.add(a)
+    s.add(b)
+    run_step(s)  # 10 cells used, both sampled a token
+    run_step(s)  # 12 cells: full
+    assert s.kv_used == 12
+    out = run_step(s)  # a needs a cell: the newest (b) is preempted
+    assert out.preempted == [b]
+    assert b.status is SeqStatus.WAITING and s.waiting[0] is b and b.num_computed == 0
+    assert KVOp("rm", 1, 0) in out.kv_ops
+    assert [c.seq for c in out.chunks] == [a]
+    assert b.tokens[:5] == list(range(100, 105)) and len(b.tokens) == 7  # keeps what it generated
+
+
+def test_abort_while_waiting_and_running():
+    s = Scheduler(max_num_seqs=1, n_ctx=100, max_num_batched_tokens=64)
+    a, b = seq("a", range(5)), seq("b", range(5))
+    s.add(a)
+    s.add(b)
+    run_step(s)
+    s.finish(b)  # waiting
+    s.finish(a)  # running
+    assert not s.has_work() and a.status is b.status is SeqStatus.FINISHED
+    assert s.kv_used == 5  # a's slot keeps its 5 decoded cells as a cache (the sampled token has none)
+    assert s.slots[0].seq is None
+
+
+def test_sequence_too_long_is_refused():
+    s = Scheduler(max_num_seqs=1, n_ctx=8, max_num_batched_tokens=64)
+    with pytest.raises(ValueError):
+        s.add(seq("x", range(9)))
+
+
+def test_admission_control_is_bounded_and_thread_safe():
+    ac = AdmissionControl(max_num_seqs=2, max_queue=3)
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(ac.try_acquire())) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 5 and ac.in_flight == 5
+    ac.release()
+    assert ac.try_acquire() and not ac.try_acquire()
