@@ -13,12 +13,13 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import CliApp, SettingsError
 
-from glmserve.settings import ServeSettings
+from glmserve.settings import BenchSettings, ServeSettings
 
 USAGE = """usage: glmserve COMMAND [flags]
 
 commands:
   serve   start the OpenAI-compatible server (glmserve serve --help for flags)
+  bench   load-test any OpenAI-compatible server: TTFT, TPOT, ITL, throughput (--help for flags)
 """
 
 
@@ -27,12 +28,30 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
-def serve(args: list[str]) -> int:
+def _parse(cls, args: list[str]):
+    """Settings from flags + environment, or a one-line error (exit 2)."""
     try:
-        settings = CliApp.run(ServeSettings, cli_args=args)
-    except (ValidationError, SettingsError) as exc:
-        return _fail(str(exc).splitlines()[0] if not isinstance(exc, ValidationError) else
-                     "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2)
+        return CliApp.run(cls, cli_args=args)
+    except ValidationError as exc:
+        raise SystemExit(_fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2))
+    except SettingsError as exc:
+        raise SystemExit(_fail(str(exc).splitlines()[0], 2))
+
+
+def bench(args: list[str]) -> int:
+    settings = _parse(BenchSettings, args)
+    from glmserve.bench import BenchError, run_bench
+
+    try:
+        return run_bench(settings)
+    except BenchError as exc:
+        return _fail(str(exc))
+    except ImportError as exc:
+        return _fail(f"{exc.name} is needed for --plot (pip install 'glmserve[bench]')")
+
+
+def serve(args: list[str]) -> int:
+    settings = _parse(ServeSettings, args)
 
     import uvicorn
 
@@ -68,4 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
+    if command == "bench":
+        return bench(rest)
     return _fail(f"unknown command {command!r}\n{USAGE}", 2)

@@ -68,3 +68,35 @@ class ServeSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Server log level."
     )
+
+
+class BenchSettings(BaseSettings):
+    """``glmserve bench``: a streaming load generator for any OpenAI-compatible server."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GLMSERVE_BENCH_",
+        cli_kebab_case=True,
+        cli_prog_name="glmserve bench",
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    url: str = Field("http://127.0.0.1:8000", description="Server base URL (with or without /v1).")
+    model: str | None = Field(None, description="Model id to request (default: the server's first model).")
+    api_key: str | None = Field(None, description="Bearer token, if the server needs one.")
+    concurrency: list[int] = Field(
+        [1], description="Requests in flight at once; several values (1,2,4,8) run one after another."
+    )
+    num_requests: int = Field(32, ge=1, le=1_000_000, description="Requests per concurrency level.")
+    input_len: int = Field(32, ge=1, le=1_000_000, description="Approximate prompt length in tokens.")
+    output_len: int = Field(128, ge=1, le=1_000_000, description="max_tokens of every request.")
+    ignore_eos: bool = Field(False, description="Ask the server to generate exactly output_len tokens.")
+    request_rate: float = Field(
+        float("inf"), gt=0, description="Requests per second (Poisson arrivals); inf = as fast as possible."
+    )
+    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature (0 = greedy).")
+    seed: int = Field(0, description="Seed for prompts and arrival times.")
+    timeout: float = Field(600.0, gt=0, description="Seconds before one request counts as failed.")
+    json_file: str | None = Field(None, alias="json", description="Write the results as JSON to this file.")
+    plot: str | None = Field(None, description="Draw throughput and TTFT against concurrency to this PNG.")
+    label: str | None = Field(None, description="Name of the system under test, for the report.")
