@@ -50,6 +50,9 @@ def test_concurrent_greedy_streams_equal_sequential(server):
         concurrent = await asyncio.gather(*(_stream(client, p) for p in PROMPTS))
         return sequential, concurrent
 
+    # Known limit (see the README): after heavy cache reuse, llama.cpp may place a sequence's
+    # new KV cells before its older ones, and attention rounding follows cell order; this test
+    # covers the fresh-cache case, where placement keeps every sequence's cells in order.
     sequential, concurrent = asyncio.run(run())
     assert all(text for text, _ in sequential)
     assert concurrent == sequential

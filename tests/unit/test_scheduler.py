@@ -80,7 +80,7 @@ def test_kv_accounting_and_waiting_for_room():
     assert s.kv_used == 10
 
 
-def test_prefix_reuse_from_an_idle_slot():
+def test_prefix_reuse_from_an_idle_slot_in_place():
     s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=64)
     system = list(range(500, 520))
     first = seq("first", system + [1, 2, 3])
@@ -93,6 +93,33 @@ def test_prefix_reuse_from_an_idle_slot():
     assert second.num_cached == 20 and second.slot == first.slot
     assert out.kv_ops == [KVOp("rm", first.slot, 20)]  # drop what differs, keep the prefix
     assert [(c.start, c.length) for c in out.chunks] == [(20, 2)]
+
+
+def test_chat_continuation_extends_its_slot_in_place():
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=64)
+    turn1 = seq("turn1", range(30))
+    s.add(turn1)
+    run_step(s)
+    run_step(s)  # one generated token decoded: 31 cells
+    s.finish(turn1)
+    turn2 = seq("turn2", turn1.tokens[:31] + [77, 78])  # history + reply + new user message
+    s.add(turn2)
+    out = run_step(s)
+    assert turn2.slot == turn1.slot and turn2.num_cached == 31 and out.kv_ops == []
+    assert [(c.start, c.length) for c in out.chunks] == [(31, 2)]
+
+
+def test_a_new_prompt_takes_an_empty_slot_before_evicting_a_cache():
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=64)
+    first = seq("first", range(10))
+    s.add(first)
+    run_step(s)
+    s.finish(first)
+    other = seq("other", range(100, 105))  # nothing in common
+    s.add(other)
+    out = run_step(s)
+    assert other.slot != first.slot and out.kv_ops == []
+    assert s.slots[first.slot].n_kv == 10
 
 
 def test_identical_prompt_recomputes_last_token():
@@ -124,6 +151,26 @@ def test_prefix_copied_from_a_running_slot_only_once_decoded():
     assert KVOp("cp", 2, 0, 30, src=a.slot) in out.kv_ops
     assert [(ch.seq, ch.start, ch.length) for ch in out.chunks][-1] == (c, 30, 1)
     assert s.kv_used == (32 + 32 + 31)  # copied cells are counted again: conservative
+
+
+def test_no_copy_from_a_slot_reassigned_in_the_same_step():
+    """A slot truncated for one new request must not be a copy source, in the same step, for
+    cells it does not hold yet (they are decoded in that very batch)."""
+    s = Scheduler(max_num_seqs=2, n_ctx=400, max_num_batched_tokens=200)
+    shared = list(range(500, 530))
+    for name, tail in (("old1", [1] * 50), ("old2", [2] * 50)):
+        x = seq(name, shared + tail)
+        s.add(x)
+        run_step(s)
+        s.finish(x)
+    # two new requests that share 31 tokens with each other but only 30 with the old caches
+    a, b = seq("a", shared + [7, 8, 8]), seq("b", shared + [7, 9, 9])
+    s.add(a)
+    s.add(b)
+    out = run_step(s)
+    copies = [op for op in out.kv_ops if op.kind == "cp"]
+    assert all(op.p1 <= 30 for op in copies), out.kv_ops
+    assert a.num_cached == 30 and b.num_cached == 30
 
 
 def test_preemption_when_kv_runs_out():

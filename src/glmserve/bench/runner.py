@@ -45,7 +45,10 @@ async def resolve_model(settings: BenchSettings) -> str:
 
 
 async def run_level(settings: BenchSettings, model: str, concurrency: int, progress: Progress) -> Summary:
-    rng = random.Random(settings.seed)
+    # prompts differ between levels and from the warm-up, so that no level hits prompts another
+    # one left in a server's prefix cache
+    rng = random.Random(f"{settings.seed}-{concurrency}")
+    warmup_prompt = make_prompt(settings.input_len, random.Random(f"{settings.seed}-warmup-{concurrency}"))
     prompts = [make_prompt(settings.input_len, rng) for _ in range(settings.num_requests)]
     limit = asyncio.Semaphore(concurrency)
     task = progress.add_task(f"concurrency {concurrency}", total=settings.num_requests)
@@ -54,7 +57,7 @@ async def run_level(settings: BenchSettings, model: str, concurrency: int, progr
         def body(prompt: str) -> dict:
             return chat_body(model, prompt, settings.output_len, settings.ignore_eos, settings.temperature)
 
-        warmup = await stream_chat(http, body(prompts[0]))
+        warmup = await stream_chat(http, body(warmup_prompt))
         if not warmup.ok:
             raise BenchError(f"warm-up request failed: {warmup.error}")
 

@@ -203,20 +203,28 @@ class Scheduler:
         slot = min(idle, key=lambda s: s.last_used)
         out.kv_ops.append(KVOp("rm", slot.id, 0))
         slot.tokens, slot.n_kv = [], 0
+        self._committed[slot.id] = 0
         return True
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         slot = self.slots[seq.slot]
         out.kv_ops.append(KVOp("rm", slot.id, 0))
         slot.tokens, slot.n_kv, slot.seq = [], 0, None
+        self._committed[slot.id] = 0
         self.running.remove(seq)
         seq.slot, seq.num_computed, seq.status = -1, 0, SeqStatus.WAITING
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
     def _admit(self, seq: Sequence, out: SchedulerOutput) -> bool:
-        """Pick a free slot (reusing the longest cached prefix) if the whole remaining prompt
-        fits in the KV cache; emit the KV operations for it."""
+        """Pick a free slot for ``seq`` if the whole remaining prompt fits in the KV cache, and
+        emit the KV operations that give it the longest cached prefix.
+
+        The free slot with the longest matching cache is reused in place (its cells beyond the
+        match are dropped), as llama-server picks slots; only when a running slot holds a
+        strictly longer prefix is it copied in. Reuse in place keeps each sequence's cells in
+        position order, which keeps results independent of batching (llama.cpp sums attention
+        over cells in index order)."""
         limit = len(seq.tokens) - 1  # the last known token is always decoded, for its logits
         matches = {
             s.id: common_prefix(s.tokens[: min(s.n_kv, self._committed[s.id])], seq.tokens, limit)
@@ -225,24 +233,23 @@ class Scheduler:
         free = [s for s in self.slots if s.seq is None]
         # the free slot with the longest own prefix; else an empty one; else the least recently used
         own = max(free, key=lambda s: (matches[s.id], s.n_kv == 0, -s.last_used))
-        src = max(self.slots, key=lambda s: matches[s.id])
-        reuse_src = src.id if matches[src.id] > matches[own.id] else own.id
-        n_reuse = matches[reuse_src]
-        keep = (own.id, reuse_src)
+        src = max(self.slots, key=lambda s: (matches[s.id], s.id == own.id))
+        n_reuse = matches[src.id]
         # the slot's old cells give way to the reused prefix plus the rest of the prompt
         need = len(seq.tokens) - own.n_kv
-        while self.kv_free < need and self._evict_idle(out, keep):
+        while self.kv_free < need and self._evict_idle(out, keep=(own.id, src.id)):
             pass
         if self.kv_free < need:
             return False
-        if reuse_src == own.id:
+        if src.id == own.id:
             if own.n_kv > n_reuse:
                 out.kv_ops.append(KVOp("rm", own.id, n_reuse))
         else:
             if own.n_kv:
                 out.kv_ops.append(KVOp("rm", own.id, 0))
-            out.kv_ops.append(KVOp("cp", own.id, 0, n_reuse, src=reuse_src))
+            out.kv_ops.append(KVOp("cp", own.id, 0, n_reuse, src=src.id))
         own.tokens, own.n_kv, own.seq, own.last_used = seq.tokens, n_reuse, seq, self._step
+        self._committed[own.id] = n_reuse  # its other cells are gone or not decoded yet
         seq.slot, seq.num_computed, seq.status = own.id, n_reuse, SeqStatus.RUNNING
         if seq.num_cached < 0:
             seq.num_cached = n_reuse

@@ -32,6 +32,37 @@ class OutputStream:
         return await self._queue.get()
 
 
+def _put_all(pairs: list[tuple[asyncio.Queue, GenerationOutput]]) -> None:
+    for q, output in pairs:
+        q.put_nowait(output)
+
+
+class OutputBatch:
+    """Outputs of one engine step, handed to the event loop(s) in one wake-up each, instead of
+    one thread-safe call per token per sequence. Used from the engine thread only."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[tuple[OutputStream, GenerationOutput]] = []
+
+    def add(self, stream: OutputStream, output: GenerationOutput) -> None:
+        self._items.append((stream, output))
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        items, self._items = self._items, []
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, GenerationOutput]]] = {}
+        for stream, output in items:
+            by_loop.setdefault(stream._loop, []).append((stream._queue, output))
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, pairs)
+            except RuntimeError:  # that loop is closed: nobody is listening
+                pass
+
+
 class RequestStream:
     """The async iterator of one request's outputs; the last has ``finish_reason`` set.
 

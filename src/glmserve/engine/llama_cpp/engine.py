@@ -24,7 +24,7 @@ from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.scheduler import AdmissionControl, Scheduler, Sequence, SeqStatus
-from glmserve.engine.stream import OutputStream, RequestStream
+from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
 from glmserve.models import ResolvedModel
 
@@ -63,6 +63,7 @@ class LlamaCppEngine:
         self._aborts: set[str] = set()
         self._lock = threading.Lock()
         self._by_id: dict[str, Sequence] = {}
+        self._outputs = OutputBatch()
         self._thread: threading.Thread | None = None
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
@@ -154,8 +155,10 @@ class LlamaCppEngine:
             except Exception as exc:  # one failed step ends its requests; the engine goes on
                 log.exception("engine step failed")
                 self._fail_all(f"{type(exc).__name__}: {exc}")
+            self._outputs.flush()
         for seq in [*sched.running, *sched.waiting]:
             self._finish(seq, "abort")
+        self._outputs.flush()
 
     def _drain_inbox(self, block: bool) -> bool:
         """Move new sequences into the scheduler; False once shutdown was requested."""
@@ -209,8 +212,8 @@ class LlamaCppEngine:
             text = state.decoder.feed(self.tokenizer.piece(token))
             if seq.num_generated >= sp.max_tokens or len(seq.tokens) >= self._scheduler.n_ctx:
                 text, finish = text + state.decoder.flush(), "length"
-        state.stream.put(GenerationOutput(seq.request_id, [token], text, finish, None, seq.num_prompt,
-                                          max(seq.num_cached, 0)))
+        self._outputs.add(state.stream, GenerationOutput(seq.request_id, [token], text, finish, None,
+                                                         seq.num_prompt, max(seq.num_cached, 0)))
         if finish is not None:
             self._finish(seq, finish, send=False)
 
@@ -227,9 +230,9 @@ class LlamaCppEngine:
         self._by_id.pop(seq.request_id, None)
         self._admission.release()
         if send:
-            state.stream.put(GenerationOutput(seq.request_id, finish_reason=reason, error=error,
-                                              num_prompt_tokens=seq.num_prompt,
-                                              num_cached_tokens=max(seq.num_cached, 0)))
+            self._outputs.add(state.stream, GenerationOutput(seq.request_id, finish_reason=reason, error=error,
+                                                             num_prompt_tokens=seq.num_prompt,
+                                                             num_cached_tokens=max(seq.num_cached, 0)))
 
     def _fail_all(self, message: str) -> None:
         for seq in [*self._scheduler.running, *self._scheduler.waiting]:
