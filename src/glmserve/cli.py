@@ -13,12 +13,13 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import CliApp, SettingsError
 
-from glmserve.settings import BenchSettings, ServeSettings
+from glmserve.settings import BenchSettings, ChatSettings, ServeSettings
 
 USAGE = """usage: glmserve COMMAND [flags]
 
 commands:
   serve   start the OpenAI-compatible server (glmserve serve --help for flags)
+  chat    chat in the terminal: in-process, or with any server via --url (--help for flags)
   bench   load-test any OpenAI-compatible server: TTFT, TPOT, ITL, throughput (--help for flags)
 """
 
@@ -48,6 +49,14 @@ def bench(args: list[str]) -> int:
         return _fail(str(exc))
     except ImportError as exc:
         return _fail(f"{exc.name} is needed for --plot (pip install 'glmserve[bench]')")
+
+
+def chat(args: list[str]) -> int:
+    settings = _parse(ChatSettings, args)
+    logging.basicConfig(level="WARNING")
+    from glmserve.client.terminal import run_chat
+
+    return run_chat(settings)
 
 
 def serve(args: list[str]) -> int:
@@ -89,4 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         return serve(rest)
     if command == "bench":
         return bench(rest)
+    if command == "chat":
+        return chat(rest)
     return _fail(f"unknown command {command!r}\n{USAGE}", 2)

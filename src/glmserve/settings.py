@@ -100,3 +100,24 @@ class BenchSettings(BaseSettings):
     json_file: str | None = Field(None, alias="json", description="Write the results as JSON to this file.")
     plot: str | None = Field(None, description="Draw throughput and TTFT against concurrency to this PNG.")
     label: str | None = Field(None, description="Name of the system under test, for the report.")
+
+
+class ChatSettings(ServeSettings):
+    """``glmserve chat``: chat in the terminal, in-process or with any OpenAI-compatible server."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GLMSERVE_",
+        cli_kebab_case=True,
+        cli_prog_name="glmserve chat",
+        cli_implicit_flags=True,
+        extra="ignore",
+    )
+
+    url: str | None = Field(
+        None, description="Chat with this OpenAI-compatible server instead of a model in-process "
+        "(--model is then the server's model id; default: its first)."
+    )
+    system: str | None = Field(None, description="System prompt.")
+    temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature.")
+    top_p: float | None = Field(None, ge=0, le=1, description="Nucleus sampling probability mass.")
+    max_tokens: int | None = Field(None, ge=1, description="Most tokens per reply.")

@@ -114,7 +114,8 @@ class LlamaCppEngine:
             self._decoder.free()
             self._decoder = None
         if self._ctx:
-            llama_cpp.llama_free(self._ctx)
+            with suppress_stdout_stderr(disable=False):
+                llama_cpp.llama_free(self._ctx)
             self._ctx = None
         if self._model is not None:
             self._model.close()

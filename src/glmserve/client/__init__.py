@@ -1,0 +1,1 @@
+"""``glmserve chat``: the terminal chat client."""

@@ -1,0 +1,121 @@
+"""In-process Python API: the same serving layer as the HTTP server, without HTTP.
+
+    from glmserve import LLM
+    llm = LLM()                                          # embedded default model
+    reply = llm.chat([{"role": "user", "content": "Hi"}], max_tokens=64)
+    for chunk in llm.chat(messages, stream=True): ...
+    reply = await llm.achat(messages)                    # asyncio apps
+
+Requests and responses are the HTTP API's own pydantic types (``glmserve.protocol.chat``:
+``ChatCompletion``, ``ChatCompletionChunk``), field for field what ``/v1/chat/completions``
+returns. Client errors raise ``glmserve.protocol.errors.APIError`` (with ``status_code``);
+a request that does not validate raises ``pydantic.ValidationError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from glmserve.protocol.errors import APIError, ErrorResponse
+from glmserve.runtime import start_runtime
+from glmserve.serving.chat import STREAM_DONE
+from glmserve.settings import ServeSettings
+
+
+def _chunk(payload: str) -> ChatCompletionChunk:
+    data = json.loads(payload)
+    if "error" in data:
+        error = ErrorResponse.model_validate(data).error
+        raise APIError(500, error.message, error.type, error.param, error.code)
+    return ChatCompletionChunk.model_validate(data)
+
+
+class LLM:
+    """A model served in-process. ``LLM(model=None, engine="llama_cpp", **settings)``: the
+    keyword settings are ``glmserve serve``'s (``n_ctx``, ``n_threads``, ``max_num_seqs`` ...).
+    Raises what start-up raises (``EngineError``, ``ModelNotFoundError``) when the model cannot
+    be loaded. ``close()`` (or ``with LLM() as llm:``) frees it."""
+
+    def __init__(self, model: str | None = None, engine: str = "llama_cpp", **settings: Any) -> None:
+        self._runtime = start_runtime(ServeSettings(model=model, engine=engine, **settings))
+        self.model = self._runtime.chat.model_name
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="glmserve-llm", daemon=True)
+        self._thread.start()
+
+    # ---- async ---------------------------------------------------------------------------
+
+    def _request(self, messages: list[dict], stream: bool, params: dict[str, Any]) -> ChatCompletionRequest:
+        body = {"model": self.model, **params, "messages": messages, "stream": stream}
+        if stream:
+            body.setdefault("stream_options", {"include_usage": True})
+        return ChatCompletionRequest.model_validate(body)
+
+    async def achat(self, messages: list[dict], *, stream: bool = False,
+                    **params: Any) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
+        """``ChatCompletion``, or with ``stream=True`` an async iterator of chunks (the last
+        carries ``usage``). ``params`` are the request's other fields (``max_tokens``,
+        ``temperature``, ``stop``, ``seed`` ...)."""
+        result = await self._runtime.chat.create(self._request(messages, stream, params))
+        if isinstance(result, ChatCompletion):
+            return result
+        return self._chunks(result)
+
+    async def _chunks(self, payloads: AsyncIterator[str]) -> AsyncIterator[ChatCompletionChunk]:
+        try:
+            async for payload in payloads:
+                if payload == STREAM_DONE:
+                    return
+                yield _chunk(payload)
+        finally:
+            await payloads.aclose()  # leaving early aborts the generation
+
+    # ---- sync ----------------------------------------------------------------------------
+
+    def _run(self, coro):
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C while waiting: cancel it there and let it wind down
+            future.cancel()
+            concurrent.futures.wait([future], timeout=30)
+            raise
+
+    def chat(self, messages: list[dict], *, stream: bool = False,
+             **params: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+        """Blocking ``achat``; with ``stream=True`` a plain iterator of chunks (closing it early
+        aborts the generation)."""
+        if not stream:
+            return self._run(self.achat(messages, **params))
+        chunks = self._run(self.achat(messages, stream=True, **params))
+        return self._iterate(chunks)
+
+    def _iterate(self, chunks: AsyncIterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
+        try:
+            while True:
+                try:
+                    yield self._run(anext(chunks))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(chunks.aclose())
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        self._runtime.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
