@@ -12,16 +12,17 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def _cli_config(prog: str, env_prefix: str = "GLMSERVE_") -> SettingsConfigDict:
+    """Flags in kebab-case, booleans as bare flags, ``<env_prefix><NAME>`` variables."""
+    return SettingsConfigDict(
+        env_prefix=env_prefix, cli_kebab_case=True, cli_prog_name=prog, cli_implicit_flags=True, extra="ignore"
+    )
+
+
 class ServeSettings(BaseSettings):
     """``glmserve serve``: which model, which engine, where to listen."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="GLMSERVE_",
-        cli_kebab_case=True,
-        cli_prog_name="glmserve serve",
-        cli_implicit_flags=True,
-        extra="ignore",
-    )
+    model_config = _cli_config("glmserve serve")
 
     model: str | None = Field(
         None,
@@ -73,13 +74,7 @@ class ServeSettings(BaseSettings):
 class BenchSettings(BaseSettings):
     """``glmserve bench``: a streaming load generator for any OpenAI-compatible server."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="GLMSERVE_BENCH_",
-        cli_kebab_case=True,
-        cli_prog_name="glmserve bench",
-        cli_implicit_flags=True,
-        extra="ignore",
-    )
+    model_config = _cli_config("glmserve bench", env_prefix="GLMSERVE_BENCH_")
 
     url: str = Field("http://127.0.0.1:8000", description="Server base URL (with or without /v1).")
     model: str | None = Field(None, description="Model id to request (default: the server's first model).")
@@ -105,13 +100,7 @@ class BenchSettings(BaseSettings):
 class ChatSettings(ServeSettings):
     """``glmserve chat``: chat in the terminal, in-process or with any OpenAI-compatible server."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="GLMSERVE_",
-        cli_kebab_case=True,
-        cli_prog_name="glmserve chat",
-        cli_implicit_flags=True,
-        extra="ignore",
-    )
+    model_config = _cli_config("glmserve chat")
 
     url: str | None = Field(
         None, description="Chat with this OpenAI-compatible server instead of a model in-process "
