@@ -1,0 +1,122 @@
+"""Tool-call parsers, table-driven: whole outputs, and every way of splitting them into stream
+deltas (one character at a time, random chunks) gives the same result."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from glmserve.toolcalls import PARSERS, ParsedOutput, ToolCallItem, assemble, detect_parser
+
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string"},
+    "tags": {"type": "array"}}}}
+SEARCH = {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
+BROWSER = {"name": "simple_browser", "parameters": {"type": "object"}}
+TOOLS = [WEATHER, SEARCH, BROWSER]
+
+
+def out(content=None, calls=(), reasoning=None) -> ParsedOutput:
+    return ParsedOutput(content, [ToolCallItem(n, a) for n, a in calls], reasoning)
+
+
+CASES = [
+    # --- glm4 -----------------------------------------------------------------------------
+    ("glm4", "plain-answer", "\nThe weather in Paris is sunny.", out("The weather in Paris is sunny.")),
+    ("glm4", "call", 'get_weather\n{"city": "Beijing"}', out(None, [("get_weather", '{"city": "Beijing"}')])),
+    ("glm4", "call-unicode", 'get_weather\n{"city": "北京", "days": 3}',
+     out(None, [("get_weather", '{"city": "北京", "days": 3}')])),
+    ("glm4", "unknown-name", 'get_time\n{"tz": "UTC"}', out('get_time\n{"tz": "UTC"}')),
+    ("glm4", "broken-json", 'get_weather\n{"city": "Bei', out('get_weather\n{"city": "Bei')),
+    ("glm4", "array-arguments", 'get_weather\n["x"]', out('get_weather\n["x"]')),
+    ("glm4", "name-prefix-then-text", "get the umbrella ready", out("get the umbrella ready")),
+    ("glm4", "simple-browser", 'simple_browser\nsearch("北京 天气", recency_days=7)',
+     out(None, [("simple_browser", '{"command": "search(\\"北京 天气\\", recency_days=7)"}')])),
+    ("glm4", "empty", "", out("")),
+    # --- glm45 ----------------------------------------------------------------------------
+    ("glm45", "think-and-answer", "\n<think>The user greets.</think>\nHello!", out("Hello!", reasoning="The user greets.")),
+    ("glm45", "no-think", "\nHello there!", out("Hello there!")),
+    ("glm45", "empty-think", "<think></think>\nHi", out("Hi")),
+    ("glm45", "call-typed", "<think>need weather</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+     "<arg_value>Beijing</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+     out(None, [("get_weather", '{"city": "Beijing", "days": 3}')], "need weather")),
+    ("glm45", "string-that-looks-numeric", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>123</arg_value>\n"
+     "</tool_call>", out(None, [("get_weather", '{"city": "123"}')])),
+    ("glm45", "array-value", "<tool_call>get_weather\n<arg_key>tags</arg_key>\n<arg_value>[\"a\", \"ö\"]</arg_value>\n"
+     "</tool_call>", out(None, [("get_weather", '{"tags": ["a", "ö"]}')])),
+    ("glm45", "two-calls-and-text", "Checking both.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+     "<arg_value>Paris</arg_value>\n</tool_call>\n<tool_call>search\n<arg_key>query</arg_key>\n"
+     "<arg_value>Louvre hours</arg_value>\n</tool_call>",
+     out("Checking both.", [("get_weather", '{"city": "Paris"}'), ("search", '{"query": "Louvre hours"}')])),
+    ("glm45", "unknown-function", "<tool_call>launch\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+     out("<tool_call>launch\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>")),
+    ("glm45", "malformed-pairs", "<tool_call>search\n<arg_key>query</arg_key> junk\n</tool_call>",
+     out("<tool_call>search\n<arg_key>query</arg_key> junk\n</tool_call>")),
+    ("glm45", "unclosed-call", "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x",
+     out("<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x")),
+    ("glm45", "unclosed-think", "<think>still thinking", out("", reasoning="still thinking")),
+    ("glm45", "lt-in-text", "a < b and <tool c", out("a < b and <tool c")),
+    # --- hermes ---------------------------------------------------------------------------
+    ("hermes", "plain", "Paris is the capital.", out("Paris is the capital.")),
+    ("hermes", "call", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     out(None, [("get_weather", '{"city": "Paris"}')])),
+    ("hermes", "text-then-two-calls", 'On it.\n<tool_call>\n{"name": "search", "arguments": {"query": "日本"}}\n'
+     '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Tokyo\\"}"}\n</tool_call>',
+     out("On it.", [("search", '{"query": "日本"}'), ("get_weather", '{"city": "Tokyo"}')])),
+    ("hermes", "unknown-name", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+     out('<tool_call>{"name": "nope", "arguments": {}}</tool_call>')),
+    ("hermes", "broken-json", '<tool_call>{"name": "search", "arguments": {"query": </tool_call> after',
+     out('<tool_call>{"name": "search", "arguments": {"query": </tool_call> after')),
+    ("hermes", "unclosed", '<tool_call>{"name": "search"', out('<tool_call>{"name": "search"')),
+    ("hermes", "tag-prefix-in-text", "use <tool to fix it", out("use <tool to fix it")),
+]
+
+
+def _stream(name: str, deltas: list[str]) -> ParsedOutput:
+    parser = PARSERS[name](TOOLS)
+    events = [e for d in deltas for e in parser.feed(d)] + parser.finish()
+    return assemble(events)
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [pytest.param(n, t, e, id=f"{n}-{i}") for n, i, t, e in CASES])
+def test_whole_output(name, text, expected):
+    assert PARSERS[name](TOOLS).parse(text) == expected
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [pytest.param(n, t, e, id=f"{n}-{i}") for n, i, t, e in CASES])
+def test_every_split_gives_the_same_result(name, text, expected):
+    assert _stream(name, list(text)) == expected  # one character at a time
+    for cut in range(1, len(text)):  # every single split point
+        assert _stream(name, [text[:cut], text[cut:]]) == expected
+    rng = random.Random(text)
+    for _ in range(20):  # random chunkings
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 8)))) if len(text) > 1 else []
+        assert _stream(name, [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]) == expected
+
+
+def test_content_is_released_before_the_end():
+    parser = PARSERS["glm4"](TOOLS)
+    assert parser.feed("\nThe") and parser.feed(" weather")  # not a tool name: streamed at once
+    parser = PARSERS["glm4"](TOOLS)
+    assert parser.feed("get_wea") == []  # could still be get_weather
+    assert [e.text for e in parser.feed("lth is")] == ["get_wealth is"]
+    parser = PARSERS["hermes"](TOOLS)
+    assert [e.text for e in parser.feed("Sure <tool")] == ["Sure"]  # the partial tag is held
+
+
+def test_calls_are_indexed():
+    text = ("<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>a</arg_value>\n</tool_call>"
+            "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>b</arg_value>\n</tool_call>")
+    parser = PARSERS["glm45"](TOOLS)
+    events = parser.feed(text) + parser.finish()
+    assert [(e.kind, e.index) for e in events] == [("tool_call", 0), ("tool_call", 1)]
+
+
+def test_parser_detection_from_templates():
+    fixtures = Path(__file__).parent.parent / "fixtures" / "glm"
+    assert detect_parser((fixtures / "glm-4.6.jinja").read_text()) == "glm45"
+    assert detect_parser((fixtures / "glm-4-9b-chat.jinja").read_text()) == "glm4"
+    assert detect_parser("{% for m in messages %}<tool_call>{% endfor %}") == "hermes"
+    assert detect_parser("{{ messages }}") is None
