@@ -13,6 +13,7 @@ from glmserve.engine import Engine, EngineError, create_engine
 from glmserve.models import ModelNotFoundError
 from glmserve.serving.chat import ChatService
 from glmserve.settings import ServeSettings
+from glmserve.toolcalls import detect_parser
 
 STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError)
 
@@ -45,7 +46,9 @@ def start_runtime(settings: ServeSettings) -> Runtime:
     try:
         template = load_chat_template(settings, engine)
         name = settings.served_model_name or engine.model_info.id
-        return Runtime(engine, ChatService(engine, name, template))
+        parser = {"auto": detect_parser(template.source), "none": None}.get(
+            settings.tool_call_parser, settings.tool_call_parser)
+        return Runtime(engine, ChatService(engine, name, template, parser))
     except BaseException:
         engine.shutdown()
         raise

@@ -64,8 +64,22 @@ BAD_BODIES = [
     pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "stop": 5}, "stop", id="stop-wrong-type"),
     pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "logprobs": True}, "logprobs",
                  id="logprobs-unsupported"),
-    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "response_format": {"type": "json_object"}},
-                 "response_format", id="json-mode-unsupported"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "response_format": {"type": "xml"}},
+                 "response_format.type", id="response-format-unknown"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "not": {}}}}},
+                 "response_format.json_schema.schema", id="schema-feature-unsupported"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "tools": [{"type": "retrieval"}]},
+                 "tools.0.type", id="tool-not-a-function"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "tools": [{"type": "function", "function": {}}]},
+                 "tools.0.function.name", id="tool-without-name"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "array"}}}]}, "tools.0.function.parameters", id="tool-schema-not-object"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "tools": [{"type": "function", "function": {
+        "name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice",
+                 id="tool-choice-unknown-function"),
+    pytest.param({"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "tool_choice": "required"}, "tool_choice",
+                 id="tool-choice-without-tools"),
     pytest.param({"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
                  "messages.0.content.0", id="image-to-text-model"),

@@ -58,8 +58,6 @@ def test_sampling_defaults_and_mapping():
     ({"n": 3}, "n"),
     ({"logprobs": True}, "logprobs"),
     ({"logit_bias": {"1": 5}}, "logit_bias"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
 ])
 def test_unsupported_options_are_refused(kw, param):
     with pytest.raises(APIError) as info:
@@ -67,8 +65,17 @@ def test_unsupported_options_are_refused(kw, param):
     assert info.value.status_code == 400 and info.value.param == param
 
 
-def test_tools_with_tool_choice_none_are_fine():
-    check_supported(_req(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="none"))
+def test_tools_need_a_tool_call_format(http):
+    resp = http.post("/v1/chat/completions", json=_body(tools=[{"type": "function", "function": {"name": "f"}}]))
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools"
+    ok = http.post("/v1/chat/completions", json=_body(tools=[{"type": "function", "function": {"name": "f"}}],
+                                                      tool_choice="none"))
+    assert ok.status_code == 200
+
+
+def test_json_mode_needs_constrained_decoding(http):
+    resp = http.post("/v1/chat/completions", json=_body(response_format={"type": "json_object"}))
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "response_format"
 
 
 def test_plain_and_usage(http, engine):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from glmserve.engine.base import Engine, EngineError, EngineOverloaded, Tokenizer
+from glmserve.engine.base import Engine, EngineError, EngineOverloaded, GrammarError, Tokenizer
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineOverloaded",
+    "GrammarError",
     "GenerationOutput",
     "GenerationRequest",
     "ModelInfo",

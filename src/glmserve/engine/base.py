@@ -27,6 +27,10 @@ class EngineError(RuntimeError):
     """A failure inside the engine (model load, decode). Start-up turns it into a one-line exit."""
 
 
+class GrammarError(EngineError):
+    """The request's grammar cannot be compiled (a 400 for the client)."""
+
+
 class EngineOverloaded(EngineError):
     """Raised by ``generate`` when ``max_num_seqs`` are running and ``max_queue`` are waiting;
     the server answers 429 with ``Retry-After: retry_after_s``."""

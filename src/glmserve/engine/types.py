@@ -20,7 +20,8 @@ class SamplingParams:
     disable those filters. ``repetition_penalty`` is multiplicative (1.0 = off, llama.cpp's
     ``repeat_penalty``); ``presence_penalty`` / ``frequency_penalty`` are OpenAI's additive
     penalties. ``seed`` None means a fresh random seed per request. ``logit_bias`` maps token
-    ids to values added to their logits (OpenAI's -100..100; -100 bans a token).
+    ids to values added to their logits (OpenAI's -100..100; -100 bans a token). ``grammar``
+    (GBNF) restricts every token to those that keep the output inside the grammar.
     ``max_tokens`` is the number of tokens to generate at most (already resolved against the
     context window by the serving layer). ``stop_token_ids`` end generation with
     ``finish_reason="stop"`` (the token itself is not returned as text) unless ``ignore_eos``.
@@ -38,6 +39,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: dict[int, float] | None = None
+    grammar: str | None = None  # GBNF (llama.cpp grammar format), root rule "root"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -16,6 +16,7 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     parent: str | None = None
     root: str | None = None
+    tool_call_parser: str | None = None
 
 
 class ModelList(BaseModel):

@@ -39,6 +39,7 @@ def create_app(
             owned_by=info.owned_by,
             max_model_len=info.context_length,
             root=info.id,
+            tool_call_parser=chat_service.tool_parser,
         )
     ]
     install_error_handlers(app)

@@ -20,7 +20,7 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body().model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
-_UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url", "function"}
+_UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url"}
 _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
 
 

@@ -13,7 +13,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from glmserve.chat import ChatTemplate
-from glmserve.engine.base import Engine, EngineOverloaded
+from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest
 from glmserve.protocol.chat import (
     ChatCompletion,
@@ -22,12 +22,18 @@ from glmserve.protocol.chat import (
     ChatMessage,
     Choice,
     ChunkChoice,
+    DeltaFunction,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
     PromptTokensDetails,
+    ToolCall,
     Usage,
 )
-from glmserve.protocol.errors import APIError, model_not_found, overloaded, server_error
+from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
+from glmserve.serving.tools import plan_tools
+from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
 from glmserve.serving.sampling import check_supported, requested_max_tokens, stop_strings, to_sampling_params
 from glmserve.serving.stop import StopStringMatcher
 
@@ -43,6 +49,9 @@ class _Run:
     request: GenerationRequest
     stops: list[str]
     outputs: AsyncIterator[GenerationOutput]
+    parser: ToolCallParser | None = None
+    forced_prefix: str = ""
+    max_calls: int | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
 
@@ -64,12 +73,20 @@ class ChatService:
     ``APIError`` before anything is generated.
     """
 
-    def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate) -> None:
+    def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
+                 tool_parser: str | None = None) -> None:
+        """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None."""
         self.engine = engine
         self.model_name = served_model_name
         self.template = template
+        self.tool_parser = tool_parser
         self.context_length = engine.model_info.context_length
-        self.stop_token_ids = end_of_turn_token_ids(template, engine.tokenizer)
+        stop_ids = list(end_of_turn_token_ids(template, engine.tokenizer))
+        for marker in PARSERS[tool_parser].end_of_turn if tool_parser else ():
+            ids = engine.tokenizer.encode(marker)
+            if len(ids) == 1 and engine.tokenizer.is_special(ids[0]) and ids[0] not in stop_ids:
+                stop_ids.append(ids[0])
+        self.stop_token_ids = tuple(stop_ids)
 
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[str]:
         run = self._prepare(req)
@@ -82,19 +99,27 @@ class ChatService:
         if req.model != self.model_name:
             raise model_not_found(req.model)
         check_supported(req)
+        plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar)
         prompt = build_prompt(
-            req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req)
+            req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
+            tools=plan.offered, glm4_items=self.tool_parser == "glm4", forced_prefix=plan.forced_prefix,
         )
+        parser = None
+        if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active):
+            parser = PARSERS[self.tool_parser](plan.functions)
         request = GenerationRequest(
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             prompt_token_ids=prompt.token_ids,
-            sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids),
+            sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar),
         )
         try:
             outputs = self.engine.generate(request)  # admission: may refuse at once
         except EngineOverloaded as exc:
             raise overloaded(str(exc), exc.retry_after_s) from exc
-        return _Run(request.request_id, int(time.time()), request, stop_strings(req), outputs)
+        except GrammarError as exc:
+            raise invalid_request(str(exc), "response_format" if req.response_format else "tools") from exc
+        return _Run(request.request_id, int(time.time()), request, stop_strings(req), outputs, parser,
+                    plan.forced_prefix, plan.max_calls)
 
     async def _deltas(self, run: _Run) -> AsyncIterator[tuple[str, str | None]]:
         """``(text, finish_reason)`` pairs; the last has ``finish_reason`` set.
@@ -123,16 +148,37 @@ class ChatService:
         except Exception as exc:  # an engine bug must end this request only
             raise server_error(f"generation failed: {type(exc).__name__}: {exc}") from exc
 
+    async def _events(self, run: _Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None]]:
+        """Parsed output: ``(events, finish_reason)``; without a tool parser every text delta
+        is one content event. ``finish_reason`` is ``tool_calls`` when the reply made calls."""
+        parser, made_calls = run.parser, False
+        if parser and run.forced_prefix:
+            parser.feed(run.forced_prefix)  # the name line the prompt already holds
+        async for text, finish in self._deltas(run):
+            if parser is None:
+                events = [DeltaEvent("content", text)] if text else []
+            else:
+                events = parser.feed(text) + (parser.finish() if finish else [])
+                if run.max_calls is not None:
+                    events = [e for e in events if e.kind != "tool_call" or e.index < run.max_calls]
+            made_calls = made_calls or any(e.kind == "tool_call" for e in events)
+            yield events, ("tool_calls" if made_calls and finish == "stop" else finish)
+
     async def _complete(self, run: _Run) -> ChatCompletion:
-        parts: list[str] = []
+        events: list[DeltaEvent] = []
         finish_reason: str | None = None
-        async for text, finish_reason in self._deltas(run):
-            parts.append(text)
+        async for batch, finish_reason in self._events(run):
+            events += batch
+        parsed = assemble(events)
+        calls = [ToolCall(id=_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+                 for c in parsed.tool_calls]
+        message = ChatMessage(content=parsed.content, tool_calls=calls or None,
+                              reasoning_content=parsed.reasoning_content)
         return ChatCompletion(
             id=run.id,
             created=run.created,
             model=self.model_name,
-            choices=[Choice(message=ChatMessage(content="".join(parts)), finish_reason=finish_reason)],
+            choices=[Choice(message=message, finish_reason=finish_reason)],
             usage=run.usage(),
         )
 
@@ -145,12 +191,24 @@ class ChatService:
         )
         return chunk.model_dump_json(exclude_none=True)
 
+    def _event_chunks(self, run: _Run, event: DeltaEvent) -> list[str]:
+        if event.kind == "content":
+            return [self._chunk(run, DeltaMessage(content=event.text))]
+        if event.kind == "reasoning":
+            return [self._chunk(run, DeltaMessage(reasoning_content=event.text))]
+        # a call as OpenAI streams one: id, type and name first, then the arguments
+        head = DeltaToolCall(index=event.index, id=_call_id(), type="function",
+                             function=DeltaFunction(name=event.name, arguments=""))
+        body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
+        return [self._chunk(run, DeltaMessage(tool_calls=[head])), self._chunk(run, DeltaMessage(tool_calls=[body]))]
+
     async def _stream(self, run: _Run, include_usage: bool) -> AsyncIterator[str]:
         yield self._chunk(run, DeltaMessage(role="assistant", content=""))
         try:
-            async for text, finish_reason in self._deltas(run):
-                if text:
-                    yield self._chunk(run, DeltaMessage(content=text))
+            async for events, finish_reason in self._events(run):
+                for event in events:
+                    for chunk in self._event_chunks(run, event):
+                        yield chunk
                 if finish_reason is not None:
                     yield self._chunk(run, DeltaMessage(), finish_reason)
         except APIError as exc:
@@ -162,3 +220,7 @@ class ChatService:
             )
             yield usage_chunk.model_dump_json(exclude_none=True)
         yield STREAM_DONE
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentError, to_template_messages
+from glmserve.chat.glm4 import to_glm4_items
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import context_length_exceeded, invalid_request
@@ -38,18 +39,27 @@ def build_prompt(
     tokenizer: Tokenizer,
     context_length: int,
     max_tokens: int | None,
+    tools: list[dict] | None = None,
+    glm4_items: bool = False,
+    forced_prefix: str = "",
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
-    context). Raises ``APIError`` 400 for content the model cannot take, a template that
-    rejects the conversation, or a prompt/``max_tokens`` that does not fit."""
+    context). ``tools`` (OpenAI form) go into the template's ``tools`` variable, or, with
+    ``glm4_items``, into GLM-4's own message layout (``chat/glm4.py``); ``forced_prefix`` is
+    appended after the generation prompt. Raises ``APIError`` 400 for content the model cannot
+    take, a template that rejects the conversation, or a prompt/``max_tokens`` that does not fit."""
     try:
         messages = to_template_messages(req.messages)
     except UnsupportedContentError as exc:
         raise invalid_request(str(exc), exc.param) from exc
     try:
-        text = template.render(messages, add_generation_prompt=True)
+        if glm4_items:
+            text = template.render(to_glm4_items(messages, tools), add_generation_prompt=True)
+        else:
+            text = template.render(messages, tools=tools, add_generation_prompt=True)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
+    text += forced_prefix
     token_ids = tokenizer.encode_prompt(text)
     n_prompt = len(token_ids)
     if n_prompt >= context_length:

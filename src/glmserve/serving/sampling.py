@@ -18,14 +18,6 @@ def check_supported(req: ChatCompletionRequest) -> None:
         raise invalid_request("logprobs are not supported yet", "logprobs", "unsupported_parameter")
     if req.logit_bias:
         raise invalid_request("logit_bias is not supported yet", "logit_bias", "unsupported_parameter")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise invalid_request(
-            f"response_format {req.response_format.type!r} is not supported yet",
-            "response_format",
-            "unsupported_parameter",
-        )
-    if req.tools and req.tool_choice != "none":
-        raise invalid_request("tool calling is not supported yet", "tools", "unsupported_parameter")
 
 
 def requested_max_tokens(req: ChatCompletionRequest) -> int | None:
@@ -40,7 +32,7 @@ def stop_strings(req: ChatCompletionRequest) -> list[str]:
 
 
 def to_sampling_params(
-    req: ChatCompletionRequest, max_tokens: int, stop_token_ids: tuple[int, ...]
+    req: ChatCompletionRequest, max_tokens: int, stop_token_ids: tuple[int, ...], grammar: str | None = None
 ) -> SamplingParams:
     """Engine sampling parameters for ``req``; ``max_tokens`` is already resolved and fits."""
     temperature = 1.0 if req.temperature is None else req.temperature
@@ -59,4 +51,5 @@ def to_sampling_params(
         seed=req.seed,
         ignore_eos=req.ignore_eos,
         stop_token_ids=stop_token_ids,
+        grammar=grammar,
     )

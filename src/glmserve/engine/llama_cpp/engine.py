@@ -100,6 +100,7 @@ class LlamaCppEngine:
             chat_template=self._model.metadata().get("tokenizer.chat_template"),
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
+            grammar=True,
         )
         self._thread = threading.Thread(target=self._worker, name="llama-cpp-engine", daemon=True)
         self._thread.start()
@@ -126,13 +127,15 @@ class LlamaCppEngine:
     def generate(self, request: GenerationRequest) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
+        sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
+                               self.model_info.context_length)
         if not self._admission.try_acquire():
+            sampler.free()
             raise EngineOverloaded(
                 f"server is at capacity ({self.config.max_num_seqs} running, {self.config.max_queue} "
                 "waiting); retry shortly"
             )
         stream = OutputStream()
-        sampler = SamplerChain(request.sampling, self.tokenizer.n_vocab, self.model_info.context_length)
         state = _SeqState(request, stream, sampler, IncrementalDecoder())
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state))
         return RequestStream(request.request_id, stream, self.abort)

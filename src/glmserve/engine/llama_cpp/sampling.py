@@ -12,6 +12,7 @@ import random
 
 import llama_cpp
 
+from glmserve.engine.base import GrammarError
 from glmserve.engine.types import SamplingParams
 
 _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
@@ -31,10 +32,17 @@ class SamplerChain:
 
     __slots__ = ("_chain",)
 
-    def __init__(self, params: SamplingParams, n_vocab: int, penalty_last_n: int) -> None:
+    def __init__(self, params: SamplingParams, vocab, n_vocab: int, penalty_last_n: int) -> None:
+        """Raises ``GrammarError`` when ``params.grammar`` does not compile."""
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._chain = chain
         add = lambda smpl: llama_cpp.llama_sampler_chain_add(chain, smpl)  # noqa: E731
+        if params.grammar:
+            grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
+            if not grammar:
+                self.free()
+                raise GrammarError("the output constraint could not be compiled into a grammar")
+            add(grammar)
         if params.logit_bias:
             arr = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for i, (token, bias) in enumerate(params.logit_bias.items()):

@@ -15,6 +15,7 @@ class LlamaCppTokenizer:
     def __init__(self, model: LlamaModel) -> None:
         self._model = model
         self._vocab = model.vocab
+        self.vocab = model.vocab
         self.n_vocab = model.n_vocab()
         self.bos_id = model.token_bos()
         self.eos_id = model.token_eos()

@@ -1,0 +1,116 @@
+"""``tools`` / ``tool_choice`` / ``response_format`` -> what to render and how to constrain.
+
+``tool_choice``: ``none`` (tools not offered), ``auto`` (offered; the model decides),
+``required`` (the reply must be one or more calls) or ``{"type": "function", "function":
+{"name": ...}}`` (the reply must call it). ``required`` and named are enforced with a grammar;
+for GLM-4 the named function is also forced in the prompt, as GLM's own demo did.
+``parallel_tool_calls: false`` allows at most one call.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.protocol.errors import invalid_request
+from glmserve.serving.grammar import check_schema, json_grammar, tool_call_grammar
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    """``offered``: OpenAI tool dicts to render (None: no tools in the prompt); ``functions``:
+    their function objects (what the parser accepts); ``grammar``: GBNF or None;
+    ``forced_prefix``: text appended to the prompt and fed to the parser first (GLM-4 named);
+    ``max_calls``: None for any number."""
+
+    offered: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] = field(default_factory=list)
+    grammar: str | None = None
+    forced_prefix: str = ""
+    max_calls: int | None = None
+
+
+def _functions(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    functions, seen = [], set()
+    for i, tool in enumerate(req.tools or []):
+        fn = tool.function.model_dump(exclude_none=True)
+        if not _NAME.match(fn["name"]):
+            raise invalid_request("function names must be 1-64 letters, digits, '_', '-' or '.'",
+                                  f"tools.{i}.function.name")
+        if fn["name"] in seen:
+            raise invalid_request(f"duplicate function name {fn['name']!r}", f"tools.{i}.function.name")
+        seen.add(fn["name"])
+        params = fn.get("parameters")
+        if params is not None:
+            if not isinstance(params, dict) or params.get("type", "object") != "object":
+                raise invalid_request("function parameters must be a JSON schema of type 'object'",
+                                      f"tools.{i}.function.parameters")
+        functions.append(fn)
+    return functions
+
+
+def _choice(req: ChatCompletionRequest, names: set[str]) -> str:
+    """'none' | 'auto' | 'required' | a function name."""
+    choice = req.tool_choice
+    if choice is None:
+        return "auto" if names else "none"
+    if isinstance(choice, str) and choice in ("none", "auto", "required"):
+        if choice != "none" and not names:
+            raise invalid_request(f"tool_choice {choice!r} needs tools", "tool_choice")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise invalid_request(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
+        return name
+    raise invalid_request("tool_choice must be 'none', 'auto', 'required' or "
+                          "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+
+
+def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool) -> ToolPlan:
+    """Raises 400 ``APIError`` for invalid tools/tool_choice/response_format, or for what the
+    model or engine cannot do (no tool-call format, no constrained decoding)."""
+    functions = _functions(req)
+    choice = _choice(req, {f["name"] for f in functions})
+    plan = ToolPlan()
+    fmt = req.response_format.type if req.response_format else "text"
+    if fmt != "text":
+        if not grammar_ok:
+            raise invalid_request("this engine cannot constrain output to JSON", "response_format")
+        if choice in ("required",) or choice not in ("none", "auto"):
+            raise invalid_request("response_format cannot be combined with a forced tool_choice", "response_format")
+        if fmt == "json_object":
+            schema = {"type": "object"}
+        else:
+            spec = req.response_format.json_schema or {}
+            schema = check_schema(spec.get("schema", spec.get("schema_", {"type": "object"})),
+                                  "response_format.json_schema.schema")
+        plan.grammar = json_grammar(schema)
+        choice = "none"  # the reply is the JSON document
+    if choice == "none":
+        return plan
+    if parser is None:
+        raise invalid_request("the served model has no tool-call format; start glmserve with "
+                              "--tool-call-parser NAME", "tools")
+    plan.offered = [{"type": "function", "function": f} for f in functions]
+    plan.functions = functions
+    parallel = req.parallel_tool_calls is not False
+    plan.max_calls = None if parallel else 1
+    if choice == "auto":
+        return plan
+    if not grammar_ok:
+        raise invalid_request(f"tool_choice {req.tool_choice!r} needs constrained decoding, which this engine "
+                              "lacks", "tool_choice")
+    forced = [f for f in functions if f["name"] == choice] if choice != "required" else functions
+    if choice != "required":
+        plan.max_calls = 1
+        if parser == "glm4":  # force the name in the prompt, as GLM's demo did
+            plan.offered = [{"type": "function", "function": forced[0]}]
+            plan.forced_prefix = forced[0]["name"] + "\n"
+    plan.grammar = tool_call_grammar(parser, forced, parallel and choice == "required",
+                                     forced_name=bool(plan.forced_prefix))
+    return plan
