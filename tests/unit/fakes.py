@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
 
-SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001}
+SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001, "[gMASK]": 1002, "<sop>": 1003, "<|system|>": 1004,
+           "<|user|>": 1005, "<|assistant|>": 1006, "<|observation|>": 1007}
 
 
 class FakeTokenizer:
@@ -39,14 +40,19 @@ class FakeEngine:
     """Replies with ``reply`` one character per output; fails after ``fail_after`` outputs
     when the prompt contains ``FAIL`` (as an error output) or ``CRASH`` (as an exception)."""
 
-    def __init__(self, reply: str = "Hello there", context_length: int = 256, fail_after: int = 3) -> None:
+    def __init__(self, reply: str = "Hello there", context_length: int = 256, fail_after: int = 3,
+                 grammar: bool = False) -> None:
         self.reply = reply
         self.fail_after = fail_after
         self.tokenizer = FakeTokenizer()
         self.model_info = ModelInfo(id="fake", context_length=context_length, chat_template=None,
-                                    bos_token="", eos_token="")
+                                    bos_token="", eos_token="", grammar=grammar)
         self.aborted: list[str] = []
         self.requests: list[GenerationRequest] = []
+
+    def prompt_text(self, request: GenerationRequest) -> str:
+        names = {v: k for k, v in SPECIAL.items()}
+        return "".join(names.get(t, chr(t)) if t >= 1000 else chr(t) for t in request.prompt_token_ids)
 
     def start(self) -> None: ...
 
@@ -60,7 +66,7 @@ class FakeEngine:
         return self._generate(request)
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        prompt = "".join(chr(t) for t in request.prompt_token_ids if t < 1000)
+        prompt = self.prompt_text(request)
         n = len(request.prompt_token_ids)
         finished = False
         try:

@@ -1,0 +1,122 @@
+"""GLM tool calling through the serving and HTTP layers, with a fake engine that replays what a
+GLM model writes: the request mapping, the forced name, parsing of whole and streamed replies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from glmserve.chat import ChatTemplate
+from glmserve.server import create_app
+from glmserve.serving.chat import ChatService
+from tests.unit.fakes import SPECIAL, FakeEngine
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "glm"
+TEMPLATES = {"glm4": (FIXTURES / "glm-4-9b-chat.jinja").read_text(), "glm45": (FIXTURES / "glm-4.6.jinja").read_text()}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+
+
+def _http(parser: str, reply: str):
+    engine = FakeEngine(reply=reply, context_length=4000, grammar=True)
+    service = ChatService(engine, "glm", ChatTemplate(TEMPLATES[parser]), parser)
+    return engine, service, TestClient(create_app(engine, service))
+
+
+def _body(**kw):
+    return {"model": "glm", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], **kw}
+
+
+def _stream(client, body) -> tuple[str, str, list[dict], str]:
+    content, reasoning, calls, finish = "", "", {}, None
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[6:])["choices"]
+            if not choices:
+                continue
+            delta = choices[0]["delta"]
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            for tc in delta.get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"name": "", "arguments": "", "ids": set()})
+                call["name"] += tc["function"].get("name") or ""
+                call["arguments"] += tc["function"].get("arguments") or ""
+                if tc.get("id"):
+                    call["ids"].add(tc["id"])
+            finish = choices[0].get("finish_reason") or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def test_stop_tokens_include_observation():
+    engine, service, _ = _http("glm4", "x")
+    assert set(service.stop_token_ids) == {SPECIAL["<|user|>"], SPECIAL["<|observation|>"]}
+
+
+@pytest.mark.parametrize("parser", ["glm4", "glm45"])
+def test_plain_answers(parser):
+    reply = "\nIt is sunny." if parser == "glm4" else "\n<think>Easy.</think>\nIt is sunny."
+    _, _, client = _http(parser, reply)
+    with client:
+        message = client.post("/v1/chat/completions", json=_body()).json()["choices"][0]
+        assert message["message"]["content"] == "It is sunny." and "tool_calls" not in message["message"]
+        assert message["finish_reason"] == "stop"
+        content, reasoning, calls, finish = _stream(client, _body())
+        assert (content, calls, finish) == ("It is sunny.", [], "stop")
+        assert reasoning == ("Easy." if parser == "glm45" else "")
+
+
+@pytest.mark.parametrize(("parser", "reply"), [
+    ("glm4", 'get_weather\n{"city": "Paris", "days": 2}'),
+    ("glm45", "\n<think>Call the tool.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+              "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"),
+])
+def test_calls_whole_and_streamed(parser, reply):
+    engine, _, client = _http(parser, reply)
+    with client:
+        body = client.post("/v1/chat/completions", json=_body()).json()
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        (call,) = choice["message"]["tool_calls"]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}
+        assert choice["message"].get("content") is None
+        content, reasoning, calls, finish = _stream(client, _body())
+        assert finish == "tool_calls" and content == ""
+        assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", '{"city": "Paris", "days": 2}')]
+        assert len(calls[0]["ids"]) == 1  # one id for the call, on its first delta
+        if parser == "glm45":
+            assert choice["message"]["reasoning_content"] == reasoning == "Call the tool."
+    prompt = engine.prompt_text(engine.requests[0])
+    assert "get_weather" in prompt  # the tools were offered in the prompt
+
+
+def test_glm4_named_tool_choice_forces_the_name_in_the_prompt():
+    engine, _, client = _http("glm4", '{"city": "Paris"}')  # the model only writes the arguments
+    with client:
+        choice = {"type": "function", "function": {"name": "get_weather"}}
+        body = client.post("/v1/chat/completions", json=_body(tool_choice=choice)).json()
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    request = engine.requests[0]
+    assert engine.prompt_text(request).endswith("<|assistant|>get_weather\n")
+    assert request.sampling.grammar and "root ::=" in request.sampling.grammar
+
+
+def test_tool_choice_none_offers_no_tools():
+    engine, _, client = _http("glm4", "\nNo tools needed.")
+    with client:
+        body = client.post("/v1/chat/completions", json=_body(tool_choice="none")).json()
+    assert body["choices"][0]["message"]["content"] == "No tools needed."
+    assert "get_weather" not in engine.prompt_text(engine.requests[0])
+
+
+def test_unknown_function_comes_back_as_content():
+    _, _, client = _http("glm4", 'get_time\n{"tz": "UTC"}')
+    with client:
+        message = client.post("/v1/chat/completions", json=_body()).json()["choices"][0]["message"]
+    assert message["content"] == 'get_time\n{"tz": "UTC"}' and "tool_calls" not in message
