@@ -79,6 +79,12 @@ def test_required_gives_a_valid_call(tclient):
     for call in choice.message.tool_calls:
         assert call.id.startswith("call_") and call.type == "function"
         _assert_valid_call(call.function.name, call.function.arguments)
+    content, streamed, finish = _joined_stream(tclient, tools=TOOLS, tool_choice="required", max_tokens=250)
+    assert finish == "tool_calls" and not content
+    assert [(c["name"], c["arguments"]) for c in streamed.values()] == [
+        (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    for call in streamed.values():
+        _assert_valid_call(call["name"], call["arguments"])
 
 
 def test_named_plain_and_streamed_agree(tclient):
