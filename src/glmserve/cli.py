@@ -73,7 +73,7 @@ def serve(args: list[str]) -> int:
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
     app = create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
-                     shutdown_timeout=settings.shutdown_timeout)
+                     shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes)
     info = runtime.engine.model_info
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d) on http://%s:%d", runtime.chat.model_name, info.context_length,

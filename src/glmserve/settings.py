@@ -59,6 +59,9 @@ class ServeSettings(BaseSettings):
         64, ge=0, le=1 << 16,
         description="Requests that may wait for a free sequence; beyond that the server answers 429.",
     )
+    max_request_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, le=1 << 34, description="Largest request body accepted (413 beyond)."
+    )
     shutdown_timeout: float = Field(
         30.0, ge=0, le=3600,
         description="Seconds to let running requests finish after SIGTERM before they are aborted.",

@@ -111,6 +111,39 @@ def test_max_tokens_that_cannot_fit(server):
     _assert_error(_post(server, body), 400, "max_tokens", "context_length_exceeded")
 
 
+def test_lone_surrogate_is_400(server):
+    body = '{"model": "%s", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}' % DEFAULT_MODEL
+    _assert_error(_post(server, body, headers={"content-type": "application/json"}), 400, "messages")
+
+
+def test_deeply_nested_json_is_400(server):
+    body = '{"model": "%s", "messages": %s%s}' % (DEFAULT_MODEL, "[" * 100_000, "]" * 100_000)
+    _assert_error(_post(server, body, headers={"content-type": "application/json"}), 400)
+
+
+def test_oversized_body_is_413():
+    from tests.conftest import RemoteServer
+
+    srv = RemoteServer("--max-request-bytes", "100000")
+    try:
+        big = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "a" * 200_000}]}
+        error = _assert_error(_post(srv, big), 413, code="request_too_large")
+        assert "100000" in error["message"]
+
+        def chunked():  # no Content-Length: the limit holds while the body streams in
+            yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+            for _ in range(50):
+                yield b"a" * 10_000
+            yield b'"}]}'
+
+        resp = httpx.post(f"{srv.url}/v1/chat/completions", content=chunked(), timeout=60,
+                          headers={"content-type": "application/json"})
+        _assert_error(resp, 413, code="request_too_large")
+        assert srv.client().chat.completions.create(model=DEFAULT_MODEL, messages=OK_MESSAGES, max_tokens=2)
+    finally:
+        srv.stop()
+
+
 def test_unknown_route_is_openai_404(server):
     _assert_error(httpx.get(f"{server.url}/v1/nothing-here"), 404)
 

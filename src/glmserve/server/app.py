@@ -12,15 +12,18 @@ from glmserve.engine.base import Engine
 from glmserve.protocol.models import ModelCard
 from glmserve.server.auth import require_api_key
 from glmserve.server.errors import install_error_handlers
+from glmserve.server.limits import BodySizeLimit
 from glmserve.server.routes import chat, health, models
 from glmserve.serving.chat import ChatService
 
 
 def create_app(
-    engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0
+    engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
+    max_request_bytes: int = 64 * 1024 * 1024,
 ) -> FastAPI:
     """The app serving ``engine`` (already started); shuts the engine down on exit.
-    ``shutdown_timeout``: seconds open streams may run on after SIGTERM."""
+    ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
+    ``max_request_bytes`` get a 413."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +46,7 @@ def create_app(
         )
     ]
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
     app.include_router(health.router)
     protected = [Depends(require_api_key)]
     app.include_router(models.router, dependencies=protected)

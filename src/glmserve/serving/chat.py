@@ -6,6 +6,7 @@ are applied here, once, for every engine (``serving/stop.py``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -48,7 +49,7 @@ class _Run:
     created: int
     request: GenerationRequest
     stops: list[str]
-    outputs: AsyncIterator[GenerationOutput]
+    outputs: AsyncIterator[GenerationOutput] | None
     parser: ToolCallParser | None = None
     forced_prefix: str = ""
     max_calls: int | None = None
@@ -89,7 +90,9 @@ class ChatService:
         self.stop_token_ids = tuple(stop_ids)
 
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[str]:
-        run = self._prepare(req)
+        # rendering and tokenizing a long prompt takes a while: not on the event loop
+        run = await asyncio.to_thread(self._prepare, req)
+        run.outputs = self._admit(req, run.request)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._stream(run, include_usage)
@@ -112,14 +115,17 @@ class ChatService:
             prompt_token_ids=prompt.token_ids,
             sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar),
         )
+        return _Run(request.request_id, int(time.time()), request, stop_strings(req), None, parser,
+                    plan.forced_prefix, plan.max_calls)
+
+    def _admit(self, req: ChatCompletionRequest, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Hand ``request`` to the engine (on the event loop); 429 when it is full."""
         try:
-            outputs = self.engine.generate(request)  # admission: may refuse at once
+            return self.engine.generate(request)
         except EngineOverloaded as exc:
             raise overloaded(str(exc), exc.retry_after_s) from exc
         except GrammarError as exc:
             raise invalid_request(str(exc), "response_format" if req.response_format else "tools") from exc
-        return _Run(request.request_id, int(time.time()), request, stop_strings(req), outputs, parser,
-                    plan.forced_prefix, plan.max_calls)
 
     async def _deltas(self, run: _Run) -> AsyncIterator[tuple[str, str | None]]:
         """``(text, finish_reason)`` pairs; the last has ``finish_reason`` set.
