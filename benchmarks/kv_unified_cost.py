@@ -1,0 +1,84 @@
+"""Cost of llama.cpp's unified KV cache at the decode step, measured directly at the llama.cpp level.
+
+8 sequences are prefilled with ``--prompt-len`` tokens each, then an 8-token decode step (one
+token per sequence) is timed, with the KV cache unified (one pool shared by all sequences, what
+glmserve uses) and split per sequence (llama-server's default, fixed slices). Same model,
+threads and context. Prints a table.
+
+    python benchmarks/kv_unified_cost.py [--threads 2] [--prompt-len 160] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import llama_cpp
+from llama_cpp._internals import LlamaModel
+
+from glmserve.bench.report import hardware
+from glmserve.models import default_model_path
+
+
+def _context(model: LlamaModel, n_seq: int, threads: int, unified: bool):
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 4096, 63, 63, n_seq
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = unified
+    return llama_cpp.llama_init_from_model(model.model, params)
+
+
+def _decode(ctx, rows: list[tuple[int, int, int]]) -> None:
+    """rows: (seq_id, token, pos); logits for every row."""
+    batch = llama_cpp.llama_batch_init(len(rows), 0, 1)
+    for i, (seq, token, pos) in enumerate(rows):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, 1
+        batch.seq_id[i][0] = seq
+    batch.n_tokens = len(rows)
+    try:
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+    finally:
+        llama_cpp.llama_batch_free(batch)
+
+
+def measure(model: LlamaModel, unified: bool, args) -> float:
+    ctx = _context(model, 8, args.threads, unified)
+    prompt = model.tokenize(b"The quick brown fox jumps over the lazy dog. " * 40, False, False)[: args.prompt_len]
+    for seq in range(8):
+        for start in range(0, len(prompt), 63):
+            _decode(ctx, [(seq, t, start + i) for i, t in enumerate(prompt[start:start + 63])])
+    times = []
+    for k in range(args.steps):
+        t = time.perf_counter()
+        _decode(ctx, [(seq, 100 + k, len(prompt) + k) for seq in range(8)])
+        times.append(time.perf_counter() - t)
+    llama_cpp.llama_free(ctx)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=160)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=5, help="alternate the two caches this many times")
+    args = ap.parse_args()
+    model = LlamaModel(path_model=str(default_model_path()), params=llama_cpp.llama_model_default_params(),
+                       verbose=False)
+    runs = [(measure(model, False, args), measure(model, True, args)) for _ in range(args.rounds)]
+    ratios = sorted(u / s for s, u in runs)
+    split = statistics.median(s for s, _ in runs)
+    unified = statistics.median(u for _, u in runs)
+    print(f"\nhardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 | threads {args.threads} | n_ctx 4096 | "
+          f"8 sequences x {args.prompt_len} cached tokens | decode step of 8 tokens: median of {args.steps} steps, "
+          f"{args.rounds} alternating rounds\n")
+    print("| KV cache | decode step ms (median of rounds) | unified / split per round |\n|---|---:|---:|")
+    print(f"| split per sequence (llama-server default) | {split:.1f} | |")
+    print(f"| unified (glmserve) | {unified:.1f} | median {statistics.median(ratios):.2f}, "
+          f"range {ratios[0]:.2f}-{ratios[-1]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
