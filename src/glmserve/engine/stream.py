@@ -1,7 +1,8 @@
 """Hand outputs from an engine's worker thread to the asyncio consumer of ``generate``.
 
-Engine-neutral: every engine's worker thread calls ``OutputStream.put`` (thread-safe) and the
-request's ``RequestStream`` is what ``Engine.generate`` returns.
+Engine-neutral: an engine's worker thread collects a step's outputs in an ``OutputBatch`` and
+flushes it (thread-safe, one event-loop wake-up); the request's ``RequestStream`` is what
+``Engine.generate`` returns.
 """
 
 from __future__ import annotations
@@ -13,20 +14,14 @@ from glmserve.engine.types import GenerationOutput
 
 
 class OutputStream:
-    """A one-consumer queue bound to the event loop that created it."""
+    """A one-consumer queue bound to the event loop that created it; engine threads fill it
+    through ``OutputBatch``."""
 
     __slots__ = ("_loop", "_queue")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
-
-    def put(self, output: GenerationOutput) -> None:
-        """Called from any thread. Dropped if the loop is closed (server exiting)."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, output)
-        except RuntimeError:
-            pass
 
     async def get(self) -> GenerationOutput:
         return await self._queue.get()

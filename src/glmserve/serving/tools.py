@@ -87,8 +87,10 @@ def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool)
             schema = {"type": "object"}
         else:
             spec = req.response_format.json_schema or {}
-            schema = check_schema(spec.get("schema", spec.get("schema_", {"type": "object"})),
-                                  "response_format.json_schema.schema")
+            if "schema" not in spec:
+                raise invalid_request("response_format json_schema needs json_schema.schema",
+                                      "response_format.json_schema.schema")
+            schema = check_schema(spec["schema"], "response_format.json_schema.schema")
         plan.grammar = json_grammar(schema)
         choice = "none"  # the reply is the JSON document
     if choice == "none":
