@@ -46,6 +46,7 @@ class _SeqState:
     stream: OutputStream
     sampler: SamplerChain
     decoder: IncrementalDecoder
+    stop_ids: frozenset[int]  # end generation with "stop" (empty with ignore_eos)
 
 
 class LlamaCppEngine:
@@ -127,6 +128,9 @@ class LlamaCppEngine:
     def generate(self, request: GenerationRequest) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
+        if len(request.prompt_token_ids) >= self.model_info.context_length:
+            raise EngineError(f"prompt of {len(request.prompt_token_ids)} tokens does not fit n_ctx="
+                              f"{self.model_info.context_length}")
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
                                self.model_info.context_length)
         if not self._admission.try_acquire():
@@ -136,7 +140,9 @@ class LlamaCppEngine:
                 "waiting); retry shortly"
             )
         stream = OutputStream()
-        state = _SeqState(request, stream, sampler, IncrementalDecoder())
+        sp = request.sampling
+        stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)
+        state = _SeqState(request, stream, sampler, IncrementalDecoder(), stop_ids)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state))
         return RequestStream(request.request_id, stream, self.abort)
 
@@ -210,7 +216,7 @@ class LlamaCppEngine:
         state: _SeqState = seq.payload
         sp = state.request.sampling
         finish: FinishReason | None = None
-        if not sp.ignore_eos and (token in sp.stop_token_ids or self.tokenizer.is_eog(token)):
+        if token in state.stop_ids:
             text, finish = state.decoder.flush(), "stop"
         else:
             text = state.decoder.feed(self.tokenizer.piece(token))

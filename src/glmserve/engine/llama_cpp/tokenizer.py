@@ -20,6 +20,9 @@ class LlamaCppTokenizer:
         self.bos_id = model.token_bos()
         self.eos_id = model.token_eos()
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        # fixed per token: computed once, so the per-token path makes no llama.cpp call for them
+        self.eog_ids = frozenset(i for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, i))
+        self._pieces: dict[int, bytes] = {}
 
     def encode(self, text: str) -> list[int]:
         return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=True) if text else []
@@ -31,17 +34,19 @@ class LlamaCppTokenizer:
         return ids
 
     def is_special(self, token_id: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or self.is_eog(token_id)
-
-    def is_eog(self, token_id: int) -> bool:
-        """End-of-generation per llama.cpp (EOS, EOT and the tokens it knows end a turn)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token_id))
+        return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or token_id in self.eog_ids
 
     def token_text(self, token_id: int) -> str:
         return self._model.token_get_text(token_id) if token_id >= 0 else ""
 
     def piece(self, token_id: int) -> bytes:
-        """The bytes a token stands for; control tokens give ``b""``."""
+        """The bytes a token stands for; control tokens give ``b""``. Cached per token."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self._piece(token_id)
+        return piece
+
+    def _piece(self, token_id: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
         if n < 0:  # buffer too small: -n is the size needed
