@@ -202,6 +202,19 @@ def test_abort_while_waiting_and_running():
     assert s.slots[0].seq is None
 
 
+def test_failed_sequence_drops_its_cache():
+    s = Scheduler(max_num_seqs=1, n_ctx=100, max_num_batched_tokens=64)
+    a = seq("a", range(10))
+    s.add(a)
+    run_step(s)
+    assert s.finish(a, keep_cache=False) == a.slot
+    assert s.kv_used == 0 and s.slots[a.slot].tokens == []
+    b = seq("b", range(10))
+    s.add(b)
+    run_step(s)
+    assert b.num_cached == 0  # nothing reused from the failed sequence
+
+
 def test_sequence_too_long_is_refused():
     s = Scheduler(max_num_seqs=1, n_ctx=8, max_num_batched_tokens=64)
     with pytest.raises(ValueError):

@@ -261,16 +261,23 @@ class Scheduler:
     def append_token(self, seq: Sequence, token: int) -> None:
         seq.tokens.append(token)
 
-    def finish(self, seq: Sequence) -> None:
-        """End ``seq`` (done, stopped or aborted). A running sequence's slot keeps its KV as
-        a reusable prefix cache; a waiting one is just dropped."""
+    def finish(self, seq: Sequence, keep_cache: bool = True) -> int | None:
+        """End ``seq`` (done, stopped, aborted or failed). A running sequence's slot keeps its KV
+        as a reusable prefix cache, unless ``keep_cache`` is False (its cells may be half
+        written): then the slot is emptied and its id returned, for the engine to drop its
+        cells. A waiting sequence is just dropped."""
+        cleared = None
         if seq.status is SeqStatus.RUNNING:
             slot = self.slots[seq.slot]
             slot.seq, slot.last_used = None, self._step
+            if not keep_cache:
+                slot.tokens, slot.n_kv, cleared = [], 0, slot.id
+                self._committed[slot.id] = 0
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
+        return cleared
 
 
 class AdmissionControl:

@@ -230,11 +230,9 @@ class LlamaCppEngine:
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None, send: bool = True) -> None:
         if seq.status is SeqStatus.FINISHED:
             return
-        if reason == "error" and seq.status is SeqStatus.RUNNING:
-            slot = self._scheduler.slots[seq.slot]
-            self._decoder.clear_slot(slot.id)  # its cells may be half-written
-            slot.tokens, slot.n_kv = [], 0
-        self._scheduler.finish(seq)
+        cleared = self._scheduler.finish(seq, keep_cache=reason != "error")
+        if cleared is not None:
+            self._decoder.clear_slot(cleared)
         state: _SeqState = seq.payload
         state.sampler.free()
         self._by_id.pop(seq.request_id, None)
