@@ -74,7 +74,8 @@ class ChatApp:
     def reply(self, user_text: str, live: bool = True) -> None:
         """Stream the answer to ``user_text``; on success both turns join the conversation."""
         messages = self.conversation.messages + [{"role": "user", "content": user_text}]
-        parts: list[str] = []
+        text = ""
+        n_chunks = 0
         usage = None
         start = time.perf_counter()
         first: float | None = None
@@ -90,9 +91,10 @@ class ChatApp:
                 for choice in chunk.choices:
                     if choice.delta.content:
                         first = first or time.perf_counter()
-                        parts.append(choice.delta.content)
+                        text += choice.delta.content
+                        n_chunks += 1
                         if display:
-                            display.update(Text("".join(parts)))
+                            display.update(Text(text))
                         else:
                             sys.stdout.write(choice.delta.content)
                             sys.stdout.flush()
@@ -102,7 +104,6 @@ class ChatApp:
             stream.close()  # aborts the generation if it is still going
             if display:
                 display.stop()
-        text = "".join(parts)
         if not live:
             sys.stdout.write("\n")
             return
@@ -111,7 +112,7 @@ class ChatApp:
             self.console.print("[dim]\\[reply stopped][/dim]")
             return
         self.conversation.turns += [{"role": "user", "content": user_text}, {"role": "assistant", "content": text}]
-        n = usage.completion_tokens if usage else len(parts)
+        n = usage.completion_tokens if usage else n_chunks
         elapsed = time.perf_counter() - (first or start)
         rate = f"{(n - 1) / elapsed:.1f} tok/s" if n > 1 and elapsed > 0 else "-"
         self.console.print(f"[dim]{n} tokens, {rate}[/dim]")

@@ -61,10 +61,9 @@ def build_prompt(
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += forced_prefix
     try:
-        text.encode("utf-8")
+        token_ids = tokenizer.encode_prompt(text)
     except UnicodeEncodeError as exc:  # JSON allows lone UTF-16 surrogates; UTF-8 does not
         raise invalid_request("the messages contain invalid Unicode (a lone surrogate)", "messages") from exc
-    token_ids = tokenizer.encode_prompt(text)
     n_prompt = len(token_ids)
     if n_prompt >= context_length:
         raise context_length_exceeded(
