@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -24,16 +23,8 @@ from typing import Any
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.runtime import start_runtime
-from glmserve.serving.chat import STREAM_DONE
+from glmserve.serving.chat import StreamItem
 from glmserve.settings import ServeSettings
-
-
-def _chunk(payload: str) -> ChatCompletionChunk:
-    data = json.loads(payload)
-    if "error" in data:
-        error = ErrorResponse.model_validate(data).error
-        raise APIError(500, error.message, error.type, error.param, error.code)
-    return ChatCompletionChunk.model_validate(data)
 
 
 class LLM:
@@ -67,14 +58,15 @@ class LLM:
             return result
         return self._chunks(result)
 
-    async def _chunks(self, payloads: AsyncIterator[str]) -> AsyncIterator[ChatCompletionChunk]:
+    async def _chunks(self, items: AsyncIterator[StreamItem]) -> AsyncIterator[ChatCompletionChunk]:
         try:
-            async for payload in payloads:
-                if payload == STREAM_DONE:
-                    return
-                yield _chunk(payload)
+            async for item in items:
+                if isinstance(item, ErrorResponse):
+                    e = item.error
+                    raise APIError(500, e.message, e.type, e.param, e.code)
+                yield item
         finally:
-            await payloads.aclose()  # leaving early aborts the generation
+            await items.aclose()  # leaving early aborts the generation
 
     # ---- sync ----------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """Server-Sent Events for chat streams, with a graceful end on server shutdown.
 
+Each item becomes one ``data:`` line (chunks without their null fields, error bodies whole),
+followed by OpenAI's ``data: [DONE]`` unless the stream ended with an error.
 On SIGTERM sse-starlette sets a shutdown event for every open stream. A stream then keeps
 going until ``grace_s`` has passed; if it has not finished by then, its source is closed
 (aborting the engine request) and it ends with an OpenAI error event
@@ -14,9 +16,11 @@ from collections.abc import AsyncIterator
 import anyio
 from sse_starlette import EventSourceResponse
 
-from glmserve.protocol.errors import APIError
+from glmserve.protocol.errors import APIError, ErrorResponse
+from glmserve.serving.chat import StreamItem
 
 PING_INTERVAL_S = 15
+DONE = "[DONE]"
 
 
 def shutdown_error_event() -> str:
@@ -25,9 +29,16 @@ def shutdown_error_event() -> str:
     return error.body().model_dump_json()
 
 
-async def stream_until_shutdown(source: AsyncIterator[str], shutdown: anyio.Event,
+def payload(item: StreamItem) -> str:
+    if isinstance(item, ErrorResponse):
+        return item.model_dump_json()
+    return item.model_dump_json(exclude_none=True)
+
+
+async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: anyio.Event,
                                 grace_s: float) -> AsyncIterator[str]:
-    """Items of ``source`` until it ends, or until ``grace_s`` after ``shutdown`` is set."""
+    """Payloads of ``source`` until it ends (then ``[DONE]``), or until ``grace_s`` after
+    ``shutdown`` is set (then an error event)."""
     shutdown_seen = asyncio.ensure_future(shutdown.wait())
     deadline: float | None = None
     loop = asyncio.get_running_loop()
@@ -48,15 +59,18 @@ async def stream_until_shutdown(source: AsyncIterator[str], shutdown: anyio.Even
             try:
                 item = step.result()
             except StopAsyncIteration:
+                yield DONE
                 return
-            yield item
+            yield payload(item)
+            if isinstance(item, ErrorResponse):
+                return
     finally:
         shutdown_seen.cancel()
         await source.aclose()
 
 
-def event_stream(source: AsyncIterator[str], shutdown_timeout_s: float) -> EventSourceResponse:
-    """An SSE response of ``source``'s items (each sent as one ``data:`` line)."""
+def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float) -> EventSourceResponse:
+    """An SSE response of ``source``'s items."""
     shutdown = anyio.Event()
     grace = max(0.0, shutdown_timeout_s - 1.0)
     return EventSourceResponse(

@@ -31,14 +31,14 @@ from glmserve.protocol.chat import (
     ToolCall,
     Usage,
 )
-from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.tools import plan_tools
 from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
 from glmserve.serving.sampling import check_supported, requested_max_tokens, stop_strings, to_sampling_params
 from glmserve.serving.stop import StopStringMatcher
 
-STREAM_DONE = "[DONE]"
+StreamItem = ChatCompletionChunk | ErrorResponse
 
 
 @dataclass(slots=True)
@@ -70,8 +70,9 @@ class ChatService:
     """Serve ``/v1/chat/completions`` for one model on one engine.
 
     ``create(req)`` returns a ``ChatCompletion`` or, for ``stream=True``, an async iterator of
-    SSE ``data`` payloads (JSON chunk strings, then ``"[DONE]"``). Client errors raise
-    ``APIError`` before anything is generated.
+    ``ChatCompletionChunk``s; a failure after the stream began ends it with an ``ErrorResponse``
+    (the HTTP layer serializes them and adds SSE's ``[DONE]``). Client errors raise ``APIError``
+    before anything is generated.
     """
 
     def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
@@ -89,7 +90,7 @@ class ChatService:
                 stop_ids.append(ids[0])
         self.stop_token_ids = tuple(stop_ids)
 
-    async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[str]:
+    async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
         # rendering and tokenizing a long prompt takes a while: not on the event loop
         run = await asyncio.to_thread(self._prepare, req)
         run.outputs = self._admit(req, run.request)
@@ -188,16 +189,15 @@ class ChatService:
             usage=run.usage(),
         )
 
-    def _chunk(self, run: _Run, delta: DeltaMessage, finish_reason: str | None = None) -> str:
-        chunk = ChatCompletionChunk(
+    def _chunk(self, run: _Run, delta: DeltaMessage, finish_reason: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
             id=run.id,
             created=run.created,
             model=self.model_name,
             choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
         )
-        return chunk.model_dump_json(exclude_none=True)
 
-    def _event_chunks(self, run: _Run, event: DeltaEvent) -> list[str]:
+    def _event_chunks(self, run: _Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
         if event.kind == "content":
             return [self._chunk(run, DeltaMessage(content=event.text))]
         if event.kind == "reasoning":
@@ -208,7 +208,7 @@ class ChatService:
         body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
         return [self._chunk(run, DeltaMessage(tool_calls=[head])), self._chunk(run, DeltaMessage(tool_calls=[body]))]
 
-    async def _stream(self, run: _Run, include_usage: bool) -> AsyncIterator[str]:
+    async def _stream(self, run: _Run, include_usage: bool) -> AsyncIterator[StreamItem]:
         yield self._chunk(run, DeltaMessage(role="assistant", content=""))
         try:
             async for events, finish_reason in self._events(run):
@@ -218,14 +218,11 @@ class ChatService:
                 if finish_reason is not None:
                     yield self._chunk(run, DeltaMessage(), finish_reason)
         except APIError as exc:
-            yield exc.body().model_dump_json()
+            yield exc.body()
             return
         if include_usage:
-            usage_chunk = ChatCompletionChunk(
-                id=run.id, created=run.created, model=self.model_name, choices=[], usage=run.usage()
-            )
-            yield usage_chunk.model_dump_json(exclude_none=True)
-        yield STREAM_DONE
+            yield ChatCompletionChunk(id=run.id, created=run.created, model=self.model_name, choices=[],
+                                      usage=run.usage())
 
 
 def _call_id() -> str:
