@@ -7,6 +7,8 @@ PORT ?= 8000
 # llama.cpp's native build (-march=native) segfaults on some CPUs (ggml's AMX path); build a
 # portable AVX2 binary instead. pip caches the wheel, so this costs minutes only once.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# The transformers engine's torch: the CPU wheel (any other version pulls CUDA packages here).
+TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.glmserve-installed
 
 .PHONY: install serve test bench clean
@@ -16,7 +18,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,transformers]'
 	touch $(STAMP)
 
 serve: install

@@ -11,6 +11,7 @@ from pathlib import Path
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from glmserve.engine import Engine, EngineError, create_engine
 from glmserve.models import ModelNotFoundError
+from glmserve.multimodal import MediaPolicy
 from glmserve.serving.chat import ChatService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
@@ -36,6 +37,16 @@ def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
     return ChatTemplate(source, bos_token=info.bos_token, eos_token=info.eos_token)
 
 
+def media_policy(settings: ServeSettings) -> MediaPolicy:
+    """The image-fetching limits set by ``--allowed-media-domains`` and ``--max-image-*``."""
+    return MediaPolicy(
+        allowed_domains=frozenset(settings.allowed_media_domains),
+        max_bytes=settings.max_image_bytes,
+        max_pixels=settings.max_image_pixels,
+        timeout_s=settings.image_fetch_timeout,
+    )
+
+
 def start_runtime(settings: ServeSettings) -> Runtime:
     """Build and start the engine and the services over it.
 
@@ -48,7 +59,7 @@ def start_runtime(settings: ServeSettings) -> Runtime:
         name = settings.served_model_name or engine.model_info.id
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
-        return Runtime(engine, ChatService(engine, name, template, parser))
+        return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings)))
     except BaseException:
         engine.shutdown()
         raise

@@ -6,9 +6,11 @@ Precedence (highest first): command-line flags, environment variables, defaults.
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -19,6 +21,9 @@ def _cli_config(prog: str, env_prefix: str = "GLMSERVE_") -> SettingsConfigDict:
     )
 
 
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.\-/:]{1,128}$")
+
+
 class ServeSettings(BaseSettings):
     """``glmserve serve``: which model, which engine, where to listen."""
 
@@ -26,10 +31,34 @@ class ServeSettings(BaseSettings):
 
     model: str | None = Field(
         None,
-        description="Model to serve: a .gguf file or a folder with one. "
+        description="Model to serve: a .gguf file or a folder with one; with --engine transformers also "
+        "a Hugging Face model folder or a repository name in the local Hugging Face cache. "
         "Default: the embedded SmolLM2-135M-Instruct.",
     )
-    engine: Literal["llama_cpp"] = Field("llama_cpp", description="Inference engine.")
+    engine: Literal["llama_cpp", "transformers"] = Field(
+        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU) or transformers (Hugging Face "
+        "models on CPU or GPU; needs pip install 'glmserve[transformers]')."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="transformers: weight dtype; auto = bfloat16/float16 on GPU, float32 on CPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="transformers: where the model runs; auto = cuda when available, else cpu."
+    )
+    trust_remote_code: bool = Field(
+        False, description="transformers: allow model code from the model folder (remote-code checkpoints)."
+    )
+    lora: list[str] = Field(
+        [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
+        "PEFT folders for transformers."
+    )
+    allowed_media_domains: list[str] = Field(
+        [], description="Image hosts exempt from the public-address check (repeatable), e.g. an intranet "
+        "image server."
+    )
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest image accepted, in bytes.")
+    max_image_pixels: int = Field(40_000_000, ge=1, description="Largest image accepted, width x height.")
+    image_fetch_timeout: float = Field(10.0, gt=0, le=600, description="Seconds allowed to fetch one image URL.")
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
     served_model_name: str | None = Field(
@@ -75,6 +104,23 @@ class ServeSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Server log level."
     )
+
+    @field_validator("lora")
+    @classmethod
+    def _check_lora(cls, value: list[str]) -> list[str]:
+        names = set()
+        for item in value:
+            name, eq, path = item.partition("=")
+            if not eq or not _ADAPTER_NAME.match(name) or not path:
+                raise ValueError(f"{item!r}: expected NAME=PATH (NAME: letters, digits, '_', '-', '.', '/')")
+            if name in names:
+                raise ValueError(f"LoRA adapter name {name!r} given twice")
+            names.add(name)
+        return value
+
+    def lora_adapters(self) -> dict[str, Path]:
+        """``--lora`` as {adapter name: path}, in the order given."""
+        return {name: Path(path).expanduser() for name, _, path in (item.partition("=") for item in self.lora)}
 
 
 class BenchSettings(BaseSettings):

@@ -1,6 +1,6 @@
 """Chat formats: the model's chat template and the OpenAI -> template message mapping."""
 
-from glmserve.chat.messages import UnsupportedContentError, to_template_messages
+from glmserve.chat.messages import UnsupportedContentError, image_urls, to_template_messages
 from glmserve.chat.template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 
 __all__ = [
@@ -8,5 +8,6 @@ __all__ = [
     "ChatTemplate",
     "ChatTemplateError",
     "UnsupportedContentError",
+    "image_urls",
     "to_template_messages",
 ]

@@ -1,6 +1,8 @@
 """Map OpenAI request messages to the plain dicts chat templates expect.
 
-Text parts are joined with newlines (the vLLM convention); ``developer`` becomes ``system``
+Text parts are joined with newlines (the vLLM convention); for a vision model a message with
+images keeps its parts as a list, ``{"type": "text", "text": ...}`` and ``{"type": "image"}`` in
+order (Hugging Face's multimodal template convention); ``developer`` becomes ``system``
 (templates know only the classic roles); assistant ``tool_calls`` are passed in the OpenAI
 shape with ``arguments`` parsed to an object where it is JSON (what Hugging Face templates
 iterate over).
@@ -24,9 +26,12 @@ class UnsupportedContentError(ValueError):
         self.param = param
 
 
-def _text(content: str | list | None, param: str) -> str | None:
+def _content(content: str | list | None, param: str, vision: bool) -> str | list[dict[str, str]] | None:
     if content is None or isinstance(content, str):
         return content
+    if vision and any(isinstance(part, ImagePart) for part in content):
+        return [{"type": "image"} if isinstance(part, ImagePart) else {"type": "text", "text": part.text}
+                for part in content]
     texts: list[str] = []
     for j, part in enumerate(content):
         if isinstance(part, ImagePart):
@@ -38,6 +43,15 @@ def _text(content: str | list | None, param: str) -> str | None:
     return "\n".join(texts)
 
 
+def image_urls(messages: list[ChatMessageParam]) -> list[tuple[str, str]]:
+    """``(param, url)`` of every ``image_url`` part, in conversation order."""
+    return [
+        (f"messages.{i}.content.{j}", part.image_url.url)
+        for i, msg in enumerate(messages) if isinstance(msg.content, list)
+        for j, part in enumerate(msg.content) if isinstance(part, ImagePart)
+    ]
+
+
 def _arguments(raw: str) -> Any:
     try:
         return json.loads(raw)
@@ -45,12 +59,13 @@ def _arguments(raw: str) -> Any:
         return raw
 
 
-def to_template_messages(messages: list[ChatMessageParam]) -> list[dict[str, Any]]:
-    """Template-ready dicts for ``messages``. Raises ``UnsupportedContentError``."""
+def to_template_messages(messages: list[ChatMessageParam], vision: bool = False) -> list[dict[str, Any]]:
+    """Template-ready dicts for ``messages``; ``vision``: the model takes images. Raises
+    ``UnsupportedContentError`` for an image sent to a model without vision."""
     out: list[dict[str, Any]] = []
     for i, msg in enumerate(messages):
         role = "system" if msg.role == "developer" else msg.role
-        item: dict[str, Any] = {"role": role, "content": _text(msg.content, f"messages.{i}.content")}
+        item: dict[str, Any] = {"role": role, "content": _content(msg.content, f"messages.{i}.content", vision)}
         if isinstance(msg, AssistantMessage):
             if item["content"] is None:
                 item["content"] = ""

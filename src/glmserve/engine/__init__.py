@@ -11,7 +11,8 @@ from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
 if TYPE_CHECKING:
     from glmserve.settings import ServeSettings
 
-ENGINES = {"llama_cpp": "glmserve.engine.llama_cpp"}
+ENGINES = {"llama_cpp": "glmserve.engine.llama_cpp", "transformers": "glmserve.engine.transformers"}
+INSTALL_HINTS = {"transformers": "pip install 'glmserve[transformers]'"}
 
 
 def create_engine(settings: ServeSettings) -> Engine:
@@ -25,7 +26,9 @@ def create_engine(settings: ServeSettings) -> Engine:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EngineError(f"engine {settings.engine!r} is not installed ({exc})") from exc
+        hint = INSTALL_HINTS.get(settings.engine)
+        raise EngineError(f"engine {settings.engine!r} needs {exc.name or exc}, which is not installed"
+                          + (f" ({hint})" if hint else "")) from exc
     return module.build(settings)
 
 

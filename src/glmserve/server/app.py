@@ -34,16 +34,12 @@ def create_app(
     app.state.api_key = api_key
     app.state.shutdown_timeout = shutdown_timeout
     app.state.chat = chat_service
-    info = engine.model_info
+    info, created = engine.model_info, int(time.time())
     app.state.model_cards = [
-        ModelCard(
-            id=chat_service.model_name,
-            created=int(time.time()),
-            owned_by=info.owned_by,
-            max_model_len=info.context_length,
-            root=info.id,
-            tool_call_parser=chat_service.tool_parser,
-        )
+        ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
+                  root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
+                  tool_call_parser=chat_service.tool_parser)
+        for name in (chat_service.model_name, *info.lora_adapters)
     ]
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)

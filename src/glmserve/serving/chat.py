@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from glmserve.chat import ChatTemplate
+from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest
 from glmserve.protocol.chat import (
@@ -31,6 +31,7 @@ from glmserve.protocol.chat import (
     ToolCall,
     Usage,
 )
+from glmserve.multimodal import ImageError, MediaPolicy, load_image
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.tools import plan_tools
@@ -53,6 +54,7 @@ class _Run:
     parser: ToolCallParser | None = None
     forced_prefix: str = ""
     max_calls: int | None = None
+    model: str = ""  # the requested model id: the base model or a LoRA adapter
     completion_tokens: int = 0
     cached_tokens: int = 0
 
@@ -76,10 +78,14 @@ class ChatService:
     """
 
     def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
-                 tool_parser: str | None = None) -> None:
-        """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None."""
+                 tool_parser: str | None = None, media_policy: MediaPolicy | None = None) -> None:
+        """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
+        ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``).
+        Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
         self.engine = engine
         self.model_name = served_model_name
+        self.adapters = frozenset(engine.model_info.lora_adapters)
+        self.media_policy = media_policy or MediaPolicy()
         self.template = template
         self.tool_parser = tool_parser
         self.context_length = engine.model_info.context_length
@@ -91,22 +97,41 @@ class ChatService:
         self.stop_token_ids = tuple(stop_ids)
 
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
+        if req.model != self.model_name and req.model not in self.adapters:
+            raise model_not_found(req.model)
+        images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
-        run = await asyncio.to_thread(self._prepare, req)
+        run = await asyncio.to_thread(self._prepare, req, images)
         run.outputs = self._admit(req, run.request)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._stream(run, include_usage)
         return await self._complete(run)
 
-    def _prepare(self, req: ChatCompletionRequest) -> _Run:
-        if req.model != self.model_name:
-            raise model_not_found(req.model)
+    async def _load_images(self, req: ChatCompletionRequest) -> list:
+        """The request's images, fetched and decoded under the media policy, in order. Raises
+        ``APIError`` 400 (naming the part) for a model without vision or an image refused."""
+        urls = image_urls(req.messages)
+        if not urls:
+            return []
+        if not self.engine.model_info.vision:
+            raise invalid_request("this model does not accept image input", urls[0][0])
+
+        async def load(param: str, url: str):
+            try:
+                return await load_image(url, self.media_policy)
+            except ImageError as exc:
+                raise invalid_request(f"image_url: {exc}", param) from exc
+
+        return list(await asyncio.gather(*(load(param, url) for param, url in urls)))
+
+    def _prepare(self, req: ChatCompletionRequest, images: list) -> _Run:
         check_supported(req)
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
             tools=plan.offered, glm4_items=self.tool_parser == "glm4", forced_prefix=plan.forced_prefix,
+            images=images, processor=getattr(self.engine, "multimodal", None) if self.engine.model_info.vision else None,
         )
         parser = None
         if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active):
@@ -115,9 +140,11 @@ class ChatService:
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             prompt_token_ids=prompt.token_ids,
             sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar),
+            lora=req.model if req.model in self.adapters else None,
+            multimodal=prompt.multimodal,
         )
         return _Run(request.request_id, int(time.time()), request, stop_strings(req), None, parser,
-                    plan.forced_prefix, plan.max_calls)
+                    plan.forced_prefix, plan.max_calls, req.model)
 
     def _admit(self, req: ChatCompletionRequest, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         """Hand ``request`` to the engine (on the event loop); 429 when it is full."""
@@ -184,7 +211,7 @@ class ChatService:
         return ChatCompletion(
             id=run.id,
             created=run.created,
-            model=self.model_name,
+            model=run.model,
             choices=[Choice(message=message, finish_reason=finish_reason)],
             usage=run.usage(),
         )
@@ -193,7 +220,7 @@ class ChatService:
         return ChatCompletionChunk(
             id=run.id,
             created=run.created,
-            model=self.model_name,
+            model=run.model,
             choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
         )
 
@@ -221,7 +248,7 @@ class ChatService:
             yield exc.body()
             return
         if include_usage:
-            yield ChatCompletionChunk(id=run.id, created=run.created, model=self.model_name, choices=[],
+            yield ChatCompletionChunk(id=run.id, created=run.created, model=run.model, choices=[],
                                       usage=run.usage())
 
 

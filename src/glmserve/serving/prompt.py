@@ -8,6 +8,7 @@ tokenizer; it is never truncated: a prompt that does not fit is a 400
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentError, to_template_messages
 from glmserve.chat.glm4 import to_glm4_items
@@ -16,11 +17,20 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import context_length_exceeded, invalid_request
 
 
+class MultimodalProcessor(Protocol):
+    """An engine's image processor (``engine.multimodal``): the prompt text and its images ->
+    token ids with the image tokens expanded, plus the engine's own model inputs. Raises
+    ``ValueError`` when the processor refuses them."""
+
+    def process(self, text: str, images: list[Any]) -> tuple[list[int], Any]: ...
+
+
 @dataclass(slots=True)
 class Prompt:
     text: str
     token_ids: list[int]
     max_tokens: int  # tokens the reply may use, resolved against the context window
+    multimodal: Any = None  # the engine's inputs for the images, if any
 
 
 def end_of_turn_token_ids(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -42,14 +52,18 @@ def build_prompt(
     tools: list[dict] | None = None,
     glm4_items: bool = False,
     forced_prefix: str = "",
+    images: list[Any] | None = None,
+    processor: MultimodalProcessor | None = None,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
     context). ``tools`` (OpenAI form) go into the template's ``tools`` variable, or, with
     ``glm4_items``, into GLM-4's own message layout (``chat/glm4.py``); ``forced_prefix`` is
-    appended after the generation prompt. Raises ``APIError`` 400 for content the model cannot
-    take, a template that rejects the conversation, or a prompt/``max_tokens`` that does not fit."""
+    appended after the generation prompt. ``images`` (decoded, in conversation order) go through
+    the engine's ``processor``, whose token count (image tokens included) is what must fit.
+    Raises ``APIError`` 400 for content the model cannot take, a template that rejects the
+    conversation, or a prompt/``max_tokens`` that does not fit."""
     try:
-        messages = to_template_messages(req.messages)
+        messages = to_template_messages(req.messages, vision=processor is not None)
     except UnsupportedContentError as exc:
         raise invalid_request(str(exc), exc.param) from exc
     try:
@@ -60,10 +74,16 @@ def build_prompt(
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += forced_prefix
+    multimodal = None
     try:
-        token_ids = tokenizer.encode_prompt(text)
+        if images:
+            token_ids, multimodal = processor.process(text, images)
+        else:
+            token_ids = tokenizer.encode_prompt(text)
     except UnicodeEncodeError as exc:  # JSON allows lone UTF-16 surrogates; UTF-8 does not
         raise invalid_request("the messages contain invalid Unicode (a lone surrogate)", "messages") from exc
+    except ValueError as exc:
+        raise invalid_request(str(exc), "messages") from exc
     n_prompt = len(token_ids)
     if n_prompt >= context_length:
         raise context_length_exceeded(
@@ -79,4 +99,4 @@ def build_prompt(
             "in the completion). Please reduce the length of the messages or completion.",
             param="max_tokens",
         )
-    return Prompt(text, token_ids, max_tokens)
+    return Prompt(text, token_ids, max_tokens, multimodal)

@@ -1,0 +1,33 @@
+"""Hugging Face ``transformers`` engine (CPU or GPU): model folders and GGUF files, PEFT LoRA
+adapters per request, image input for vision-language models. Needs the ``transformers`` extra
+(torch, transformers, peft)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from glmserve.engine.transformers.engine import EngineConfig, TransformersEngine
+from glmserve.models import resolve_hf_model
+
+if TYPE_CHECKING:
+    from glmserve.settings import ServeSettings
+
+
+def build(settings: ServeSettings) -> TransformersEngine:
+    """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
+    return TransformersEngine(
+        resolve_hf_model(settings.model),
+        EngineConfig(
+            dtype=settings.dtype,
+            device=settings.device,
+            trust_remote_code=settings.trust_remote_code,
+            n_ctx=settings.n_ctx,
+            n_threads=settings.n_threads,
+            max_num_seqs=settings.max_num_seqs,
+            max_queue=settings.max_queue,
+            lora=settings.lora_adapters(),
+        ),
+    )
+
+
+__all__ = ["EngineConfig", "TransformersEngine", "build"]

@@ -1,0 +1,301 @@
+"""The ``transformers`` engine: Hugging Face models (CPU or GPU), batched, LoRA per request, images.
+
+A worker thread runs engine steps over a scheduler of its own (transformers' continuous
+batching manager is not used: it takes one generation config for all requests and no per-request
+LoRA adapter; see the closing note of the issue and ``benchmarks/transformers_vs_llama_cpp.py``):
+
+1. admit waiting requests while fewer than ``max_num_seqs`` run: each is prefilled alone
+   (batch of one, images included) into a fresh ``DynamicCache``, its first token sampled, and
+   its cache joins the running batch (``PaddedKVBatch``: left padding + attention mask);
+2. decode: one forward of the running batch's last tokens, each row at its own position, then
+   per-row sampling (``Sampler``) and post-processing; finished or aborted rows leave the batch.
+
+LoRA: with adapters loaded the model is a ``PeftModel``; each forward passes PEFT's per-row
+``adapter_names`` ("__base__" for the base model), so requests for different adapters share a
+batch. Multimodal RoPE (GLM-4V, Qwen2-VL): the prefill lets the model compute its 3-D positions
+and ``rope_deltas``; decode positions are then ``position + rope_delta`` per row.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from glmserve.engine.base import EngineError, EngineOverloaded
+from glmserve.engine.scheduler import AdmissionControl
+from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
+from glmserve.engine.transformers.batch import PaddedKVBatch
+from glmserve.engine.transformers.loader import LoadedModel, load_model
+from glmserve.engine.transformers.sampling import Sampler
+from glmserve.engine.transformers.tokenizer import HFTokenizer, IncrementalDetokenizer
+from glmserve.engine.transformers.vision import ImageProcessor
+from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.models import ResolvedModel
+
+log = logging.getLogger("glmserve.engine.transformers")
+
+BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in per-row adapter_names
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    dtype: str = "auto"
+    device: str = "auto"
+    trust_remote_code: bool = False
+    n_ctx: int = 0  # 0: the model's own context length
+    n_threads: int = 1
+    max_num_seqs: int = 8
+    max_queue: int = 64
+    lora: dict | None = None  # adapter name -> PEFT adapter folder
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    request: GenerationRequest
+    stream: OutputStream
+    sampler: Sampler
+    detok: IncrementalDetokenizer
+    stop_ids: frozenset[int]
+    adapter: str
+    num_prompt: int
+    position: int = 0  # the next token's position (= tokens in the cache)
+    rope_delta: int = 0
+    last_token: int = -1
+    num_generated: int = 0
+    done: bool = False
+
+
+class TransformersEngine:
+    """See module docstring."""
+
+    def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
+        self._resolved = model
+        self.config = config
+        self._loaded: LoadedModel | None = None
+        self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
+        self._inbox: queue.SimpleQueue[_Seq | None] = queue.SimpleQueue()
+        self._aborts: set[str] = set()
+        self._lock = threading.Lock()
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []  # row i of the batch is _running[i]
+        self._batch = PaddedKVBatch()
+        self._outputs = OutputBatch()
+        self._thread: threading.Thread | None = None
+        self.tokenizer: HFTokenizer
+        self.model_info: ModelInfo
+        self.multimodal: ImageProcessor | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config
+        torch.set_num_threads(cfg.n_threads)
+        loaded = self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.lora)
+        self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_ids)
+        if loaded.processor is not None:
+            self.multimodal = ImageProcessor(loaded.processor, loaded.tokenizer, self._model_dtype())
+        context = min(cfg.n_ctx, loaded.context_length) if cfg.n_ctx else loaded.context_length
+        self.model_info = ModelInfo(
+            id=self._resolved.name,
+            context_length=context,
+            chat_template=loaded.chat_template,
+            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
+            eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
+            vision=loaded.processor is not None,
+            lora_adapters=loaded.adapters,
+        )
+        log.info("loaded %s on %s (%s), context %d tokens%s", self._resolved.path, loaded.device,
+                 self._model_dtype(), context, f", adapters {', '.join(loaded.adapters)}" if loaded.adapters else "")
+        self._thread = threading.Thread(target=self._worker, name="transformers-engine", daemon=True)
+        self._thread.start()
+
+    def _model_dtype(self) -> torch.dtype:
+        return next(self._loaded.model.parameters()).dtype
+
+    def shutdown(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+        self._loaded = None
+        self._batch = PaddedKVBatch()
+
+    # ---- requests (any thread) ----------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> RequestStream:
+        if self._thread is None:
+            raise EngineError("engine is not running")
+        n_prompt = len(request.prompt_token_ids)
+        if n_prompt >= self.model_info.context_length:
+            raise EngineError(f"prompt of {n_prompt} tokens does not fit the context of "
+                              f"{self.model_info.context_length}")
+        if request.lora is not None and request.lora not in self.model_info.lora_adapters:
+            raise EngineError(f"unknown LoRA adapter {request.lora!r}")
+        if not self._admission.try_acquire():
+            raise EngineOverloaded(
+                f"server is at capacity ({self.config.max_num_seqs} running, {self.config.max_queue} "
+                "waiting); retry shortly"
+            )
+        sp = request.sampling
+        stream = OutputStream()
+        stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)
+        seq = _Seq(request, stream, Sampler(sp, self._vocab_size()),
+                   IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:]), stop_ids,
+                   request.lora or BASE_ADAPTER, n_prompt)
+        self._inbox.put(seq)
+        return RequestStream(request.request_id, stream, self.abort)
+
+    def _vocab_size(self) -> int:
+        return self._loaded.model.get_output_embeddings().weight.shape[0]
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.add(request_id)
+
+    # ---- worker thread ------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        running = True
+        while running:
+            running = self._drain_inbox(block=not (self._waiting or self._running))
+            self._apply_aborts()
+            if not running:
+                break
+            try:
+                with torch.inference_mode():
+                    self._admit()
+                    if self._running:
+                        self._decode()
+            except Exception as exc:  # a failed step ends the running requests; the engine goes on
+                log.exception("engine step failed")
+                for seq in self._running:
+                    self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+                self._running, self._batch = [], PaddedKVBatch()
+            self._outputs.flush()
+        for seq in [*self._running, *self._waiting]:
+            self._finish(seq, "abort")
+        self._outputs.flush()
+
+    def _drain_inbox(self, block: bool) -> bool:
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is None:
+                    return False
+                self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _apply_aborts(self) -> None:
+        with self._lock:
+            if not self._aborts:
+                return
+            ids, self._aborts = self._aborts, set()
+        for seq in [s for s in self._waiting if s.request.request_id in ids]:
+            self._waiting.remove(seq)
+            self._finish(seq, "abort")
+        hit = [s for s in self._running if s.request.request_id in ids]
+        for seq in hit:
+            log.info("request %s aborted after %d tokens", seq.request.request_id, seq.num_generated)
+            self._finish(seq, "abort")
+        if hit:
+            self._compact()
+
+    def _forward_kwargs(self, seqs: list[_Seq]) -> dict:
+        return {"adapter_names": [s.adapter for s in seqs]} if self.model_info.lora_adapters else {}
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            seq = self._waiting.popleft()
+            try:
+                logits, cache = self._prefill(seq)
+            except Exception as exc:  # this request's inputs broke the forward: end it alone
+                log.exception("prefill of %s failed", seq.request.request_id)
+                self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            self._emit(seq, self._sample([seq], logits)[0])
+            if not seq.done:
+                self._batch.add(cache, seq.num_prompt)
+                self._running.append(seq)
+
+    def _prefill(self, seq: _Seq) -> tuple[torch.Tensor, DynamicCache]:
+        model, device = self._loaded.model, self._loaded.device
+        ids = torch.tensor([seq.request.prompt_token_ids], dtype=torch.long, device=device)
+        extra = {k: v.to(device) for k, v in (seq.request.multimodal or {}).items()}
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True,
+                    logits_to_keep=1, **extra, **self._forward_kwargs([seq]))
+        seq.position = seq.num_prompt
+        seq.rope_delta = self._take_rope_delta()
+        return out.logits[:, -1, :], cache
+
+    def _take_rope_delta(self) -> int:
+        """The ``rope_deltas`` a multimodal-RoPE model stored during the prefill (then cleared,
+        so the next prefill starts fresh); 0 for other models."""
+        inner = getattr(self._loaded.model, "get_base_model", lambda: self._loaded.model)()
+        inner = getattr(inner, "model", None)
+        delta = getattr(inner, "rope_deltas", None)
+        if delta is None:
+            return 0
+        inner.rope_deltas = None
+        return int(torch.as_tensor(delta).reshape(-1)[0])
+
+    def _decode(self) -> None:
+        seqs, device = self._running, self._loaded.device
+        ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long, device=device)
+        positions = torch.tensor([[s.position + s.rope_delta] for s in seqs], dtype=torch.long, device=device)
+        mask = self._batch.next_mask()
+        out = self._loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=self._batch.cache, use_cache=True, logits_to_keep=1,
+                                 **self._forward_kwargs(seqs))
+        self._batch.advance(mask)
+        tokens = self._sample(seqs, out.logits[:, -1, :])
+        for seq, token in zip(seqs, tokens):
+            seq.position += 1
+            self._emit(seq, token)
+        if any(s.done for s in seqs):
+            self._compact()
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
+        logits = logits.float()
+        if all(s.sampler.plain_greedy for s in seqs):
+            return logits.argmax(dim=-1).tolist()
+        return [s.sampler.sample(row) for s, row in zip(seqs, logits.cpu())]
+
+    def _compact(self) -> None:
+        keep = [i for i, s in enumerate(self._running) if not s.done]
+        self._batch.keep(keep)
+        self._running = [self._running[i] for i in keep]
+
+    def _emit(self, seq: _Seq, token: int) -> None:
+        sp = seq.request.sampling
+        seq.last_token = token
+        seq.num_generated += 1
+        seq.sampler.accept(token)
+        finish: FinishReason | None = None
+        if token in seq.stop_ids:
+            text, finish = seq.detok.flush(), "stop"
+        else:
+            text = seq.detok.feed(token)
+            if seq.num_generated >= sp.max_tokens or seq.num_prompt + seq.num_generated >= self.model_info.context_length:
+                text, finish = text + seq.detok.flush(), "length"
+        self._outputs.add(seq.stream, GenerationOutput(seq.request.request_id, [token], text, finish, None,
+                                                       seq.num_prompt, 0))
+        if finish is not None:
+            self._finish(seq, finish, send=False)
+
+    def _finish(self, seq: _Seq, reason: FinishReason, error: str | None = None, send: bool = True) -> None:
+        if seq.done:
+            return
+        seq.done = True
+        self._admission.release()
+        if send:
+            self._outputs.add(seq.stream, GenerationOutput(seq.request.request_id, finish_reason=reason, error=error,
+                                                           num_prompt_tokens=seq.num_prompt))

@@ -1,0 +1,70 @@
+"""The ``Tokenizer`` protocol over a Hugging Face tokenizer, plus incremental detokenization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HFTokenizer:
+    """glmserve's ``Tokenizer`` over a ``PreTrainedTokenizer(Fast)`` (read-only after load)."""
+
+    def __init__(self, tokenizer: Any, extra_eos_ids: tuple[int, ...] = ()) -> None:
+        """``extra_eos_ids``: end-of-generation ids from the model's generation config."""
+        self.hf = tokenizer
+        self.bos_id = tokenizer.bos_token_id
+        self.eos_id = tokenizer.eos_token_id
+        self.add_bos = bool(getattr(tokenizer, "add_bos_token", False)) and self.bos_id is not None
+        special = set(tokenizer.all_special_ids)
+        special.update(i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special)
+        self._special = frozenset(special)
+        eos = {self.eos_id, *extra_eos_ids} - {None}
+        self.eog_ids = frozenset(eos)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False) if text else []
+
+    def encode_prompt(self, text: str) -> list[int]:
+        ids = self.encode(text)
+        if self.add_bos and (not ids or ids[0] != self.bos_id):
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special
+
+    def token_text(self, token_id: int | None) -> str:
+        return self.hf.convert_ids_to_tokens(token_id) if token_id is not None else ""
+
+
+class IncrementalDetokenizer:
+    """Token ids -> text deltas, the way vLLM and TGI detokenize streams: decode a short window
+    of recent ids and emit what it adds beyond the window's earlier text, holding back output
+    that ends in U+FFFD (a character split across byte-level tokens). Special tokens give no
+    text. ``prompt_tail``: the last prompt ids, so the first token's leading space is right."""
+
+    __slots__ = ("_tok", "_ids", "_prefix", "_read")
+
+    def __init__(self, tokenizer: Any, prompt_tail: list[int]) -> None:
+        self._tok = tokenizer
+        self._ids = list(prompt_tail)
+        self._prefix = 0
+        self._read = len(self._ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def feed(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
+        if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return text[len(prefix_text):]
+        return ""
+
+    def flush(self) -> str:
+        """What is still held back (an incomplete character becomes U+FFFD)."""
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return text[len(prefix_text):] if len(text) > len(prefix_text) else ""

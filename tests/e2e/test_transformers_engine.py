@@ -1,0 +1,142 @@
+"""``--engine transformers`` end to end: the SmolLM2 GGUF converted to a Hugging Face folder,
+a tiny GLM-4 model, what the engine cannot do refused with a 400, and the missing-extra hint."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from tests.conftest import RemoteServer
+from tests.hf_models import FIXTURES
+
+pytest.importorskip("torch")
+
+NAME = "smollm2"
+SYSTEM = {"role": "system", "content": "You are a helpful AI assistant."}
+PROMPTS = ["What is the capital of France?", "List three fruits.", "What is 2 + 2?", "Name a famous painter.",
+           "Write a haiku about autumn.", "Tell me a joke about cats.", "Describe the ocean in a few words.",
+           "Explain what a CPU does in one sentence."]
+
+
+@pytest.fixture(scope="module")
+def hf_server(smollm2_hf):
+    srv = RemoteServer("--engine", "transformers", "--model", str(smollm2_hf), "--served-model-name", NAME,
+                       "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"))
+    yield srv
+    srv.stop()
+
+
+def _ask(client: openai.OpenAI, prompt: str, **kwargs):
+    kwargs.setdefault("temperature", 0)
+    return client.chat.completions.create(model=NAME, messages=[SYSTEM, {"role": "user", "content": prompt}],
+                                          **kwargs)
+
+
+def test_capital_of_france(hf_server):
+    reply = _ask(hf_server.client(), "What is the capital of France?", max_tokens=40)
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens > 0 and reply.usage.prompt_tokens > 10
+
+
+def test_stream_equals_plain(hf_server):
+    client = hf_server.client()
+    plain = _ask(client, "List three fruits.", max_tokens=40)
+    stream = _ask(client, "List three fruits.", max_tokens=40, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        plain.choices[0].finish_reason]
+
+
+def test_concurrent_greedy_streams_equal_sequential(hf_server):
+    client = openai.AsyncOpenAI(base_url=f"{hf_server.url}/v1", api_key="x", max_retries=0, timeout=300)
+
+    async def stream(prompt: str) -> str:
+        chunks = await client.chat.completions.create(
+            model=NAME, messages=[SYSTEM, {"role": "user", "content": prompt}], temperature=0, max_tokens=32,
+            stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    async def run():
+        sequential = [await stream(p) for p in PROMPTS]
+        return sequential, await asyncio.gather(*(stream(p) for p in PROMPTS))
+
+    sequential, concurrent = asyncio.run(run())
+    assert all(sequential)
+    assert concurrent == sequential
+
+
+def test_seed_and_stop_and_max_tokens(hf_server):
+    client = hf_server.client()
+    a = _ask(client, "Tell me a story.", temperature=0.9, seed=7, max_tokens=24)
+    b = _ask(client, "Tell me a story.", temperature=0.9, seed=7, max_tokens=24)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.completion_tokens == 24 and a.choices[0].finish_reason == "length"
+    stopped = _ask(client, "What is the capital of France?", max_tokens=40, stop=["Paris"])
+    assert "Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
+
+
+def test_penalties_apply(hf_server):
+    client = hf_server.client()
+    prompt = "Count from 1 to 20, separated by commas."  # greedy: "1. 1\n2. 2\n3. 3..."
+    plain = _ask(client, prompt, max_tokens=48).choices[0].message.content
+    assert _ask(client, prompt, max_tokens=48, frequency_penalty=2.0).choices[0].message.content != plain
+    assert _ask(client, prompt, max_tokens=48, presence_penalty=2.0).choices[0].message.content != plain
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": "required"}, "tool_choice"),
+])
+def test_constrained_decoding_is_refused_with_400(hf_server, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        _ask(hf_server.client(), "hi", max_tokens=8, **kwargs)
+    assert err.value.body["param"] == param
+    assert "constrain" in err.value.body["message"]
+
+
+def test_image_to_text_model_is_400(hf_server):
+    with pytest.raises(openai.BadRequestError) as err:
+        hf_server.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+    assert err.value.body["param"] == "messages.0.content.0"
+    assert "image" in err.value.body["message"]
+
+
+def test_glm4_model_loads_natively(tmp_path_factory):
+    from tests.hf_models import tiny_glm4
+
+    folder = tiny_glm4(tmp_path_factory.mktemp("glm4") / "tiny-glm4")
+    srv = RemoteServer("--engine", "transformers", "--model", str(folder))
+    try:
+        client = srv.client()
+        card = client.models.list().data[0]
+        assert card.id == "tiny-glm4" and card.tool_call_parser == "glm4"
+        reply = client.chat.completions.create(model="tiny-glm4", messages=[{"role": "user", "content": "你好"}],
+                                               max_tokens=12, temperature=0)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        # [gMASK]<sop><|user|>\n + 2 characters (6 UTF-8 bytes: byte-level tokens) + <|assistant|>
+        assert reply.usage.prompt_tokens == 2 + 1 + 1 + 6 + 1
+    finally:
+        srv.stop()
+
+
+def test_missing_extra_is_a_one_line_hint(tmp_path):
+    shim = tmp_path / "torch"
+    shim.mkdir()
+    (shim / "__init__.py").write_text("raise ImportError('No module named torch', name='torch')\n")
+    proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--engine", "transformers", "--port", "0"],
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(tmp_path),
+                                                                            "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "torch" in lines[0] and "pip install 'glmserve[transformers]'" in lines[0]

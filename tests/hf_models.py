@@ -1,0 +1,121 @@
+"""Hugging Face model folders built in the tests (nothing is downloaded): the bundled SmolLM2
+GGUF converted to a model folder, PEFT LoRA adapters for it (and one that does not fit it),
+the adapter merged into the weights, a tiny random LLaVA vision model with its processor, and a
+tiny random GLM-4 model with a GLM tokenizer. Needs torch, transformers and peft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from glmserve.models import default_model_path
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def smollm2_folder(out: Path) -> Path:
+    """The embedded SmolLM2-135M-Instruct GGUF, dequantized to float32, as a model folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (out / "config.json").is_file():
+        return out
+    gguf = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # the weights are dequantized already; only the loader's "quantized with gguf" mark stops saving
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out)  # config.json last: it marks the folder complete
+    return out
+
+
+def lora_adapter(base: Path, out: Path, seed: int = 0, scale: float = 0.02) -> Path:
+    """A rank-8 LoRA adapter on the attention projections of ``base`` with non-zero A and B
+    (small enough that the model still writes text, large enough to change what it writes)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def merged_folder(base: Path, adapter: Path, out: Path) -> Path:
+    """``base`` with ``adapter`` merged into its weights (PEFT ``merge_and_unload``)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    merged.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out
+
+
+def tiny_llama_lora(out: Path) -> Path:
+    """A LoRA adapter for a different, tiny Llama (hidden size 64): it does not fit SmolLM2."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(out)
+    return out
+
+
+def tiny_llava(base: Path, out: Path) -> Path:
+    """A tiny random LLaVA (CLIP vision tower 28x28 px, 14 px patches: 4 image tokens per
+    image) with SmolLM2's tokenizer plus ``<image>``, its processor and a ChatML template that
+    renders image parts (``fixtures/templates/chatml-vision.jinja``)."""
+    from transformers import (AutoTokenizer, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.add_tokens(["<image>"], special_tokens=True)
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    template = (FIXTURES / "templates" / "chatml-vision.jinja").read_text()
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=14,
+                               vision_feature_select_strategy="default", image_token="<image>",
+                               num_additional_image_tokens=1, chat_template=template)
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=2, image_size=28, patch_size=14),
+        text_config=LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=2048, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>")),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
+    )
+    torch.manual_seed(0)
+    LlavaForConditionalGeneration(config).save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def tiny_glm4(out: Path) -> Path:
+    """A tiny random ``Glm4ForCausalLM`` with a GLM tokenizer (GLM-4's special tokens) and
+    GLM-4-9B-Chat's chat template (``fixtures/glm/glm-4-9b-chat.jinja``)."""
+    from transformers import Glm4Config, Glm4ForCausalLM
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4-9b-chat.jinja").read_text())
+    stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+    config = Glm4Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                        eos_token_id=stop, pad_token_id=stop[0])
+    torch.manual_seed(0)
+    Glm4ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
