@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,12 @@ def load_adapters(model: Any, adapters: dict[str, Path]) -> Any:
         if not (Path(path) / "adapter_config.json").is_file():
             raise EngineError(f"LoRA adapter {name!r}: {path} is not a PEFT adapter folder (no adapter_config.json)")
         try:
-            if peft_model is None:
-                peft_model = PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
-            else:
-                peft_model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            with warnings.catch_warnings():  # PEFT still calls names transformers deprecated
+                warnings.simplefilter("ignore", FutureWarning)
+                if peft_model is None:
+                    peft_model = PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
+                else:
+                    peft_model.load_adapter(str(path), adapter_name=name, is_trainable=False)
         except (ValueError, RuntimeError, KeyError, OSError, TypeError) as exc:
             reason = " ".join(str(exc).split())[:300]
             raise EngineError(f"LoRA adapter {name!r} ({path}) does not match the base model: {reason}") from exc

@@ -1,0 +1,100 @@
+"""LoRA adapters chosen per request by ``model`` (``--engine transformers --lora NAME=PATH``):
+an adapter changes the output, equals the adapter merged into the weights, and mixes with the
+base model in one batch without changing anyone's result; a misfit adapter stops start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from tests.conftest import RemoteServer
+
+pytest.importorskip("peft")
+
+PROMPTS = ["What is the capital of France?", "List three fruits.", "Name a famous painter.", "What is 2 + 2?"]
+
+
+@pytest.fixture(scope="module")
+def folders(smollm2_hf, tmp_path_factory):
+    from tests.hf_models import lora_adapter, merged_folder
+
+    root = tmp_path_factory.mktemp("lora")
+    adapter = lora_adapter(smollm2_hf, root / "adapter")
+    return {"base": smollm2_hf, "adapter": adapter, "merged": merged_folder(smollm2_hf, adapter, root / "merged")}
+
+
+@pytest.fixture(scope="module")
+def lora_server(folders):
+    srv = RemoteServer("--engine", "transformers", "--model", str(folders["base"]), "--served-model-name", "base",
+                       "--lora", f"tuned={folders['adapter']}")
+    yield srv
+    srv.stop()
+
+
+def _messages(prompt: str) -> list[dict]:
+    return [{"role": "system", "content": "You are a helpful AI assistant."}, {"role": "user", "content": prompt}]
+
+
+def _answers(url: str, model: str) -> list[str]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
+    return [client.chat.completions.create(model=model, messages=_messages(p), temperature=0, max_tokens=24)
+            .choices[0].message.content for p in PROMPTS]
+
+
+def test_models_lists_adapter_with_parent(lora_server):
+    cards = {card.id: card for card in lora_server.client().models.list().data}
+    assert set(cards) == {"base", "tuned"}
+    assert cards["tuned"].parent == "base" and getattr(cards["base"], "parent", None) is None
+
+
+def test_adapter_output_differs_from_base_and_equals_merged_weights(lora_server, folders):
+    base = _answers(lora_server.url, "base")
+    tuned = _answers(lora_server.url, "tuned")
+    assert all(base) and all(tuned)
+    assert tuned != base
+    merged_server = RemoteServer("--engine", "transformers", "--model", str(folders["merged"]))
+    try:
+        assert _answers(merged_server.url, "merged") == tuned
+    finally:
+        merged_server.stop()
+
+
+def test_mixed_batch_equals_each_alone(lora_server):
+    alone = {model: _answers(lora_server.url, model) for model in ("base", "tuned")}
+    client = openai.AsyncOpenAI(base_url=f"{lora_server.url}/v1", api_key="x", max_retries=0, timeout=300)
+
+    async def ask(model: str, prompt: str) -> str:
+        reply = await client.chat.completions.create(model=model, messages=_messages(prompt), temperature=0,
+                                                     max_tokens=24)
+        assert reply.model == model
+        return reply.choices[0].message.content
+
+    async def mixed():
+        jobs = [(m, p) for p in PROMPTS for m in ("base", "tuned")]
+        answers = await asyncio.gather(*(ask(m, p) for m, p in jobs))
+        return {m: [a for (mm, _), a in zip(jobs, answers) if mm == m] for m in ("base", "tuned")}
+
+    assert asyncio.run(mixed()) == alone
+
+
+def test_unknown_model_is_404(lora_server):
+    with pytest.raises(openai.NotFoundError):
+        lora_server.client().chat.completions.create(model="tuned-2", messages=_messages("hi"), max_tokens=4)
+
+
+@pytest.mark.parametrize("case", ["misfit", "not-an-adapter"])
+def test_adapter_that_does_not_fit_stops_startup(smollm2_hf, tmp_path, case):
+    from tests.hf_models import tiny_llama_lora
+
+    path = tiny_llama_lora(tmp_path / "misfit") if case == "misfit" else tmp_path
+    proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--engine", "transformers", "--model",
+                           str(smollm2_hf), "--lora", f"bad={path}", "--port", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("glmserve: error: cannot start: LoRA adapter 'bad'"), proc.stderr
+    assert ("does not match the base model" if case == "misfit" else "not a PEFT adapter folder") in last

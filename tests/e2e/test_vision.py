@@ -1,0 +1,112 @@
+"""Image input end to end on a tiny random LLaVA (``--engine transformers``): data URLs and
+http URLs from a local site (allowed by flag), image tokens in the prompt and in usage, and every
+unsafe or broken image refused with a 400."""
+
+from __future__ import annotations
+
+import base64
+
+import openai
+import pytest
+
+from tests.conftest import RemoteServer
+from tests.image_site import PNG, encode, image_site
+
+pytest.importorskip("torch")
+
+MODEL = "tiny-llava"
+IMAGE_TOKENS = 4  # 28x28 px in 14 px patches, CLS dropped
+DATA_URL = "data:image/png;base64," + base64.b64encode(encode("JPEG", size=(40, 30))).decode()
+
+
+@pytest.fixture(scope="module")
+def llava(smollm2_hf, tmp_path_factory):
+    from tests.hf_models import tiny_llava
+
+    return tiny_llava(smollm2_hf, tmp_path_factory.mktemp("vision") / MODEL)
+
+
+@pytest.fixture(scope="module")
+def site():
+    with image_site() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def vision_server(llava):
+    srv = RemoteServer("--engine", "transformers", "--model", str(llava), "--allowed-media-domains", "127.0.0.1",
+                       "--max-image-bytes", "100000", "--max-image-pixels", "1000000", "--image-fetch-timeout", "1")
+    yield srv
+    srv.stop()
+
+
+def _message(*urls: str, text: str = "What is in this picture?") -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def _ask(server: RemoteServer, *urls: str, **kwargs):
+    kwargs.setdefault("max_tokens", 8)
+    return server.client().chat.completions.create(model=MODEL, messages=_message(*urls), temperature=0, **kwargs)
+
+
+def test_data_url_image_counts_its_image_tokens(vision_server):
+    without = _ask(vision_server)
+    with_image = _ask(vision_server, DATA_URL)
+    assert with_image.usage.prompt_tokens - without.usage.prompt_tokens == IMAGE_TOKENS
+    assert with_image.choices[0].finish_reason in ("stop", "length")
+    assert with_image.usage.completion_tokens > 0
+
+
+def test_http_and_data_images_in_order(vision_server, site):
+    one = _ask(vision_server, f"{site}/ok.png")
+    two = _ask(vision_server, f"{site}/ok.png", DATA_URL)
+    assert two.usage.prompt_tokens - one.usage.prompt_tokens == IMAGE_TOKENS
+    swapped = _ask(vision_server, DATA_URL, f"{site}/ok.png")
+    assert swapped.usage.prompt_tokens == two.usage.prompt_tokens
+
+
+def test_images_change_the_answer_and_stream_equals_plain(vision_server, site):
+    red = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    answers = {u: _ask(vision_server, u, max_tokens=16) for u in (red, DATA_URL)}
+    stream = _ask(vision_server, red, max_tokens=16, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == answers[red].choices[0].message.content
+    assert answers[red].choices[0].message.content != answers[DATA_URL].choices[0].message.content
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("/big.png", "larger than"),
+    ("/huge.png", "pixels"),
+    ("/slow", "longer than"),
+    ("/to-private", "non-public"),
+    ("/text", "cannot decode"),
+    ("/missing.png", "HTTP 404"),
+])
+def test_unsafe_or_broken_image_is_400(vision_server, site, path, reason):
+    with pytest.raises(openai.BadRequestError) as err:
+        _ask(vision_server, DATA_URL, f"{site}{path}")
+    assert err.value.body["param"] == "messages.0.content.1"
+    assert reason in err.value.body["message"]
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("data:image/png;base64,not-base64!", "base64"),
+    ("ftp://example.com/a.png", "http(s)"),
+])
+def test_bad_image_urls_are_400(vision_server, url, reason):
+    with pytest.raises(openai.BadRequestError) as err:
+        _ask(vision_server, url)
+    assert reason in err.value.body["message"]
+
+
+def test_loopback_refused_unless_allowed(llava, site, vision_server):
+    strict = RemoteServer("--engine", "transformers", "--model", str(llava))
+    try:
+        with pytest.raises(openai.BadRequestError) as err:
+            _ask(strict, f"{site}/ok.png")
+        assert "non-public address" in err.value.body["message"]
+        assert "--allowed-media-domains" in err.value.body["message"]
+    finally:
+        strict.stop()
+    assert _ask(vision_server, f"{site}/ok.png").usage.prompt_tokens > IMAGE_TOKENS
