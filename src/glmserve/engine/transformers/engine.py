@@ -74,10 +74,12 @@ class _Seq:
 class TransformersEngine:
     """See module docstring."""
 
-    def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
+    def __init__(self, model: ResolvedModel, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        """``loaded``: a model already in memory (``start`` then loads nothing; ``config``'s
+        load options are not used)."""
         self._resolved = model
         self.config = config
-        self._loaded: LoadedModel | None = None
+        self._loaded = loaded
         self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
         self._inbox: queue.SimpleQueue[_Seq | None] = queue.SimpleQueue()
         self._aborts: set[str] = set()
@@ -96,7 +98,9 @@ class TransformersEngine:
     def start(self) -> None:
         cfg = self.config
         torch.set_num_threads(cfg.n_threads)
-        loaded = self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.lora)
+        if self._loaded is None:
+            self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.lora)
+        loaded = self._loaded
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_ids)
         if loaded.processor is not None:
             self.multimodal = ImageProcessor(loaded.processor, loaded.tokenizer, self._model_dtype())
