@@ -32,14 +32,15 @@ def smollm2_folder(out: Path) -> Path:
     return out
 
 
-def lora_adapter(base: Path, out: Path, seed: int = 0, scale: float = 0.02) -> Path:
-    """A rank-8 LoRA adapter on the attention projections of ``base`` with non-zero A and B
+def lora_adapter(base: Path, out: Path, seed: int = 0, scale: float = 0.02,
+                 target_modules: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
+    """A rank-8 LoRA adapter on attention projections of ``base`` with non-zero A and B
     (small enough that the model still writes text, large enough to change what it writes)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(target_modules),
                                                   init_lora_weights=False))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -47,6 +48,38 @@ def lora_adapter(base: Path, out: Path, seed: int = 0, scale: float = 0.02) -> P
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=gen) * scale)
     peft_model.save_pretrained(out)
+    return out
+
+
+_GGUF_NAMES = {"v_proj": "attn_v", "o_proj": "attn_output", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def gguf_lora(adapter: Path, out: Path, architecture: str = "llama") -> Path:
+    """PEFT ``adapter`` as a llama.cpp GGUF LoRA file, laid out as llama.cpp's
+    ``convert_lora_to_gguf.py`` writes one (``blk.N.<tensor>.weight.lora_a`` = PEFT's lora_A
+    [r, n_in], ``.lora_b`` = lora_B [n_out, r], ``adapter.lora.alpha``). Only projections
+    llama.cpp stores unpermuted are converted (not q_proj/k_proj, which llama.cpp permutes)."""
+    import json
+    import re
+
+    import gguf
+    from safetensors.torch import load_file
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    writer = gguf.GGUFWriter(str(out), architecture)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(config["lora_alpha"]))
+    for key, tensor in sorted(load_file(adapter / "adapter_model.safetensors").items()):
+        m = re.search(r"layers\.(\d+)\.\w+\.(\w+)\.lora_([AB])\.weight$", key)
+        if m is None or m.group(2) not in _GGUF_NAMES:
+            raise ValueError(f"cannot convert {key}")
+        name = f"blk.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}.weight.lora_{m.group(3).lower()}"
+        writer.add_tensor(name, tensor.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return out
 
 
@@ -62,14 +95,14 @@ def merged_folder(base: Path, adapter: Path, out: Path) -> Path:
     return out
 
 
-def tiny_llama_lora(out: Path) -> Path:
+def tiny_llama_lora(out: Path, target_modules: tuple[str, ...] = ("q_proj", "v_proj")) -> Path:
     """A LoRA adapter for a different, tiny Llama (hidden size 64): it does not fit SmolLM2."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
-    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(out)
+    get_peft_model(model, LoraConfig(r=4, target_modules=list(target_modules))).save_pretrained(out)
     return out
 
 

@@ -35,7 +35,10 @@ class Handler(BaseHTTPRequestHandler):
         if "Content-Length" not in (headers or {}):
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up first (the slow case)
+            pass
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path

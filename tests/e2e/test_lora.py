@@ -1,6 +1,7 @@
-"""LoRA adapters chosen per request by ``model`` (``--engine transformers --lora NAME=PATH``):
-an adapter changes the output, equals the adapter merged into the weights, and mixes with the
-base model in one batch without changing anyone's result; a misfit adapter stops start-up."""
+"""LoRA adapters chosen per request by ``model`` (``--lora NAME=PATH``), on both engines: an
+adapter changes the output; on transformers it equals the adapter merged into the weights and
+shares batches with the base model, on llama_cpp (GGUF adapters) base and adapter requests take
+turns; neither changes anyone's result. A misfit adapter stops start-up."""
 
 from __future__ import annotations
 
@@ -98,3 +99,58 @@ def test_adapter_that_does_not_fit_stops_startup(smollm2_hf, tmp_path, case):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("glmserve: error: cannot start: LoRA adapter 'bad'"), proc.stderr
     assert ("does not match the base model" if case == "misfit" else "not a PEFT adapter folder") in last
+
+
+# ---- llama_cpp: GGUF LoRA adapters ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_server(smollm2_hf, tmp_path_factory):
+    from tests.hf_models import gguf_lora, lora_adapter
+
+    root = tmp_path_factory.mktemp("gguf-lora")
+    adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
+    srv = RemoteServer("--lora", f"tuned={gguf_lora(adapter, root / 'tuned.gguf')}")
+    yield srv
+    srv.stop()
+
+
+def test_gguf_adapter_is_listed_and_changes_output(gguf_server):
+    from tests.conftest import DEFAULT_MODEL
+
+    cards = {card.id: card for card in gguf_server.client().models.list().data}
+    assert cards["tuned"].parent == DEFAULT_MODEL
+    base, tuned = _answers(gguf_server.url, DEFAULT_MODEL), _answers(gguf_server.url, "tuned")
+    assert all(tuned) and tuned != base
+
+
+def test_gguf_adapter_and_base_requests_interleave_without_changing_results(gguf_server):
+    from tests.conftest import DEFAULT_MODEL
+
+    models = (DEFAULT_MODEL, "tuned")
+    alone = {model: _answers(gguf_server.url, model) for model in models}
+    client = openai.AsyncOpenAI(base_url=f"{gguf_server.url}/v1", api_key="x", max_retries=0, timeout=300)
+
+    async def ask(model: str, prompt: str) -> str:
+        reply = await client.chat.completions.create(model=model, messages=_messages(prompt), temperature=0,
+                                                     max_tokens=24)
+        return reply.choices[0].message.content
+
+    async def mixed():
+        jobs = [(m, p) for p in PROMPTS for m in models]
+        answers = await asyncio.gather(*(ask(m, p) for m, p in jobs))
+        return {m: [a for (mm, _), a in zip(jobs, answers) if mm == m] for m in models}
+
+    assert asyncio.run(mixed()) == alone
+
+
+def test_gguf_adapter_that_does_not_fit_stops_startup(tmp_path):
+    from tests.hf_models import gguf_lora, tiny_llama_lora
+
+    misfit = gguf_lora(tiny_llama_lora(tmp_path / "peft", ("v_proj", "o_proj")), tmp_path / "misfit.gguf")
+    for path, reason in ((misfit, "does not match the base model"), (tmp_path / "none.gguf", "no such file")):
+        proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--lora", f"bad={path}", "--port", "0"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("glmserve: error: cannot start: LoRA adapter 'bad'") and reason in last, proc.stderr

@@ -232,3 +232,35 @@ def test_admission_control_is_bounded_and_thread_safe():
     assert results.count(True) == 5 and ac.in_flight == 5
     ac.release()
     assert ac.try_acquire() and not ac.try_acquire()
+
+
+def test_lora_groups_take_turns_and_each_step_serves_one_group():
+    s = Scheduler(max_num_seqs=4, n_ctx=1000, max_num_batched_tokens=50)
+    base1, tuned, base2 = seq("base1", range(4)), Sequence("tuned", list(range(4)), group="tuned"), seq("base2", range(9, 13))
+    for x in (base1, tuned, base2):
+        s.add(x)
+    served = []
+    for _ in range(6):
+        out = run_step(s)
+        assert {c.seq.group for c in out.chunks} == {out.group}
+        served.append((out.group, sorted(c.seq.request_id for c in out.chunks)))
+    # arrival order: base1 first; tuned waits at the head until its turn; base2 after it
+    assert served[:4] == [(None, ["base1"]), ("tuned", ["tuned"]), (None, ["base1", "base2"]),
+                          ("tuned", ["tuned"])]
+    assert [g for g, _ in served[4:]] == [None, "tuned"]
+
+
+def test_prefix_cache_is_reused_only_within_its_group():
+    s = Scheduler(max_num_seqs=2, n_ctx=1000, max_num_batched_tokens=50)
+    first = Sequence("first", list(range(20)), group="a")
+    s.add(first)
+    run_step(s)
+    s.finish(first)
+    other = Sequence("other", list(range(20)) + [99], group="b")
+    s.add(other)
+    run_step(s)
+    assert other.num_cached == 0  # same tokens, other adapter: recomputed
+    same = Sequence("same", list(range(20)) + [98], group="a")
+    s.add(same)
+    run_step(s)
+    assert same.num_cached == 20

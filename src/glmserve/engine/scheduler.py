@@ -19,6 +19,11 @@ arrival order while a slot, the budget and KV cells for their whole remaining pr
 When a running sequence needs a cell and none is free, idle caches are evicted first, then
 the newest running sequence is preempted: its cells are freed and it waits at the head of the
 queue, to be recomputed from its tokens (prompt + what it generated) later.
+
+Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
+sequences of one group only (``SchedulerOutput.group``; None is the base model). When several
+groups have work, steps take turns among them, round robin. A cached prefix is reused only
+within its group: the same tokens under another adapter have other KV values.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Sequence:
     num_cached: int = -1  # prompt tokens reused from the cache, set at first admission
     slot: int = -1
     status: SeqStatus = SeqStatus.WAITING
+    group: str | None = None  # LoRA adapter name; None: the base model
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -69,6 +75,7 @@ class Slot:
     n_kv: int = 0
     seq: Sequence | None = None
     last_used: int = 0
+    group: str | None = None  # the group whose KV the cells hold
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,6 +106,7 @@ class SchedulerOutput:
     chunks: list[Chunk] = field(default_factory=list)
     kv_ops: list[KVOp] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    group: str | None = None  # every chunk belongs to this group (LoRA adapter)
 
     @property
     def num_tokens(self) -> int:
@@ -128,6 +136,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._step = 0
         self._committed = [0] * max_num_seqs
+        self._group: str | None = None
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -154,20 +163,21 @@ class Scheduler:
         self._step += 1
         # cells decoded by earlier steps: only these can be reused or copied in this step
         self._committed = [slot.n_kv for slot in self.slots]
-        out = SchedulerOutput()
+        out = SchedulerOutput(group=self._pick_group())
         budget = self.max_num_batched_tokens
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SeqStatus.RUNNING or seq.group != out.group:
+                continue  # preempted earlier in this loop, or another group's turn
             remaining = len(seq.tokens) - seq.num_computed
             n = min(remaining, budget)
             if not self._make_room(n, out, protect=seq):
                 continue
             out.chunks.append(self._advance(seq, n, remaining))
             budget -= n
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+        while (self.waiting and len(self.running) < self.max_num_seqs and budget > 0
+               and self.waiting[0].group == out.group):
             seq = self.waiting[0]
             if not self._admit(seq, out):
                 break
@@ -177,6 +187,19 @@ class Scheduler:
             out.chunks.append(self._advance(seq, n, remaining))
             budget -= n
         return out
+
+    def _pick_group(self) -> str | None:
+        """The group this step serves: the only one with work, or the next in turn."""
+        groups = {seq.group for seq in self.running}
+        if self.waiting:
+            groups.add(self.waiting[0].group)
+        if len(groups) > 1:
+            order = sorted(groups, key=lambda g: (g is not None, g or ""))
+            after = order.index(self._group) + 1 if self._group in groups else 0
+            self._group = order[after % len(order)]
+        elif groups:
+            self._group = groups.pop()
+        return self._group
 
     def _advance(self, seq: Sequence, n: int, remaining: int) -> Chunk:
         chunk = Chunk(seq, seq.num_computed, n, sample=(n == remaining))
@@ -228,6 +251,7 @@ class Scheduler:
         limit = len(seq.tokens) - 1  # the last known token is always decoded, for its logits
         matches = {
             s.id: common_prefix(s.tokens[: min(s.n_kv, self._committed[s.id])], seq.tokens, limit)
+            if s.group == seq.group else 0
             for s in self.slots
         }
         free = [s for s in self.slots if s.seq is None]
@@ -248,7 +272,7 @@ class Scheduler:
             if own.n_kv:
                 out.kv_ops.append(KVOp("rm", own.id, 0))
             out.kv_ops.append(KVOp("cp", own.id, 0, n_reuse, src=src.id))
-        own.tokens, own.n_kv, own.seq, own.last_used = seq.tokens, n_reuse, seq, self._step
+        own.tokens, own.n_kv, own.seq, own.last_used, own.group = seq.tokens, n_reuse, seq, self._step, seq.group
         self._committed[own.id] = n_reuse  # its other cells are gone or not decoded yet
         seq.slot, seq.num_computed, seq.status = own.id, n_reuse, SeqStatus.RUNNING
         if seq.num_cached < 0:

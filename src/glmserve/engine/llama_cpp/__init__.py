@@ -21,6 +21,7 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_queue=settings.max_queue,
+            lora=settings.lora_adapters(),
         ),
     )
 

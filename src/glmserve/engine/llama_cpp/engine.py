@@ -6,14 +6,20 @@ then one ``llama_decode`` of a batch holding the next token of every running seq
 prompt chunks of new ones, then sampling with each sequence's own llama.cpp sampler chain and
 post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop). Requests
 join and leave between steps; an abort takes effect at the next step.
+
+GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded once at start. llama.cpp applies
+adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
+among groups) and the context's adapter is switched between steps when the group changes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import queue
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import llama_cpp
 from llama_cpp._internals import LlamaModel
@@ -38,6 +44,7 @@ class EngineConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 63
     max_queue: int = 64
+    lora: dict | None = None  # adapter name -> GGUF LoRA file
 
 
 @dataclass(slots=True)
@@ -66,6 +73,8 @@ class LlamaCppEngine:
         self._by_id: dict[str, Sequence] = {}
         self._outputs = OutputBatch()
         self._thread: threading.Thread | None = None
+        self._adapters: dict[str, ctypes.c_void_p] = {}
+        self._active_group: str | None = None
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
 
@@ -78,6 +87,7 @@ class LlamaCppEngine:
                                      verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load {path}: {exc}") from exc
+        self._load_adapters()
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = cfg.n_ctx or self._model.n_ctx_train()
         params.n_batch = cfg.max_num_batched_tokens
@@ -102,9 +112,45 @@ class LlamaCppEngine:
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
             grammar=True,
+            lora_adapters=tuple(self._adapters),
         )
         self._thread = threading.Thread(target=self._worker, name="llama-cpp-engine", daemon=True)
         self._thread.start()
+
+    def _load_adapters(self) -> None:
+        """Load every ``--lora`` GGUF adapter; llama.cpp checks architecture and tensor shapes
+        against the model. Raises ``EngineError`` (the model is closed first)."""
+        for name, path in (self.config.lora or {}).items():
+            reason = None
+            if not Path(path).is_file():
+                reason = "no such file"
+            else:
+                with suppress_stdout_stderr(disable=False):
+                    adapter = llama_cpp.llama_adapter_lora_init(self._model.model, str(path).encode())
+                if not adapter:
+                    reason = ("does not match the base model, or is not a GGUF LoRA adapter (llama.cpp checks "
+                              "the architecture and tensor shapes)")
+            if reason is not None:
+                self._model.close()  # frees the adapters loaded so far with it
+                self._model = None
+                self._adapters.clear()
+                raise EngineError(f"LoRA adapter {name!r} ({path}): {reason}")
+            self._adapters[name] = adapter
+            log.info("LoRA adapter %s loaded from %s", name, path)
+
+    def _use_adapter(self, group: str | None) -> None:
+        """Apply ``group``'s adapter (None: none) to the context, if it is not applied yet."""
+        if group == self._active_group:
+            return
+        with suppress_stdout_stderr(disable=False):  # llama.cpp logs the graph it reserves anew
+            if group is None:
+                rc = llama_cpp.llama_set_adapters_lora(self._ctx, None, 0, None)
+            else:
+                adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapters[group])
+                rc = llama_cpp.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0))
+        if rc != 0:
+            raise RuntimeError(f"llama_set_adapters_lora failed ({rc})")
+        self._active_group = group
 
     def shutdown(self) -> None:
         """Abort what is still running, stop the worker, free llama.cpp resources."""
@@ -131,6 +177,8 @@ class LlamaCppEngine:
         if len(request.prompt_token_ids) >= self.model_info.context_length:
             raise EngineError(f"prompt of {len(request.prompt_token_ids)} tokens does not fit n_ctx="
                               f"{self.model_info.context_length}")
+        if request.lora is not None and request.lora not in self._adapters:
+            raise EngineError(f"unknown LoRA adapter {request.lora!r}")
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
                                self.model_info.context_length)
         if not self._admission.try_acquire():
@@ -143,7 +191,7 @@ class LlamaCppEngine:
         sp = request.sampling
         stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)
         state = _SeqState(request, stream, sampler, IncrementalDecoder(), stop_ids)
-        self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state))
+        self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
         return RequestStream(request.request_id, stream, self.abort)
 
     def abort(self, request_id: str) -> None:
@@ -200,6 +248,7 @@ class LlamaCppEngine:
             log.info("request %s preempted (KV cache full); it will be recomputed", seq.request_id)
         if not out.chunks:
             return
+        self._use_adapter(out.group)
         self._decoder.apply(out.kv_ops)
         try:
             rows = self._decoder.decode(out.chunks)
