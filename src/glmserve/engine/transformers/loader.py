@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from glmserve.engine.base import EngineError
 from glmserve.models import ResolvedModel
@@ -92,18 +92,22 @@ def load_model(resolved: ResolvedModel, dtype: str, device: str, trust_remote_co
         config = AutoConfig.from_pretrained(folder, **common)
         vision = getattr(config, "vision_config", None) is not None
         if vision:
-            from transformers import AutoModelForImageTextToText, AutoProcessor
-
-            processor = AutoProcessor.from_pretrained(folder, **common)
-            tokenizer = processor.tokenizer
-            model_cls = AutoModelForImageTextToText
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(folder, **common)
-            model_cls = AutoModelForCausalLM
+            try:
+                processor = AutoProcessor.from_pretrained(folder, **common)
+            except AttributeError as exc:  # transformers' processor registry without torchvision
+                raise ImportError(f"cannot build the model's processor ({exc}); processors with a video "
+                                  "half, GLM-4V's included, need torchvision") from exc
+            if getattr(processor, "image_processor", None) is None:
+                # remote-code checkpoints such as THUDM/glm-4v-9b ship a tokenizer, not a processor
+                log.warning("%s has no transformers image processor: serving it without image input",
+                            resolved.path)
+                processor, vision = None, False
+        tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(folder, **common)
+        model_cls = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         try:
             model = model_cls.from_pretrained(folder, dtype=torch_dtype, **common)
         except ValueError:
-            if not (vision and trust_remote_code):
+            if model_cls is AutoModelForCausalLM or not trust_remote_code:
                 raise
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **common)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
