@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from glmserve.engine.base import EngineError, EngineOverloaded
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
+from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.scheduler import AdmissionControl, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
@@ -67,9 +67,8 @@ class LlamaCppEngine:
         self._decoder: BatchDecoder | None = None
         self._scheduler: Scheduler | None = None
         self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
-        self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
-        self._aborts: set[str] = set()
-        self._lock = threading.Lock()
+        self._inbox: Inbox[Sequence] = Inbox()
+        self._aborts = AbortSet()
         self._by_id: dict[str, Sequence] = {}
         self._outputs = OutputBatch()
         self._thread: threading.Thread | None = None
@@ -155,7 +154,7 @@ class LlamaCppEngine:
     def shutdown(self) -> None:
         """Abort what is still running, stop the worker, free llama.cpp resources."""
         if self._thread is not None:
-            self._inbox.put(None)
+            self._inbox.close()
             self._thread.join(timeout=60)
             self._thread = None
         if self._decoder is not None:
@@ -195,8 +194,7 @@ class LlamaCppEngine:
         return RequestStream(request.request_id, stream, self.abort)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._aborts.add(request_id)
+        self._aborts.add(request_id)
 
     # ---- worker thread ------------------------------------------------------------------
 
@@ -220,23 +218,14 @@ class LlamaCppEngine:
 
     def _drain_inbox(self, block: bool) -> bool:
         """Move new sequences into the scheduler; False once shutdown was requested."""
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return False
-                self._by_id[item.request_id] = item
-                self._scheduler.add(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return True
+        return self._inbox.drain(block, self._add)
+
+    def _add(self, seq: Sequence) -> None:
+        self._by_id[seq.request_id] = seq
+        self._scheduler.add(seq)
 
     def _apply_aborts(self) -> None:
-        with self._lock:
-            if not self._aborts:
-                return
-            ids, self._aborts = self._aborts, set()
-        for request_id in ids:
+        for request_id in self._aborts.take():
             seq = self._by_id.get(request_id)
             if seq is not None:
                 log.info("request %s aborted after %d tokens", request_id, seq.num_generated)

@@ -19,7 +19,6 @@ and ``rope_deltas``; decode positions are then ``position + rope_delta`` per row
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from glmserve.engine.base import EngineError, EngineOverloaded
+from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
@@ -81,9 +81,8 @@ class TransformersEngine:
         self.config = config
         self._loaded = loaded
         self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
-        self._inbox: queue.SimpleQueue[_Seq | None] = queue.SimpleQueue()
-        self._aborts: set[str] = set()
-        self._lock = threading.Lock()
+        self._inbox: Inbox[_Seq] = Inbox()
+        self._aborts = AbortSet()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # row i of the batch is _running[i]
         self._batch = PaddedKVBatch()
@@ -124,7 +123,7 @@ class TransformersEngine:
 
     def shutdown(self) -> None:
         if self._thread is not None:
-            self._inbox.put(None)
+            self._inbox.close()
             self._thread.join(timeout=60)
             self._thread = None
         self._loaded = None
@@ -159,15 +158,14 @@ class TransformersEngine:
         return self._loaded.model.get_output_embeddings().weight.shape[0]
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._aborts.add(request_id)
+        self._aborts.add(request_id)
 
     # ---- worker thread ------------------------------------------------------------------
 
     def _worker(self) -> None:
         running = True
         while running:
-            running = self._drain_inbox(block=not (self._waiting or self._running))
+            running = self._inbox.drain(not (self._waiting or self._running), self._waiting.append)
             self._apply_aborts()
             if not running:
                 break
@@ -186,22 +184,10 @@ class TransformersEngine:
             self._finish(seq, "abort")
         self._outputs.flush()
 
-    def _drain_inbox(self, block: bool) -> bool:
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return False
-                self._waiting.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return True
-
     def _apply_aborts(self) -> None:
-        with self._lock:
-            if not self._aborts:
-                return
-            ids, self._aborts = self._aborts, set()
+        ids = self._aborts.take()
+        if not ids:
+            return
         for seq in [s for s in self._waiting if s.request.request_id in ids]:
             self._waiting.remove(seq)
             self._finish(seq, "abort")
