@@ -1,4 +1,5 @@
-"""A client that goes away mid-generation aborts its engine request; the server keeps serving."""
+"""A client that goes away mid-generation aborts its engine request; the server keeps serving.
+On both engines."""
 
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ LONG = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Count 
         "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def srv():
-    server = RemoteServer("--log-level", "info")
+@pytest.fixture(scope="module", params=["llama_cpp", "transformers"])
+def srv(request):
+    args = ["--log-level", "info"]
+    if request.param == "transformers":
+        pytest.importorskip("torch")
+        hf = request.getfixturevalue("smollm2_hf")
+        args += ["--engine", "transformers", "--model", str(hf), "--served-model-name", DEFAULT_MODEL]
+    server = RemoteServer(*args)
     yield server
     server.stop()
 
