@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
-import threading
-import time
 
 import pytest
 from PIL import Image
 
 from glmserve.multimodal import ImageError, MediaPolicy, address_allowed, load_image
-from tests.image_site import HUGE, PNG, encode, image_site
+from tests.image_site import HUGE, encode, image_site
 
 
 @pytest.fixture(scope="module")
