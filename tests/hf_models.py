@@ -136,19 +136,21 @@ def tiny_llava(base: Path, out: Path) -> Path:
     return out
 
 
-def tiny_glm4(out: Path) -> Path:
-    """A tiny random ``Glm4ForCausalLM`` with a GLM tokenizer (GLM-4's special tokens) and
-    GLM-4-9B-Chat's chat template (``fixtures/glm/glm-4-9b-chat.jinja``)."""
-    from transformers import Glm4Config, Glm4ForCausalLM
+def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM") -> Path:
+    """A tiny random ``Glm4ForCausalLM`` (or ``GlmForCausalLM``, GLM-4-9B's own class) with a GLM
+    tokenizer (GLM-4's special tokens) and GLM-4-9B-Chat's chat template
+    (``fixtures/glm/glm-4-9b-chat.jinja``)."""
+    import transformers
 
     from tests.unit.glm_tokenizer import glm_tokenizer
 
     tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4-9b-chat.jinja").read_text())
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
-    config = Glm4Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    config = config_cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
                         eos_token_id=stop, pad_token_id=stop[0])
     torch.manual_seed(0)
-    Glm4ForCausalLM(config).save_pretrained(out)
+    getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

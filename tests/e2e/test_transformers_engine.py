@@ -10,7 +10,7 @@ import sys
 import openai
 import pytest
 
-from tests.conftest import RemoteServer
+from tests.conftest import DEFAULT_MODEL, RemoteServer
 from tests.hf_models import FIXTURES
 
 pytest.importorskip("torch")
@@ -111,10 +111,11 @@ def test_image_to_text_model_is_400(hf_server):
     assert "image" in err.value.body["message"]
 
 
-def test_glm4_model_loads_natively(tmp_path_factory):
+@pytest.mark.parametrize("architecture", ["Glm4ForCausalLM", "GlmForCausalLM"])
+def test_glm_models_load_natively(tmp_path_factory, architecture):
     from tests.hf_models import tiny_glm4
 
-    folder = tiny_glm4(tmp_path_factory.mktemp("glm4") / "tiny-glm4")
+    folder = tiny_glm4(tmp_path_factory.mktemp("glm4") / "tiny-glm4", architecture)
     srv = RemoteServer("--engine", "transformers", "--model", str(folder))
     try:
         client = srv.client()
@@ -125,6 +126,19 @@ def test_glm4_model_loads_natively(tmp_path_factory):
         assert reply.choices[0].finish_reason in ("stop", "length")
         # [gMASK]<sop><|user|>\n + 2 characters (6 UTF-8 bytes: byte-level tokens) + <|assistant|>
         assert reply.usage.prompt_tokens == 2 + 1 + 1 + 6 + 1
+    finally:
+        srv.stop()
+
+
+def test_gguf_file_loads_through_transformers():
+    """No --model: the embedded GGUF, dequantized by transformers' gguf_file= loader."""
+    srv = RemoteServer("--engine", "transformers")
+    try:
+        client = srv.client()
+        assert client.models.list().data[0].id == DEFAULT_MODEL
+        reply = client.chat.completions.create(model=DEFAULT_MODEL, temperature=0, max_tokens=40, messages=[
+            SYSTEM, {"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in reply.choices[0].message.content
     finally:
         srv.stop()
 
