@@ -1,12 +1,12 @@
 """The same SmolLM2-135M-Instruct weights on glmserve's two CPU engines, under the same load.
 
 ``llama_cpp`` serves the embedded Q4_1 GGUF; ``transformers`` serves the same GGUF through
-transformers' ``gguf_file=`` loader (dequantized to float32 at start-up). The load is ``glmserve
-bench`` (streaming, greedy, ignore_eos, fixed output length) at concurrency 1 and 8, both
-engines with ``--max-num-seqs 8`` and the same threads. Prints one table and writes it to
-benchmarks/results/transformers_vs_llama_cpp.md.
+transformers' ``gguf_file=`` loader (dequantized to ``--dtype``, float32 by default, at
+start-up). The load is ``glmserve bench`` (streaming, greedy, ignore_eos, fixed output length)
+at concurrency 1 and 8, both engines with ``--max-num-seqs 8`` and the same threads. Prints one
+table and writes it to benchmarks/results/transformers_vs_llama_cpp[_DTYPE].md.
 
-    python benchmarks/transformers_vs_llama_cpp.py [--threads 2] [--output-len 128]
+    python benchmarks/transformers_vs_llama_cpp.py [--threads 2] [--output-len 128] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
 from glmserve.testing import RemoteServer
 
-ENGINES = {
-    "llama_cpp (Q4_1)": ["--engine", "llama_cpp"],
-    "transformers (float32)": ["--engine", "transformers", "--model", str(default_model_path())],
-}
+def engines(dtype: str) -> dict[str, list[str]]:
+    return {
+        "llama_cpp (Q4_1)": ["--engine", "llama_cpp"],
+        f"transformers ({dtype})": ["--engine", "transformers", "--model", str(default_model_path()), "--dtype", dtype],
+    }
 
 
 def bench(args, flags: list[str], label: str) -> list[Summary]:
@@ -42,8 +43,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the transformers engine's weights")
     args = ap.parse_args()
-    rows = {label: bench(args, flags, label) for label, flags in ENGINES.items()}
+    rows = {label: bench(args, flags, label) for label, flags in engines(args.dtype).items()}
     lines = []
     for label, summaries in rows.items():
         by = {s.concurrency: s for s in summaries}
@@ -57,9 +60,11 @@ def main() -> None:
     ])
     print(report)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "transformers_vs_llama_cpp.md").write_text(
-        "# transformers vs llama_cpp engine\n\n`python benchmarks/transformers_vs_llama_cpp.py`\n\n" + report + "\n")
-    (RESULTS / "transformers_vs_llama_cpp.json").write_text(json.dumps(
+    stem = "transformers_vs_llama_cpp" + ("" if args.dtype == "float32" else f"_{args.dtype}")
+    (RESULTS / f"{stem}.md").write_text(
+        f"# transformers vs llama_cpp engine\n\n`python benchmarks/transformers_vs_llama_cpp.py --dtype {args.dtype}`\n\n"
+        + report + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
         {name: [s.to_dict() for s in summaries] for name, summaries in rows.items()}, indent=2))
 
 
