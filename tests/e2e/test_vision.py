@@ -5,6 +5,10 @@ unsafe or broken image refused with a 400."""
 from __future__ import annotations
 
 import base64
+import importlib.util
+import json
+import subprocess
+import sys
 
 import openai
 import pytest
@@ -110,3 +114,20 @@ def test_loopback_refused_unless_allowed(llava, site, vision_server):
     finally:
         strict.stop()
     assert _ask(vision_server, f"{site}/ok.png").usage.prompt_tokens > IMAGE_TOKENS
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed")
+def test_glm4v_processor_without_torchvision_is_a_one_line_error(tmp_path):
+    """transformers builds GLM-4V's processor only with torchvision (its video half)."""
+    from tests.unit.test_glm4v_engine import _model_and_tokenizer
+
+    model, tokenizer = _model_and_tokenizer()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Glm4vImageProcessor", "processor_class": "Glm4vProcessor"}))
+    proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--engine", "transformers", "--model",
+                           str(tmp_path), "--port", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Torchvision" in lines[0], proc.stderr

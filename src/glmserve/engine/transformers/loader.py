@@ -111,8 +111,8 @@ def load_model(resolved: ResolvedModel, dtype: str, device: str, trust_remote_co
                 raise
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **common)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
-        raise EngineError(f"cannot load {resolved.path} with transformers {transformers.__version__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        reason = " ".join(str(exc).split())[:400] or type(exc).__name__
+        raise EngineError(f"cannot load {resolved.path} with transformers {transformers.__version__}: {reason}") from exc
     model.to(dev).eval()
     template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
     loaded = LoadedModel(model, tokenizer, processor, dev, _context_length(config, tokenizer), template,
