@@ -45,6 +45,7 @@ class FakeEngine:
         self.reply = reply
         self.fail_after = fail_after
         self.tokenizer = FakeTokenizer()
+        self.multimodal = None
         self.model_info = ModelInfo(id="fake", context_length=context_length, chat_template=None,
                                     bos_token="", eos_token="", grammar=grammar)
         self.aborted: list[str] = []

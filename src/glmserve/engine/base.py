@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
 
@@ -50,6 +50,7 @@ class Engine(Protocol):
 
     model_info: ModelInfo
     tokenizer: Tokenizer
+    multimodal: Any  # the image processor when ``model_info.vision`` (``serving.prompt.MultimodalProcessor``), else None
 
     def start(self) -> None: ...
 

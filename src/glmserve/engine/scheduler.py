@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+from glmserve.engine.base import EngineOverloaded
+
 
 class SeqStatus(Enum):
     WAITING = "waiting"
@@ -310,9 +312,16 @@ class AdmissionControl:
     without bound."""
 
     def __init__(self, max_num_seqs: int, max_queue: int) -> None:
+        self.max_num_seqs, self.max_queue = max_num_seqs, max_queue
         self.capacity = max_num_seqs + max_queue
         self._count = 0
         self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        """Take a place, or raise ``EngineOverloaded`` (the server's 429) when none is free."""
+        if not self.try_acquire():
+            raise EngineOverloaded(f"server is at capacity ({self.max_num_seqs} running, {self.max_queue} "
+                                   "waiting); retry shortly")
 
     def try_acquire(self) -> bool:
         with self._lock:

@@ -131,7 +131,7 @@ class ChatService:
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
             tools=plan.offered, glm4_items=self.tool_parser == "glm4", forced_prefix=plan.forced_prefix,
-            images=images, processor=getattr(self.engine, "multimodal", None) if self.engine.model_info.vision else None,
+            images=images, processor=self.engine.multimodal if self.engine.model_info.vision else None,
         )
         parser = None
         if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active):

@@ -24,7 +24,7 @@ import llama_cpp
 from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
-from glmserve.engine.base import EngineError, EngineOverloaded
+from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
@@ -76,6 +76,7 @@ class LlamaCppEngine:
         self._active_group: str | None = None
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
+        self.multimodal = None  # no image input
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -179,13 +180,12 @@ class LlamaCppEngine:
         if request.lora is not None and request.lora not in self._adapters:
             raise EngineError(f"unknown LoRA adapter {request.lora!r}")
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
-                               self.model_info.context_length)
-        if not self._admission.try_acquire():
+                               self.model_info.context_length)  # a bad grammar is a 400 even when full
+        try:
+            self._admission.acquire()
+        except BaseException:
             sampler.free()
-            raise EngineOverloaded(
-                f"server is at capacity ({self.config.max_num_seqs} running, {self.config.max_queue} "
-                "waiting); retry shortly"
-            )
+            raise
         stream = OutputStream()
         sp = request.sampling
         stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)

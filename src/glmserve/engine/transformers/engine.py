@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from glmserve.engine.base import EngineError, EngineOverloaded
+from glmserve.engine.base import EngineError
 from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
@@ -101,8 +101,9 @@ class TransformersEngine:
             self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.lora)
         loaded = self._loaded
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_ids)
+        self._n_vocab = loaded.model.get_output_embeddings().weight.shape[0]  # logits width
         if loaded.processor is not None:
-            self.multimodal = ImageProcessor(loaded.processor, loaded.tokenizer, self._model_dtype())
+            self.multimodal = ImageProcessor(loaded.processor, self._model_dtype())
         context = min(cfg.n_ctx, loaded.context_length) if cfg.n_ctx else loaded.context_length
         self.model_info = ModelInfo(
             id=self._resolved.name,
@@ -140,22 +141,15 @@ class TransformersEngine:
                               f"{self.model_info.context_length}")
         if request.lora is not None and request.lora not in self.model_info.lora_adapters:
             raise EngineError(f"unknown LoRA adapter {request.lora!r}")
-        if not self._admission.try_acquire():
-            raise EngineOverloaded(
-                f"server is at capacity ({self.config.max_num_seqs} running, {self.config.max_queue} "
-                "waiting); retry shortly"
-            )
+        self._admission.acquire()
         sp = request.sampling
         stream = OutputStream()
         stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)
-        seq = _Seq(request, stream, Sampler(sp, self._vocab_size()),
+        seq = _Seq(request, stream, Sampler(sp, self._n_vocab),
                    IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:]), stop_ids,
                    request.lora or BASE_ADAPTER, n_prompt)
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)
-
-    def _vocab_size(self) -> int:
-        return self._loaded.model.get_output_embeddings().weight.shape[0]
 
     def abort(self, request_id: str) -> None:
         self._aborts.add(request_id)

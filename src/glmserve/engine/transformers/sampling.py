@@ -21,7 +21,7 @@ class Sampler:
     penalties) and its random generator. ``sample(logits)`` takes a 1-D float tensor of
     vocabulary size and returns a token id."""
 
-    __slots__ = ("params", "_counts", "_generator", "_bias_ids", "_bias_values", "_plain_greedy")
+    __slots__ = ("params", "_counts", "_generator", "_bias_ids", "_bias_values", "_penalized", "_plain_greedy")
 
     def __init__(self, params: SamplingParams, n_vocab: int) -> None:
         self.params = params
@@ -31,12 +31,9 @@ class Sampler:
         bias = {t: b for t, b in (params.logit_bias or {}).items() if 0 <= t < n_vocab}
         self._bias_ids = torch.tensor(list(bias), dtype=torch.long) if bias else None
         self._bias_values = torch.tensor(list(bias.values()), dtype=torch.float32) if bias else None
+        self._penalized = (params.repetition_penalty != 1.0 or bool(params.frequency_penalty)
+                           or bool(params.presence_penalty))
         self._plain_greedy = params.greedy and not bias and not self._penalized
-
-    @property
-    def _penalized(self) -> bool:
-        p = self.params
-        return p.repetition_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
     @property
     def plain_greedy(self) -> bool:
@@ -44,7 +41,9 @@ class Sampler:
         return self._plain_greedy
 
     def accept(self, token_id: int) -> None:
-        self._counts[token_id] = self._counts.get(token_id, 0) + 1
+        """Record a generated token (counted only when penalties need the counts)."""
+        if self._penalized:
+            self._counts[token_id] = self._counts.get(token_id, 0) + 1
 
     def sample(self, logits: torch.Tensor) -> int:
         p = self.params
@@ -52,7 +51,7 @@ class Sampler:
         if self._bias_ids is not None:
             logits = logits.clone()
             logits.index_add_(0, self._bias_ids, self._bias_values)
-        if self._counts and self._penalized:
+        if self._counts:
             logits = logits.clone() if self._bias_ids is None else logits
             ids = torch.tensor(list(self._counts), dtype=torch.long)
             counts = torch.tensor(list(self._counts.values()), dtype=torch.float32)
@@ -68,8 +67,8 @@ class Sampler:
             logits = logits.masked_fill(logits < kth, float("-inf"))
         if p.top_p < 1.0:
             sorted_logits, order = torch.sort(logits, descending=True)
-            cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-            drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= p.top_p  # keep the first past p
+            probs = torch.softmax(sorted_logits, dim=-1)
+            drop = probs.cumsum(-1) - probs >= p.top_p  # mass before a token already reaches p
             logits = logits.clone()
             logits[order[drop]] = float("-inf")
         if p.min_p > 0.0:

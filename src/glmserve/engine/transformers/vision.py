@@ -21,9 +21,8 @@ class ImageProcessor:
     """``process(text, images)`` -> ``(token_ids, model_inputs)``; thread-safe for concurrent
     calls (processors are stateless after load)."""
 
-    def __init__(self, processor: Any, tokenizer: Any, dtype: torch.dtype) -> None:
+    def __init__(self, processor: Any, dtype: torch.dtype) -> None:
         self._processor = processor
-        self._tokenizer = tokenizer
         self._dtype = dtype
 
     def process(self, text: str, images: list[Any]) -> tuple[list[int], dict[str, torch.Tensor]]:
