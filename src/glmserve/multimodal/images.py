@@ -126,5 +126,19 @@ async def load_image(url: str, policy: MediaPolicy) -> Image.Image:
 
 
 async def load_images(urls: list[str], policy: MediaPolicy) -> list[Image.Image]:
-    """All images, in order (fetched concurrently)."""
-    return list(await asyncio.gather(*(load_image(u, policy) for u in urls)))
+    """All images, in order (fetched concurrently). The first refusal is raised with its
+    ``index`` in ``urls`` set, and the other fetches are cancelled."""
+
+    async def load(index: int, url: str) -> Image.Image:
+        try:
+            return await load_image(url, policy)
+        except ImageError as exc:
+            exc.index = index
+            raise
+
+    tasks = [asyncio.ensure_future(load(i, url)) for i, url in enumerate(urls)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 
 class ImageError(ValueError):
-    """An image the server will not take; the message is for the client (a 400)."""
+    """An image the server will not take; the message is for the client (a 400). ``index``:
+    which of several images (``load_images``), else None."""
+
+    index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

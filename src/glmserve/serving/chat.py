@@ -31,7 +31,7 @@ from glmserve.protocol.chat import (
     ToolCall,
     Usage,
 )
-from glmserve.multimodal import ImageError, MediaPolicy, load_image
+from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.tools import plan_tools
@@ -116,14 +116,10 @@ class ChatService:
             return []
         if not self.engine.model_info.vision:
             raise invalid_request("this model does not accept image input", urls[0][0])
-
-        async def load(param: str, url: str):
-            try:
-                return await load_image(url, self.media_policy)
-            except ImageError as exc:
-                raise invalid_request(f"image_url: {exc}", param) from exc
-
-        return list(await asyncio.gather(*(load(param, url) for param, url in urls)))
+        try:
+            return await load_images([url for _, url in urls], self.media_policy)
+        except ImageError as exc:
+            raise invalid_request(f"image_url: {exc}", urls[exc.index or 0][0]) from exc
 
     def _prepare(self, req: ChatCompletionRequest, images: list) -> _Run:
         check_supported(req)
