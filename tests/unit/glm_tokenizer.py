@@ -22,20 +22,3 @@ def glm_tokenizer(chat_template: str) -> PreTrainedTokenizerFast:
     fast.add_special_tokens({"additional_special_tokens": GLM4_SPECIALS[1:]})
     fast.chat_template = chat_template
     return fast
-
-
-class HFTokenizerAdapter:
-    """glmserve's ``Tokenizer`` protocol over a Hugging Face tokenizer."""
-
-    def __init__(self, tok: PreTrainedTokenizerFast) -> None:
-        self.tok = tok
-        self._special = set(tok.all_special_ids)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False)
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from glmserve.chat import ChatTemplate, to_template_messages
 from glmserve.chat.glm4 import to_glm4_items
+from glmserve.engine.transformers.tokenizer import HFTokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.serving.prompt import end_of_turn_token_ids
 from glmserve.toolcalls import PARSERS
-from tests.unit.glm_tokenizer import HFTokenizerAdapter, glm_tokenizer
+from tests.unit.glm_tokenizer import glm_tokenizer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "glm"
 GLM4 = (FIXTURES / "glm-4-9b-chat.jinja").read_text(encoding="utf-8")
@@ -65,7 +66,7 @@ def test_glm45_agent_conversation_matches_the_template():
 def test_stop_tokens_come_from_the_tokenizer():
     for template, parser in ((GLM4, "glm4"), (GLM46, "glm45")):
         hf = glm_tokenizer(template)
-        tok = HFTokenizerAdapter(hf)
+        tok = HFTokenizer(hf)
         assert end_of_turn_token_ids(ChatTemplate(template), tok) == (hf.convert_tokens_to_ids("<|user|>"),)
         ids = [tok.encode(marker) for marker in PARSERS[parser].end_of_turn]
         assert ids == [[hf.convert_tokens_to_ids("<|observation|>")], [hf.convert_tokens_to_ids("<|user|>")]]

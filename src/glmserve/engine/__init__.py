@@ -24,12 +24,11 @@ def create_engine(settings: ServeSettings) -> Engine:
     if module_name is None:
         raise EngineError(f"unknown engine {settings.engine!r}; choose one of {sorted(ENGINES)}")
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name).build(settings)
     except ImportError as exc:
         hint = INSTALL_HINTS.get(settings.engine)
         raise EngineError(f"engine {settings.engine!r} needs {exc.name or exc}, which is not installed"
                           + (f" ({hint})" if hint else "")) from exc
-    return module.build(settings)
 
 
 __all__ = [

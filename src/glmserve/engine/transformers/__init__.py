@@ -1,20 +1,24 @@
 """Hugging Face ``transformers`` engine (CPU or GPU): model folders and GGUF files, PEFT LoRA
 adapters per request, image input for vision-language models. Needs the ``transformers`` extra
-(torch, transformers, peft)."""
+(torch, transformers, peft); torch is imported by ``build``, not by this package, so its
+torch-free parts (``tokenizer``) load without it."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmserve.engine.transformers.engine import EngineConfig, TransformersEngine
 from glmserve.models import resolve_hf_model
 
 if TYPE_CHECKING:
+    from glmserve.engine.transformers.engine import TransformersEngine
     from glmserve.settings import ServeSettings
 
 
 def build(settings: ServeSettings) -> TransformersEngine:
-    """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
+    """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, or
+    ``ImportError`` without the extra."""
+    from glmserve.engine.transformers.engine import EngineConfig, TransformersEngine
+
     return TransformersEngine(
         resolve_hf_model(settings.model),
         EngineConfig(
@@ -30,4 +34,4 @@ def build(settings: ServeSettings) -> TransformersEngine:
     )
 
 
-__all__ = ["EngineConfig", "TransformersEngine", "build"]
+__all__ = ["build"]
