@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest
+from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.chat import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -31,7 +32,6 @@ from glmserve.protocol.chat import (
     ToolCall,
     Usage,
 )
-from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.tools import plan_tools
@@ -99,6 +99,7 @@ class ChatService:
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
         if req.model != self.model_name and req.model not in self.adapters:
             raise model_not_found(req.model)
+        check_supported(req)  # before any image is fetched
         images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
         run = await asyncio.to_thread(self._prepare, req, images)
@@ -122,7 +123,6 @@ class ChatService:
             raise invalid_request(f"image_url: {exc}", urls[exc.index or 0][0]) from exc
 
     def _prepare(self, req: ChatCompletionRequest, images: list) -> _Run:
-        check_supported(req)
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
