@@ -103,6 +103,16 @@ def test_constrained_decoding_is_refused_with_400(hf_server, kwargs, param):
     assert "constrain" in err.value.body["message"]
 
 
+def test_lone_surrogate_is_400(hf_server):
+    import httpx
+
+    body = '{"model": "%s", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}' % NAME
+    resp = httpx.post(f"{hf_server.url}/v1/chat/completions", content=body,
+                      headers={"content-type": "application/json"}, timeout=60)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
+    assert "surrogate" in resp.json()["error"]["message"]
+
+
 def test_image_to_text_model_is_400(hf_server):
     with pytest.raises(openai.BadRequestError) as err:
         hf_server.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": [

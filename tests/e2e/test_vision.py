@@ -94,6 +94,15 @@ def test_unsafe_or_broken_image_is_400(vision_server, site, path, reason):
     assert reason in err.value.body["message"]
 
 
+def test_lone_surrogate_with_image_is_400(vision_server):
+    import httpx
+
+    body = json.dumps({"model": MODEL, "messages": _message(DATA_URL, text="hi \ud800")}, ensure_ascii=True)
+    resp = httpx.post(f"{vision_server.url}/v1/chat/completions", content=body,
+                      headers={"content-type": "application/json"}, timeout=60)
+    assert resp.status_code == 400 and "surrogate" in resp.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("url, reason", [
     ("data:image/png;base64,not-base64!", "base64"),
     ("ftp://example.com/a.png", "http(s)"),

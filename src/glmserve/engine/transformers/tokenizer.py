@@ -21,7 +21,13 @@ class HFTokenizer:
         self.eog_ids = frozenset(eos)
 
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False) if text else []
+        """Raises ``UnicodeEncodeError`` for text that is not valid Unicode (a lone surrogate),
+        as llama.cpp's tokenizer does; Hugging Face tokenizers raise a bare ``TypeError``."""
+        try:
+            return self.hf.encode(text, add_special_tokens=False) if text else []
+        except TypeError:
+            text.encode("utf-8")
+            raise
 
     def encode_prompt(self, text: str) -> list[int]:
         ids = self.encode(text)

@@ -32,6 +32,7 @@ class ImageProcessor:
         try:
             out = self._processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
         except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+            text.encode("utf-8")  # a lone surrogate: UnicodeEncodeError, as from the tokenizer
             raise ProcessorError(f"the model's processor rejected the images: {exc}") from exc
         ids = out["input_ids"][0].tolist()
         extra = {}
