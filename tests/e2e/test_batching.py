@@ -42,7 +42,8 @@ async def _stream(client: openai.AsyncOpenAI, prompt: str, max_tokens: int = 48)
     return "".join(text), usage.completion_tokens
 
 
-def test_concurrent_greedy_streams_equal_sequential(server):
+def test_concurrent_greedy_streams_equal_sequential():
+    server = RemoteServer()  # its own, so that the run starts from an empty KV cache (see below)
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
 
     async def run():
@@ -53,7 +54,10 @@ def test_concurrent_greedy_streams_equal_sequential(server):
     # Known limit (see the README): after heavy cache reuse, llama.cpp may place a sequence's
     # new KV cells before its older ones, and attention rounding follows cell order; this test
     # covers the fresh-cache case, where placement keeps every sequence's cells in order.
-    sequential, concurrent = asyncio.run(run())
+    try:
+        sequential, concurrent = asyncio.run(run())
+    finally:
+        server.stop()
     assert all(text for text, _ in sequential)
     assert concurrent == sequential
 

@@ -105,12 +105,18 @@ def test_adapter_that_does_not_fit_stops_startup(smollm2_hf, tmp_path, case):
 
 
 @pytest.fixture(scope="module")
-def gguf_server(smollm2_hf, tmp_path_factory):
+def gguf_adapter(smollm2_hf, tmp_path_factory):
     from tests.hf_models import gguf_lora, lora_adapter
 
     root = tmp_path_factory.mktemp("gguf-lora")
     adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
-    srv = RemoteServer("--lora", f"tuned={gguf_lora(adapter, root / 'tuned.gguf')}")
+    return gguf_lora(adapter, root / "tuned.gguf")
+
+
+@pytest.fixture
+def gguf_server(gguf_adapter):
+    """A fresh server per test: see the README's "known limit" on batching and cache reuse."""
+    srv = RemoteServer("--lora", f"tuned={gguf_adapter}")
     yield srv
     srv.stop()
 
@@ -124,24 +130,36 @@ def test_gguf_adapter_is_listed_and_changes_output(gguf_server):
     assert all(tuned) and tuned != base
 
 
-def test_gguf_adapter_and_base_requests_interleave_without_changing_results(gguf_server):
+def test_gguf_adapter_and_base_requests_interleave_without_changing_results(gguf_adapter):
+    """Each request alone, then all at once on a fresh server. Both start from an empty KV
+    cache: after much reuse, llama.cpp may lay a sequence's cells out of position order, and its
+    attention rounding follows cell order (the README's known limit), which is not what this
+    test is about: every step must apply the right adapter, and no KV may cross groups."""
     from tests.conftest import DEFAULT_MODEL
 
     models = (DEFAULT_MODEL, "tuned")
-    alone = {model: _answers(gguf_server.url, model) for model in models}
-    client = openai.AsyncOpenAI(base_url=f"{gguf_server.url}/v1", api_key="x", max_retries=0, timeout=300)
+    first = RemoteServer("--lora", f"tuned={gguf_adapter}")
+    try:
+        alone = {model: _answers(first.url, model) for model in models}
+    finally:
+        first.stop()
 
-    async def ask(model: str, prompt: str) -> str:
+    async def ask(client: openai.AsyncOpenAI, model: str, prompt: str) -> str:
         reply = await client.chat.completions.create(model=model, messages=_messages(prompt), temperature=0,
                                                      max_tokens=24)
         return reply.choices[0].message.content
 
-    async def mixed():
+    async def mixed(url: str):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
         jobs = [(m, p) for p in PROMPTS for m in models]
-        answers = await asyncio.gather(*(ask(m, p) for m, p in jobs))
+        answers = await asyncio.gather(*(ask(client, m, p) for m, p in jobs))
         return {m: [a for (mm, _), a in zip(jobs, answers) if mm == m] for m in models}
 
-    assert asyncio.run(mixed()) == alone
+    second = RemoteServer("--lora", f"tuned={gguf_adapter}")
+    try:
+        assert asyncio.run(mixed(second.url)) == alone
+    finally:
+        second.stop()
 
 
 def test_gguf_adapter_that_does_not_fit_stops_startup(tmp_path):
