@@ -23,3 +23,13 @@ def server() -> Iterator[RemoteServer]:
 @pytest.fixture(scope="session")
 def client(server: RemoteServer) -> openai.OpenAI:
     return server.client()
+
+
+@pytest.fixture
+def fresh_client() -> Iterator[openai.OpenAI]:
+    """A client of a server of its own, whose KV cache starts empty: for tests that compare two
+    greedy runs token for token (after much cache reuse llama.cpp may round attention
+    differently; see the README's "known limits" under continuous batching)."""
+    srv = RemoteServer()
+    yield srv.client()
+    srv.stop()

@@ -41,7 +41,8 @@ def test_usage_adds_up(client):
     assert longer.usage.prompt_tokens > usage.prompt_tokens
 
 
-def test_stream_equals_plain(client):
+def test_stream_equals_plain(fresh_client):
+    client = fresh_client
     messages = [{"role": "user", "content": "Write a short poem about the sea."}]
     plain = _chat(client, messages, temperature=0, max_tokens=60)
     text, chunks = _stream_text(client, messages, temperature=0, max_tokens=60,

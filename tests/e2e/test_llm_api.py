@@ -22,7 +22,8 @@ def llm():
         yield model
 
 
-def test_same_greedy_answer_as_http(llm, client):
+def test_same_greedy_answer_as_http(llm, fresh_client):
+    client = fresh_client
     local = llm.chat(MESSAGES, temperature=0, max_tokens=32)
     remote = client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, temperature=0, max_tokens=32)
     assert isinstance(local, ChatCompletion)

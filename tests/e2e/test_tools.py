@@ -38,6 +38,15 @@ def tclient(tool_server):
     return tool_server.client()
 
 
+@pytest.fixture
+def fresh_tclient():
+    """A tool server of its own, for tests that compare two greedy runs token for token (see
+    ``fresh_client`` in tests/conftest.py)."""
+    srv = RemoteServer("--chat-template", str(TEMPLATE), "--tool-call-parser", "hermes")
+    yield srv.client()
+    srv.stop()
+
+
 def _create(client, **kw):
     kw.setdefault("max_tokens", 120)
     return client.chat.completions.create(model=DEFAULT_MODEL, messages=kw.pop("messages", ASK), temperature=0, **kw)
@@ -87,7 +96,8 @@ def test_required_gives_a_valid_call(tclient):
         _assert_valid_call(call["name"], call["arguments"])
 
 
-def test_named_plain_and_streamed_agree(tclient):
+def test_named_plain_and_streamed_agree(fresh_tclient):
+    tclient = fresh_tclient
     choice = {"type": "function", "function": {"name": "get_weather"}}
     plain = _create(tclient, tools=TOOLS, tool_choice=choice)
     calls = plain.choices[0].message.tool_calls
@@ -108,7 +118,8 @@ def test_parallel_tool_calls_false_allows_one_call(tclient):
     assert len(reply.choices[0].message.tool_calls) == 1
 
 
-def test_json_schema_response_format_validates(tclient):
+def test_json_schema_response_format_validates(fresh_tclient):
+    tclient = fresh_tclient
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"},
                                                "population": {"type": "integer"}},
               "required": ["city", "country", "population"], "additionalProperties": False}
