@@ -2,7 +2,10 @@
 
 Both serve the embedded default GGUF with the same threads and 8 parallel sequences; the load is
 ``glmserve bench`` (streaming, greedy, ignore_eos, fixed output length) at each concurrency.
-Prints one table and the issue's targets, and writes them to benchmarks/results/.
+llama-server runs twice: as the issue names it (``-np 8``, which splits the KV cache into fixed
+per-slot slices of n_ctx/8 tokens) and with ``--kv-unified``, the one shared pool glmserve uses
+(no fixed slices). Prints one table and the issue's targets, and writes them to
+benchmarks/results/.
 
 Build llama-server from the llama-cpp-python source package with the same CMake flags:
 
@@ -52,10 +55,11 @@ def bench_glmserve(args) -> list[Summary]:
         server.stop()
 
 
-def bench_llama_server(args) -> list[Summary]:
+def bench_llama_server(args, unified: bool) -> list[Summary]:
     port = free_port()
     cmd = [args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.n_ctx), "-np", str(args.parallel)]
+           "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.n_ctx), "-np", str(args.parallel),
+           "--kv-unified" if unified else "--no-kv-unified"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -65,10 +69,14 @@ def bench_llama_server(args) -> list[Summary]:
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        return run_levels(f"http://127.0.0.1:{port}", f"llama-server -np {args.parallel}", args)
+        return run_levels(f"http://127.0.0.1:{port}", llama_server_label(args, unified), args)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def llama_server_label(args, unified: bool) -> str:
+    return f"llama-server -np {args.parallel}" + (" --kv-unified" if unified else "")
 
 
 def table(rows: dict[str, list[Summary]]) -> str:
@@ -84,16 +92,20 @@ def table(rows: dict[str, list[Summary]]) -> str:
     return "\n".join(lines)
 
 
-def targets(ours: list[Summary], theirs: list[Summary]) -> list[str]:
+def targets(ours: list[Summary], theirs: list[Summary], same_kv: list[Summary]) -> list[str]:
     by = lambda xs, c: next((s for s in xs if s.concurrency == c), None)  # noqa: E731
     out = []
-    o1, o8, t1, t8 = by(ours, 1), by(ours, 8), by(theirs, 1), by(theirs, 8)
+    o1, o8, t1, t8, u8 = by(ours, 1), by(ours, 8), by(theirs, 1), by(theirs, 8), by(same_kv, 8)
     if o1 and o8:
         out.append(f"- glmserve c=8 / c=1 throughput: {o8.output_throughput / o1.output_throughput:.2f}x (target >= 2x)")
     if o8 and t8:
         out.append(f"- c=8 throughput glmserve / llama-server: {o8.output_throughput / t8.output_throughput:.2f} (target >= 1)")
         out.append(f"- c=8 p50 TTFT: glmserve {o8.ttft_ms['p50']:.0f} ms, llama-server {t8.ttft_ms['p50']:.0f} ms "
                    "(target: no worse)")
+    if o8 and u8:
+        out.append(f"- c=8 throughput glmserve / llama-server --kv-unified (same KV cache model): "
+                   f"{o8.output_throughput / u8.output_throughput:.2f}; p50 TTFT {o8.ttft_ms['p50']:.0f} vs "
+                   f"{u8.ttft_ms['p50']:.0f} ms")
     if o1 and t1:
         out.append(f"- single-stream decode (1/TPOT p50): glmserve {1000 / o1.tpot_ms['p50']:.1f} tok/s, llama-server "
                    f"{1000 / t1.tpot_ms['p50']:.1f} tok/s, ratio {t1.tpot_ms['p50'] / o1.tpot_ms['p50']:.3f} "
@@ -113,13 +125,15 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args()
-    rows = {"glmserve": bench_glmserve(args), f"llama-server -np {args.parallel}": bench_llama_server(args)}
-    ours, theirs = rows.values()
+    rows = {"glmserve": bench_glmserve(args),
+            llama_server_label(args, False): bench_llama_server(args, unified=False),
+            llama_server_label(args, True): bench_llama_server(args, unified=True)}
+    ours, theirs, same_kv = rows.values()
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"n_ctx {args.n_ctx} | {args.parallel} parallel sequences | input ~{args.input_len} tokens, output "
         f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency)",
-        "", table(rows), "", *targets(list(ours), list(theirs)),
+        "", table(rows), "", *targets(list(ours), list(theirs), list(same_kv)),
     ])
     print(report)
     RESULTS.mkdir(exist_ok=True)
