@@ -29,6 +29,7 @@ from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.inbox import AbortSet, Inbox
+from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import AdmissionControl, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
@@ -174,11 +175,7 @@ class LlamaCppEngine:
     def generate(self, request: GenerationRequest) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
-        if len(request.prompt_token_ids) >= self.model_info.context_length:
-            raise EngineError(f"prompt of {len(request.prompt_token_ids)} tokens does not fit n_ctx="
-                              f"{self.model_info.context_length}")
-        if request.lora is not None and request.lora not in self._adapters:
-            raise EngineError(f"unknown LoRA adapter {request.lora!r}")
+        check_request(request, self.model_info)
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
                                self.model_info.context_length)  # a bad grammar is a 400 even when full
         try:
@@ -187,9 +184,8 @@ class LlamaCppEngine:
             sampler.free()
             raise
         stream = OutputStream()
-        sp = request.sampling
-        stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)
-        state = _SeqState(request, stream, sampler, IncrementalDecoder(), stop_ids)
+        state = _SeqState(request, stream, sampler, IncrementalDecoder(),
+                          stop_token_ids(request.sampling, self.tokenizer.eog_ids))
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
         return RequestStream(request.request_id, stream, self.abort)
 
@@ -252,14 +248,11 @@ class LlamaCppEngine:
 
     def _emit(self, seq: Sequence, token: int) -> None:
         state: _SeqState = seq.payload
-        sp = state.request.sampling
-        finish: FinishReason | None = None
-        if token in state.stop_ids:
-            text, finish = state.decoder.flush(), "stop"
-        else:
-            text = state.decoder.feed(self.tokenizer.piece(token))
-            if seq.num_generated >= sp.max_tokens or len(seq.tokens) >= self._scheduler.n_ctx:
-                text, finish = text + state.decoder.flush(), "length"
+        finish = finish_reason(token, state.stop_ids, seq.num_generated, len(seq.tokens),
+                               state.request.sampling.max_tokens, self._scheduler.n_ctx)
+        text = "" if finish == "stop" else state.decoder.feed(self.tokenizer.piece(token))
+        if finish is not None:
+            text += state.decoder.flush()
         self._outputs.add(state.stream, GenerationOutput(seq.request_id, [token], text, finish, None,
                                                          seq.num_prompt, max(seq.num_cached, 0)))
         if finish is not None:

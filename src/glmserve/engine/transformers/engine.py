@@ -28,6 +28,7 @@ from transformers import DynamicCache
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.inbox import AbortSet, Inbox
+from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
@@ -135,19 +136,14 @@ class TransformersEngine:
     def generate(self, request: GenerationRequest) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
-        n_prompt = len(request.prompt_token_ids)
-        if n_prompt >= self.model_info.context_length:
-            raise EngineError(f"prompt of {n_prompt} tokens does not fit the context of "
-                              f"{self.model_info.context_length}")
-        if request.lora is not None and request.lora not in self.model_info.lora_adapters:
-            raise EngineError(f"unknown LoRA adapter {request.lora!r}")
+        check_request(request, self.model_info)
         self._admission.acquire()
         sp = request.sampling
         stream = OutputStream()
-        stop_ids = frozenset() if sp.ignore_eos else self.tokenizer.eog_ids | frozenset(sp.stop_token_ids)
         seq = _Seq(request, stream, Sampler(sp, self._n_vocab),
-                   IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:]), stop_ids,
-                   request.lora or BASE_ADAPTER, n_prompt)
+                   IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:]),
+                   stop_token_ids(sp, self.tokenizer.eog_ids), request.lora or BASE_ADAPTER,
+                   len(request.prompt_token_ids))
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)
 
@@ -259,17 +255,14 @@ class TransformersEngine:
         self._running = [self._running[i] for i in keep]
 
     def _emit(self, seq: _Seq, token: int) -> None:
-        sp = seq.request.sampling
         seq.last_token = token
         seq.num_generated += 1
         seq.sampler.accept(token)
-        finish: FinishReason | None = None
-        if token in seq.stop_ids:
-            text, finish = seq.detok.flush(), "stop"
-        else:
-            text = seq.detok.feed(token)
-            if seq.num_generated >= sp.max_tokens or seq.num_prompt + seq.num_generated >= self.model_info.context_length:
-                text, finish = text + seq.detok.flush(), "length"
+        finish = finish_reason(token, seq.stop_ids, seq.num_generated, seq.num_prompt + seq.num_generated,
+                               seq.request.sampling.max_tokens, self.model_info.context_length)
+        text = "" if finish == "stop" else seq.detok.feed(token)
+        if finish is not None:
+            text += seq.detok.flush()
         self._outputs.add(seq.stream, GenerationOutput(seq.request.request_id, [token], text, finish, None,
                                                        seq.num_prompt, 0))
         if finish is not None:
