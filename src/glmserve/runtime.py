@@ -59,7 +59,8 @@ def start_runtime(settings: ServeSettings) -> Runtime:
         name = settings.served_model_name or engine.model_info.id
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
-        return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings)))
+        return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings),
+                                           settings.schema_limits()))
     except BaseException:
         engine.shutdown()
         raise

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from glmserve.serving.schema_check import SchemaLimits
+
 
 def _cli_config(prog: str, env_prefix: str = "GLMSERVE_") -> SettingsConfigDict:
     """Flags in kebab-case, booleans as bare flags, ``<env_prefix><NAME>`` variables."""
@@ -91,6 +93,36 @@ class ServeSettings(BaseSettings):
     max_request_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, le=1 << 34, description="Largest request body accepted (413 beyond)."
     )
+    client_header_timeout: float = Field(
+        30.0, gt=0, le=3600,
+        description="Seconds a connection may take to send a request's headers before it is closed.",
+    )
+    client_body_timeout: float = Field(
+        30.0, gt=0, le=3600,
+        description="Seconds the server waits for the next part of a request body before answering 408.",
+    )
+    timeout_keep_alive: int = Field(
+        5, ge=1, le=3600, description="Seconds an idle keep-alive connection stays open (uvicorn's setting)."
+    )
+    allowed_origins: list[str] = Field(
+        [], description="Browser origin allowed to call the API from another site (CORS), repeatable, e.g. "
+        "http://localhost:3000; '*' allows any. Default: no CORS headers.",
+    )
+    max_schema_depth: int = Field(
+        32, ge=2, le=256, description="Deepest nesting of a client JSON schema (response_format, tool parameters)."
+    )
+    max_schema_nodes: int = Field(
+        10_000, ge=10, le=1_000_000, description="Most values (objects, arrays, scalars) in one client JSON schema."
+    )
+    max_schema_repeat: int = Field(
+        1000, ge=1, le=10_000,
+        description="Largest repetition bound a constrained schema may set (minLength, maxLength, minItems, "
+        "maxItems, {m,n} in a pattern): each is spelled out in the grammar.",
+    )
+    max_grammar_bytes: int = Field(
+        512 * 1024, ge=1024, le=16 * 1024 * 1024,
+        description="Largest grammar a request's constraints (response_format, forced tool calls) may compile to.",
+    )
     shutdown_timeout: float = Field(
         30.0, ge=0, le=3600,
         description="Seconds to let running requests finish after SIGTERM before they are aborted.",
@@ -117,6 +149,11 @@ class ServeSettings(BaseSettings):
                 raise ValueError(f"LoRA adapter name {name!r} given twice")
             names.add(name)
         return value
+
+    def schema_limits(self) -> SchemaLimits:
+        """The ``--max-schema-*`` and ``--max-grammar-bytes`` bounds."""
+        return SchemaLimits(self.max_schema_depth, self.max_schema_nodes, self.max_schema_repeat,
+                            self.max_grammar_bytes)
 
     def lora_adapters(self) -> dict[str, Path]:
         """``--lora`` as {adapter name: path}, in the order given."""

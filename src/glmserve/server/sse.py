@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.serving.chat import StreamItem
@@ -38,8 +39,15 @@ def payload(item: StreamItem) -> str:
 async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: anyio.Event,
                                 grace_s: float) -> AsyncIterator[str]:
     """Payloads of ``source`` until it ends (then ``[DONE]``), or until ``grace_s`` after
-    ``shutdown`` is set (then an error event)."""
+    ``shutdown`` is set (then an error event).
+
+    However this generator ends (the stream's end, a client disconnect cancelling it while a
+    step is pending, a failed write closing it at a ``yield``), ``source`` is closed, which
+    aborts the engine request: a pending ``anext(source)`` is cancelled and awaited first,
+    since closing a generator that is still running raises instead of closing it. The clean-up
+    is shielded from anyio's cancellation, which sse-starlette re-delivers at every await."""
     shutdown_seen = asyncio.ensure_future(shutdown.wait())
+    step: asyncio.Future | None = None
     deadline: float | None = None
     loop = asyncio.get_running_loop()
     try:
@@ -52,8 +60,6 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
                 deadline = loop.time() + grace_s
                 done, _ = await asyncio.wait({step}, timeout=grace_s)
             if step not in done:
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
                 yield shutdown_error_event()
                 return
             try:
@@ -65,12 +71,17 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
             if isinstance(item, ErrorResponse):
                 return
     finally:
-        shutdown_seen.cancel()
-        await source.aclose()
+        with anyio.CancelScope(shield=True):
+            shutdown_seen.cancel()
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+            await source.aclose()
 
 
 def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float) -> EventSourceResponse:
-    """An SSE response of ``source``'s items."""
+    """An SSE response of ``source``'s items. ``source`` is closed when the response ends, also
+    when the client left before the stream was first read (``background``)."""
     shutdown = anyio.Event()
     grace = max(0.0, shutdown_timeout_s - 1.0)
     return EventSourceResponse(
@@ -78,4 +89,5 @@ def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float) -
         ping=PING_INTERVAL_S,
         shutdown_event=shutdown,
         shutdown_grace_period=grace + 0.5,
+        background=BackgroundTask(source.aclose),
     )

@@ -34,6 +34,7 @@ from glmserve.protocol.chat import (
 )
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
+from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
 from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
 from glmserve.serving.sampling import check_supported, requested_max_tokens, stop_strings, to_sampling_params
@@ -78,14 +79,17 @@ class ChatService:
     """
 
     def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
-                 tool_parser: str | None = None, media_policy: MediaPolicy | None = None) -> None:
+                 tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
+                 schema_limits: SchemaLimits | None = None) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
-        ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``).
+        ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
+        ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``).
         Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
         self.engine = engine
         self.model_name = served_model_name
         self.adapters = frozenset(engine.model_info.lora_adapters)
         self.media_policy = media_policy or MediaPolicy()
+        self.schema_limits = schema_limits or SchemaLimits()
         self.template = template
         self.tool_parser = tool_parser
         self.context_length = engine.model_info.context_length
@@ -106,7 +110,7 @@ class ChatService:
         run.outputs = self._admit(req, run.request)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._stream(run, include_usage)
+            return ChunkStream(self._stream(run, include_usage), run.outputs)
         return await self._complete(run)
 
     async def _load_images(self, req: ChatCompletionRequest) -> list:
@@ -123,7 +127,7 @@ class ChatService:
             raise invalid_request(f"image_url: {exc}", urls[exc.index or 0][0]) from exc
 
     def _prepare(self, req: ChatCompletionRequest, images: list) -> _Run:
-        plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar)
+        plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
             tools=plan.offered, glm4_items=self.tool_parser == "glm4", forced_prefix=plan.forced_prefix,
@@ -246,6 +250,29 @@ class ChatService:
         if include_usage:
             yield ChatCompletionChunk(id=run.id, created=run.created, model=run.model, choices=[],
                                       usage=run.usage())
+
+
+class ChunkStream:
+    """The stream ``ChatService.create`` returns: iterates the chunk generator; ``aclose()``
+    closes it and aborts the engine request, also when iteration never began (closing a
+    generator that never started runs none of its code)."""
+
+    __slots__ = ("_chunks", "_outputs")
+
+    def __init__(self, chunks: AsyncIterator[StreamItem], outputs: AsyncIterator[GenerationOutput]) -> None:
+        self._chunks, self._outputs = chunks, outputs
+
+    def __aiter__(self) -> ChunkStream:
+        return self
+
+    def __anext__(self):
+        return self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await self._outputs.aclose()
 
 
 def _call_id() -> str:

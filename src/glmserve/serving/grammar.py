@@ -7,49 +7,56 @@ and for ``tool_choice`` required/named, built with llama-cpp-python's JSON-schem
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
 from glmserve.protocol.errors import invalid_request
+from glmserve.serving.schema_check import SchemaLimits
 
-# JSON-schema keywords the converter honours (llama.cpp grammars/README.md "JSON Schemas");
-# annotations it may ignore safely are listed too. Anything else is refused, not ignored.
-SUPPORTED_KEYWORDS = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
-    "maxItems", "enum", "const", "oneOf", "anyOf", "allOf", "$ref", "$defs", "definitions", "pattern",
-    "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "description", "title", "default", "examples", "$schema", "$id", "$comment", "strict",
-}
-
-
-def unsupported_keywords(schema: Any) -> set[str]:
-    """Keywords of ``schema`` (recursively) that the grammar converter would not enforce."""
-    found: set[str] = set()
-    if isinstance(schema, dict):
-        for key, value in schema.items():
-            if key not in SUPPORTED_KEYWORDS:
-                found.add(key)
-            if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-                for sub in value.values():
-                    found |= unsupported_keywords(sub)
-            elif key in ("items", "additionalProperties", "not"):
-                found |= unsupported_keywords(value)
-            elif key in ("prefixItems", "oneOf", "anyOf", "allOf") and isinstance(value, list):
-                for sub in value:
-                    found |= unsupported_keywords(sub)
-    return found
+# What the converter raises for input it cannot translate (it checks with assert and raises
+# plain ValueError/KeyError); a schema that passed ``check_schema`` should not get here, but if
+# one does it is the client's 400, not a 500.
+_CONVERTER_ERRORS = (ValueError, KeyError, AssertionError, TypeError, IndexError, RecursionError)
+# Nesting a grammar may have beyond its repetitions (groups of the fixed rules and formats).
+MAX_FIXED_NESTING = 64
 
 
-def check_schema(schema: Any, param: str) -> dict:
-    """400 unless ``schema`` is a JSON-schema object whose every keyword can be enforced."""
-    if not isinstance(schema, dict):
-        raise invalid_request("the JSON schema must be an object", param)
-    bad = unsupported_keywords(schema)
-    if bad:
-        raise invalid_request(f"unsupported JSON schema features: {', '.join(sorted(bad))}", param,
-                              "unsupported_schema")
-    return schema
+def _nesting_depth(gbnf: str) -> int:
+    """Deepest parenthesis nesting in a GBNF text, outside literals and character classes."""
+    depth = deepest = 0
+    i, n = 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != close:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif c == "#":
+            while i < n and gbnf[i] != "\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def check_grammar(gbnf: str, param: str, limits: SchemaLimits) -> str:
+    """``gbnf`` if llama.cpp can load it safely: at most ``limits.max_grammar_bytes`` and nested
+    no deeper than the repetition bound allows (llama.cpp's parser recurses once per level).
+    Raises a 400 ``APIError`` naming ``param`` otherwise."""
+    size = len(gbnf.encode("utf-8"))
+    if size > limits.max_grammar_bytes:
+        raise invalid_request(f"the output constraint compiles to a grammar of {size} bytes, over the limit of "
+                              f"{limits.max_grammar_bytes} (--max-grammar-bytes); use smaller repetition bounds "
+                              "or fewer properties", param, "schema_too_large")
+    if _nesting_depth(gbnf) > limits.max_repeat + MAX_FIXED_NESTING:
+        raise invalid_request("the output constraint compiles to a grammar nested too deeply", param,
+                              "schema_too_large")
+    return gbnf
 
 
 class GrammarBuilder:
@@ -58,10 +65,15 @@ class GrammarBuilder:
     def __init__(self) -> None:
         self._conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
-    def schema(self, schema: dict, name: str) -> str:
-        """Add rules for ``schema``; returns the rule name matching one JSON value of it."""
-        resolved = self._conv.resolve_refs(json.loads(json.dumps(schema)), name)
-        return self._conv.visit(resolved, name)
+    def schema(self, schema: dict, name: str, param: str) -> str:
+        """Add rules for ``schema`` (checked by ``check_schema``); returns the rule name matching
+        one JSON value of it. Raises a 400 ``APIError`` naming ``param`` if the converter fails."""
+        try:
+            resolved = self._conv.resolve_refs(json.loads(json.dumps(schema)), name)
+            return self._conv.visit(resolved, name)
+        except _CONVERTER_ERRORS as exc:
+            raise invalid_request(f"the JSON schema cannot be turned into a grammar: {str(exc)[:200]}", param,
+                                  "unsupported_schema") from exc
 
     def literal(self, text: str) -> str:
         return self._conv._format_literal(text)
@@ -74,29 +86,33 @@ class GrammarBuilder:
         return self._conv.format_grammar()
 
 
-def json_grammar(schema: dict) -> str:
+def json_grammar(schema: dict, param: str, limits: SchemaLimits) -> str:
+    """The grammar of one JSON value of ``schema`` (checked by ``check_schema``). Raises a 400
+    ``APIError`` naming ``param`` when it cannot be built or is over ``limits``."""
     builder = GrammarBuilder()
-    return builder.build(builder.schema(schema, "json"))
+    return check_grammar(builder.build(builder.schema(schema, "json", param)), param, limits)
 
 
 def _args_schema(function: dict) -> dict:
     return function.get("parameters") or {"type": "object", "properties": {}}
 
 
-def tool_call_grammar(fmt: str, functions: list[dict], parallel: bool, forced_name: bool = False) -> str:
+def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits: SchemaLimits, parallel: bool,
+                      forced_name: bool = False) -> str:
     """A grammar that admits only well-formed calls of ``functions`` in format ``fmt``
     (``hermes``, ``glm4``, ``glm45``); one call, or with ``parallel`` up to one per function
     (so that a model cannot loop on calls until it runs out of tokens).
     ``forced_name`` (glm4, one function): the prompt already ends with the name line, so the
-    output is just the arguments."""
+    output is just the arguments. ``params``: each function's field in the request (for errors).
+    Raises a 400 ``APIError`` when a schema cannot be built or the grammar is over ``limits``."""
     b = GrammarBuilder()
     calls = []
     for i, fn in enumerate(functions):
         name = fn["name"]
         if fmt == "glm45":
-            calls.append(b.rule(f"call{i}", _glm45_call(b, i, fn)))
+            calls.append(b.rule(f"call{i}", _glm45_call(b, i, fn, params[i])))
             continue
-        args = b.schema(_args_schema(fn), f"args{i}")
+        args = b.schema(_args_schema(fn), f"args{i}", params[i])
         if fmt == "glm4":
             calls.append(args if forced_name else b.rule(f"call{i}", f"{b.literal(name + chr(10))} {args}"))
         else:  # hermes
@@ -104,11 +120,13 @@ def tool_call_grammar(fmt: str, functions: list[dict], parallel: bool, forced_na
             calls.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}" + chr(10) + "</tool_call>")}'))
     one = calls[0] if len(calls) == 1 else b.rule("call", " | ".join(calls))
     if parallel and fmt != "glm4" and len(functions) > 1:  # GLM-4 writes one call per turn
-        return b.build(f'{one} ({b.literal(chr(10))} {one}){{0,{len(functions) - 1}}}')
-    return b.build(one)
+        grammar = b.build(f'{one} ({b.literal(chr(10))} {one}){{0,{len(functions) - 1}}}')
+    else:
+        grammar = b.build(one)
+    return check_grammar(grammar, params[0] if len(params) == 1 else "tools", limits)
 
 
-def _glm45_call(b: GrammarBuilder, i: int, fn: dict) -> str:
+def _glm45_call(b: GrammarBuilder, i: int, fn: dict, param: str) -> str:
     schema = _args_schema(fn)
     properties = schema.get("properties", {})
     required = set(schema.get("required", []))
@@ -117,7 +135,7 @@ def _glm45_call(b: GrammarBuilder, i: int, fn: dict) -> str:
         if isinstance(prop, dict) and prop.get("type") == "string":
             value = b.rule(f"val{i}-{j}", '[^<]*')
         else:
-            value = b.schema(prop if isinstance(prop, dict) else {}, f"val{i}-{j}")
+            value = b.schema(prop if isinstance(prop, dict) else {}, f"val{i}-{j}", param)
         pair = f'{b.literal(f"<arg_key>{key}</arg_key>" + chr(10) + "<arg_value>")} {value} ' \
                f'{b.literal("</arg_value>" + chr(10))}'
         parts.append(pair if key in required else f"( {pair} )?")

@@ -15,7 +15,8 @@ from typing import Any
 
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.grammar import check_schema, json_grammar, tool_call_grammar
+from glmserve.serving.grammar import json_grammar, tool_call_grammar
+from glmserve.serving.schema_check import SchemaLimits, check_enforceable, check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -34,7 +35,9 @@ class ToolPlan:
     max_calls: int | None = None
 
 
-def _functions(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def _functions(req: ChatCompletionRequest, limits: SchemaLimits) -> list[dict[str, Any]]:
+    """The request's functions, names and parameter schemas checked (meta-schema and limits:
+    the schema is rendered into the prompt even when no grammar is built from it)."""
     functions, seen = [], set()
     for i, tool in enumerate(req.tools or []):
         fn = tool.function.model_dump(exclude_none=True)
@@ -49,6 +52,7 @@ def _functions(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             if not isinstance(params, dict) or params.get("type", "object") != "object":
                 raise invalid_request("function parameters must be a JSON schema of type 'object'",
                                       f"tools.{i}.function.parameters")
+            check_schema(params, f"tools.{i}.function.parameters", limits)
         functions.append(fn)
     return functions
 
@@ -71,10 +75,11 @@ def _choice(req: ChatCompletionRequest, names: set[str]) -> str:
                           "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
 
 
-def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool) -> ToolPlan:
-    """Raises 400 ``APIError`` for invalid tools/tool_choice/response_format, or for what the
-    model or engine cannot do (no tool-call format, no constrained decoding)."""
-    functions = _functions(req)
+def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool, limits: SchemaLimits) -> ToolPlan:
+    """Raises 400 ``APIError`` for invalid tools/tool_choice/response_format (schemas over
+    ``limits`` included), or for what the model or engine cannot do (no tool-call format, no
+    constrained decoding)."""
+    functions = _functions(req, limits)
     choice = _choice(req, {f["name"] for f in functions})
     plan = ToolPlan()
     fmt = req.response_format.type if req.response_format else "text"
@@ -84,14 +89,14 @@ def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool)
         if choice in ("required",) or choice not in ("none", "auto"):
             raise invalid_request("response_format cannot be combined with a forced tool_choice", "response_format")
         if fmt == "json_object":
-            schema = {"type": "object"}
+            schema, param = {"type": "object"}, "response_format"
         else:
             spec = req.response_format.json_schema or {}
+            param = "response_format.json_schema.schema"
             if "schema" not in spec:
-                raise invalid_request("response_format json_schema needs json_schema.schema",
-                                      "response_format.json_schema.schema")
-            schema = check_schema(spec["schema"], "response_format.json_schema.schema")
-        plan.grammar = json_grammar(schema)
+                raise invalid_request("response_format json_schema needs json_schema.schema", param)
+            schema = check_enforceable(check_schema(spec["schema"], param, limits), param, limits)
+        plan.grammar = json_grammar(schema, param, limits)
         choice = "none"  # the reply is the JSON document
     if choice == "none":
         return plan
@@ -113,6 +118,10 @@ def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool)
         if parser == "glm4":  # force the name in the prompt, as GLM's demo did
             plan.offered = [{"type": "function", "function": forced[0]}]
             plan.forced_prefix = forced[0]["name"] + "\n"
-    plan.grammar = tool_call_grammar(parser, forced, parallel and choice == "required",
+    index = {f["name"]: i for i, f in enumerate(functions)}
+    params = [f"tools.{index[f['name']]}.function.parameters" for f in forced]
+    for f, param in zip(forced, params):
+        check_enforceable(f.get("parameters") or {}, param, limits)  # the grammar is built from it
+    plan.grammar = tool_call_grammar(parser, forced, params, limits, parallel and choice == "required",
                                      forced_name=bool(plan.forced_prefix))
     return plan
