@@ -66,6 +66,7 @@ def serve(args: list[str]) -> int:
 
     from glmserve.runtime import STARTUP_ERRORS, start_runtime
     from glmserve.server import create_app
+    from glmserve.server.http_protocol import protocol_with_header_timeout
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -73,7 +74,8 @@ def serve(args: list[str]) -> int:
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
     app = create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
-                     shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes)
+                     shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
+                     client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins)
     info = runtime.engine.model_info
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d) on http://%s:%d", runtime.chat.model_name, info.context_length,
@@ -84,7 +86,9 @@ def serve(args: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=settings.shutdown_timeout + 1)
+                timeout_graceful_shutdown=settings.shutdown_timeout + 1,
+                http=protocol_with_header_timeout(settings.client_header_timeout),
+                timeout_keep_alive=settings.timeout_keep_alive)
     return 0
 
 

@@ -3,34 +3,44 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
+from glmserve import __version__
 from glmserve.engine.base import Engine
 from glmserve.protocol.models import ModelCard
 from glmserve.server.auth import require_api_key
 from glmserve.server.errors import install_error_handlers
-from glmserve.server.limits import BodySizeLimit
-from glmserve.server.routes import chat, health, models
+from glmserve.server.limits import BodyLimits
+from glmserve.server.openapi import error_responses, install_openapi
+from glmserve.server.request_id import RequestId
+from glmserve.server.routes import chat, docs, health, models
 from glmserve.serving.chat import ChatService
 
 
 def create_app(
     engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
-    max_request_bytes: int = 64 * 1024 * 1024,
+    max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The app serving ``engine`` (already started); shuts the engine down on exit.
+
+    ``api_key``: every route but ``/health`` needs it (``/docs`` and ``/redoc`` are off then);
     ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
-    ``max_request_bytes`` get a 413."""
+    ``max_request_bytes`` get a 413, bodies that stall for ``client_body_timeout`` seconds a
+    408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
+    response carries ``x-request-id``."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         engine.shutdown()
 
-    app = FastAPI(title="glmserve", lifespan=lifespan)
+    app = FastAPI(title="glmserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.api_key = api_key
     app.state.shutdown_timeout = shutdown_timeout
     app.state.chat = chat_service
@@ -42,9 +52,19 @@ def create_app(
         for name in (chat_service.model_name, *info.lora_adapters)
     ]
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    install_openapi(app)
+    # the last added is the outermost: request id, then CORS, then the body limits
+    app.add_middleware(BodyLimits, max_bytes=max_request_bytes, timeout_s=client_body_timeout)
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])
+    app.add_middleware(RequestId)
     app.include_router(health.router)
     protected = [Depends(require_api_key)]
-    app.include_router(models.router, dependencies=protected)
-    app.include_router(chat.router, dependencies=protected)
+    needs_key = error_responses(401)
+    app.include_router(docs.spec_router, dependencies=protected)
+    if not api_key:
+        app.include_router(docs.pages_router)
+    app.include_router(models.router, dependencies=protected, responses=needs_key)
+    app.include_router(chat.router, dependencies=protected, responses=needs_key)
     return app

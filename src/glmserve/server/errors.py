@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -16,8 +17,16 @@ from glmserve.protocol.errors import APIError, invalid_request, server_error
 log = logging.getLogger("glmserve")
 
 
+class _ASCIIJSONResponse(JSONResponse):
+    """JSON with non-ASCII characters escaped: an error message that quotes the client's input
+    (a model name holding a lone surrogate, say) can always be encoded."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body().model_dump(), status_code=exc.status_code, headers=exc.headers)
+    return _ASCIIJSONResponse(exc.body().model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
 _UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url"}
@@ -78,9 +87,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), kind))
+        return error_response(APIError(exc.status_code, str(exc.detail), kind, headers=exc.headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(server_error(f"internal error: {type(exc).__name__}"))
+        response = error_response(server_error(f"internal error: {type(exc).__name__}"))
+        # this handler runs outside the app's middleware, so the request id is added here
+        request_id = request.scope.get("state", {}).get("request_id")
+        if request_id:
+            response.headers["x-request-id"] = request_id
+        return response

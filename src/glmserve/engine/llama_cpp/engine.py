@@ -102,7 +102,10 @@ class LlamaCppEngine:
         if not self._ctx:
             self._model.close()
             raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={params.n_ctx})")
-        n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        allocated = llama_cpp.llama_n_ctx(self._ctx)
+        n_ctx = min(cfg.n_ctx, allocated) if cfg.n_ctx else allocated
+        if n_ctx != allocated:  # llama.cpp pads the KV cache to a multiple of 256 cells
+            log.info("n_ctx %d: llama.cpp allocated %d KV cells; requests use at most %d", n_ctx, allocated, n_ctx)
         self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens)
         self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens)
         self.tokenizer = LlamaCppTokenizer(self._model)

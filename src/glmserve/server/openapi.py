@@ -1,0 +1,48 @@
+"""The OpenAPI document: the statuses the server really sends, with OpenAI's error body.
+
+FastAPI declares 422 for every route with parameters, but validation errors are answered 400
+(``server/errors.py``), so 422 is dropped and each route declares its error statuses with
+``error_responses``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from glmserve.protocol.errors import ErrorResponse
+
+ERROR_STATUSES = {
+    400: "Invalid request (OpenAI error body; `param` names the field)",
+    401: "Missing or wrong API key (`--api-key`)",
+    404: "Unknown model",
+    408: "The request body stopped arriving (`--client-body-timeout`)",
+    413: "Request body over `--max-request-bytes`",
+    429: "Server at capacity; retry after `Retry-After` seconds",
+    500: "The engine failed this request",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` entries for ``statuses``, each with the OpenAI error body."""
+    return {status: {"model": ErrorResponse, "description": ERROR_STATUSES[status]} for status in statuses}
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make ``app.openapi()`` build the document without FastAPI's 422s."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(unused, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
