@@ -110,7 +110,7 @@ def _cut_stream(server: RemoteServer, mode: str, after_chunks: int) -> int:
         while mode == "chunks" and seen < after_chunks:
             chunk = sock.recv(65536)
             assert chunk, "the stream ended before it was cut"
-            seen += chunk.count(b'"content"')
+            seen += chunk.count(b'"delta":{"content":')  # not the role chunk, which comes before any token
     return seen
 
 

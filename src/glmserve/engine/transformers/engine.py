@@ -179,6 +179,7 @@ class TransformersEngine:
         if not ids:
             return
         for seq in [s for s in self._waiting if s.request.request_id in ids]:
+            log.info("request %s aborted after 0 tokens (it was waiting)", seq.request.request_id)
             self._waiting.remove(seq)
             self._finish(seq, "abort")
         hit = [s for s in self._running if s.request.request_id in ids]
