@@ -18,31 +18,31 @@ LONG = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Count 
         "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
 
 
-@pytest.fixture(scope="module", params=["llama_cpp", "transformers"])
-def srv(request):
-    args = ["--log-level", "info"]
+STORM = 24
+MAX_NUM_SEQS = 4
+
+
+def _server(request, *args: str) -> RemoteServer:
+    """A server on the engine named by ``request.param``, serving the default model's weights."""
+    args = ("--log-level", "info", *args)
     if request.param == "transformers":
         pytest.importorskip("torch")
         hf = request.getfixturevalue("smollm2_hf")
-        args += ["--engine", "transformers", "--model", str(hf), "--served-model-name", DEFAULT_MODEL]
-    server = RemoteServer(*args)
+        args += ("--engine", "transformers", "--model", str(hf), "--served-model-name", DEFAULT_MODEL)
+    return RemoteServer(*args)
+
+
+@pytest.fixture(scope="module", params=["llama_cpp", "transformers"])
+def srv(request):
+    server = _server(request)
     yield server
     server.stop()
-
-
-STORM = 24
-MAX_NUM_SEQS = 4
 
 
 @pytest.fixture(scope="module", params=["llama_cpp", "transformers"])
 def storm_srv(request):
     """A server with no queue: a request finds a free sequence or is refused with a 429."""
-    args = ["--log-level", "info", "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", "0"]
-    if request.param == "transformers":
-        pytest.importorskip("torch")
-        hf = request.getfixturevalue("smollm2_hf")
-        args += ["--engine", "transformers", "--model", str(hf), "--served-model-name", DEFAULT_MODEL]
-    server = RemoteServer(*args)
+    server = _server(request, "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", "0")
     yield server
     server.stop()
 
