@@ -30,6 +30,9 @@ CASES = {
     "pattern ^[a-z]{32,500}[a-z]{32,500}$": {"type": "string", "pattern": "^[a-z]{32,500}[a-z]{32,500}$"},
     "array of 16..1000 strings maxLength 20": {"type": "array", "minItems": 16, "maxItems": LIMITS.max_repeat,
                                                 "items": {"type": "string", "maxLength": 20}},
+    "60 properties, strings minLength 8 maxLength 1000 (near --max-grammar-bytes)": {
+        "type": "object", "required": [f"p{i}" for i in range(60)],
+        "properties": {f"p{i}": {"type": "string", "minLength": 8, "maxLength": LIMITS.max_repeat} for i in range(60)}},
 }
 PROMPT = "Write lowercase letters: abcdefghijklmnopqrstuvwxyz"
 

@@ -62,7 +62,7 @@ class FakeEngine:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+    def generate(self, request: GenerationRequest, loop=None) -> AsyncIterator[GenerationOutput]:
         self.requests.append(request)
         return self._generate(request)
 

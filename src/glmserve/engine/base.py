@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -54,10 +55,14 @@ class Engine(Protocol):
 
     def start(self) -> None: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        """Admit ``request`` now (raises ``EngineOverloaded`` when full) and return the stream
-        of its outputs; the last has ``finish_reason`` set. Closing the stream (``aclose``)
-        before the end aborts the request, also if it was never iterated."""
+    def generate(self, request: GenerationRequest,
+                 loop: asyncio.AbstractEventLoop | None = None) -> AsyncIterator[GenerationOutput]:
+        """Admit ``request`` now (raises ``EngineOverloaded`` when full, ``GrammarError`` when
+        its grammar does not compile) and return the stream of its outputs; the last has
+        ``finish_reason`` set. Closing the stream (``aclose``) before the end aborts the request,
+        also if it was never iterated. ``loop``: the event loop that consumes the stream
+        (default: the running one); thread-safe, so a costly admission (compiling a grammar)
+        can run on a worker thread."""
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""

@@ -19,8 +19,9 @@ class OutputStream:
 
     __slots__ = ("_loop", "_queue")
 
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the consumer's event loop (default: the running one)."""
+        self._loop = loop or asyncio.get_running_loop()
         self._queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
 
     async def get(self) -> GenerationOutput:

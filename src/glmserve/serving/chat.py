@@ -107,7 +107,8 @@ class ChatService:
         images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
         run = await asyncio.to_thread(self._prepare, req, images)
-        run.outputs = self._admit(req, run.request)
+        # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
+        run.outputs = await asyncio.to_thread(self._admit, req, run.request, asyncio.get_running_loop())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return ChunkStream(self._stream(run, include_usage), run.outputs)
@@ -146,10 +147,12 @@ class ChatService:
         return _Run(request.request_id, int(time.time()), request, stop_strings(req), None, parser,
                     plan.forced_prefix, plan.max_calls, req.model)
 
-    def _admit(self, req: ChatCompletionRequest, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
-        """Hand ``request`` to the engine (on the event loop); 429 when it is full."""
+    def _admit(self, req: ChatCompletionRequest, request: GenerationRequest,
+               loop: asyncio.AbstractEventLoop) -> AsyncIterator[GenerationOutput]:
+        """Hand ``request`` to the engine (from any thread; ``loop`` consumes the stream); 429
+        when it is full, 400 when its grammar does not compile."""
         try:
-            return self.engine.generate(request)
+            return self.engine.generate(request, loop)
         except EngineOverloaded as exc:
             raise overloaded(str(exc), exc.retry_after_s) from exc
         except GrammarError as exc:

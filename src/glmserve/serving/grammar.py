@@ -7,6 +7,7 @@ and for ``tool_choice`` required/named, built with llama-cpp-python's JSON-schem
 from __future__ import annotations
 
 import json
+import re
 
 from llama_cpp.llama_grammar import SchemaConverter
 
@@ -21,26 +22,16 @@ _CONVERTER_ERRORS = (ValueError, KeyError, AssertionError, TypeError, IndexError
 MAX_FIXED_NESTING = 64
 
 
+# what may hold parentheses that are not groups: literals, character classes, comments
+_OPAQUE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*')
+
+
 def _nesting_depth(gbnf: str) -> int:
-    """Deepest parenthesis nesting in a GBNF text, outside literals and character classes."""
+    """Deepest parenthesis nesting in a GBNF text, outside literals, classes and comments."""
     depth = deepest = 0
-    i, n = 0, len(gbnf)
-    while i < n:
-        c = gbnf[i]
-        if c in "\"[":
-            close = '"' if c == '"' else "]"
-            i += 1
-            while i < n and gbnf[i] != close:
-                i += 2 if gbnf[i] == "\\" else 1
-        elif c == "#":
-            while i < n and gbnf[i] != "\n":
-                i += 1
-        elif c == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c == ")":
-            depth -= 1
-        i += 1
+    for paren in re.findall(r"[()]", _OPAQUE.sub("", gbnf)):
+        depth += 1 if paren == "(" else -1
+        deepest = max(deepest, depth)
     return deepest
 
 

@@ -14,6 +14,7 @@ among groups) and the context's adapter is switched between steps when the group
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import threading
@@ -175,7 +176,7 @@ class LlamaCppEngine:
 
     # ---- requests (any thread) ----------------------------------------------------------
 
-    def generate(self, request: GenerationRequest) -> RequestStream:
+    def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
         check_request(request, self.model_info)
@@ -186,7 +187,7 @@ class LlamaCppEngine:
         except BaseException:
             sampler.free()
             raise
-        stream = OutputStream()
+        stream = OutputStream(loop)
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids))
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))

@@ -18,6 +18,7 @@ and ``rope_deltas``; decode positions are then ``position + rope_delta`` per row
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
@@ -133,13 +134,13 @@ class TransformersEngine:
 
     # ---- requests (any thread) ----------------------------------------------------------
 
-    def generate(self, request: GenerationRequest) -> RequestStream:
+    def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         if self._thread is None:
             raise EngineError("engine is not running")
         check_request(request, self.model_info)
         self._admission.acquire()
         sp = request.sampling
-        stream = OutputStream()
+        stream = OutputStream(loop)
         seq = _Seq(request, stream, Sampler(sp, self._n_vocab),
                    IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:]),
                    stop_token_ids(sp, self.tokenizer.eog_ids), request.lora or BASE_ADAPTER,
