@@ -6,6 +6,7 @@ is alive and healthy after every case."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -212,3 +213,18 @@ def test_garbage_request_line(srv):
         answer = _read_all(sock)
     assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
     _healthy(srv)
+
+
+def test_pattern_with_class_escapes_is_enforced(srv):
+    """JSON Schema patterns use ECMA-262 escapes (\\d, \\w, \\.) that llama.cpp's grammars lack;
+    they are spelled as classes, and the output matches the pattern."""
+    pattern = r"^\d{4}-\d{2}-\d{2}$"
+    schema = {"type": "object", "properties": {"date": {"type": "string", "pattern": pattern}}, "required": ["date"]}
+    body = {"model": DEFAULT_MODEL, "max_tokens": 40, "temperature": 0,
+            "messages": [{"role": "user", "content": "When did the Berlin wall fall? Answer in JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}}
+    resp = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert re.fullmatch(pattern, json.loads(choice["message"]["content"])["date"])

@@ -12,7 +12,7 @@ import re
 from llama_cpp.llama_grammar import SchemaConverter
 
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.schema_check import SchemaLimits
+from glmserve.serving.schema_check import SchemaLimits, subschemas
 
 # What the converter raises for input it cannot translate (it checks with assert and raises
 # plain ValueError/KeyError); a schema that passed ``check_schema`` should not get here, but if
@@ -50,6 +50,54 @@ def check_grammar(gbnf: str, param: str, limits: SchemaLimits) -> str:
     return gbnf
 
 
+# ECMA-262 class escapes, as JSON Schema's patterns mean them (ASCII digits and word characters)
+_CLASS_ESCAPES = {"d": "0-9", "w": "A-Za-z0-9_", "s": " \\t\\n\\r\\x0B\\x0C"}
+# what the converter's pattern translator unescapes itself
+_CONVERTER_ESCAPES = set("[]()|{}*+?")
+
+
+def gbnf_pattern(pattern: str) -> str:
+    """``pattern`` with the escapes llama.cpp's grammars lack spelled as classes and hex escapes
+    (``\\d`` -> ``[0-9]``, ``\\.`` -> ``[\\x2E]``), so that the converter's translation loads.
+    Raises ``ValueError`` for a negated class escape inside brackets (``[\\D]``)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            e = pattern[i + 1]
+            i += 2
+            if e.lower() in _CLASS_ESCAPES:
+                chars = _CLASS_ESCAPES[e.lower()]
+                if e.isupper():
+                    if in_class:
+                        raise ValueError(f"\\{e} inside [...] is not supported")
+                    chars = "^" + chars
+                out.append(chars if in_class else f"[{chars}]")
+            elif not e.isalnum() and e != "\\" and (in_class or e not in _CONVERTER_ESCAPES):
+                out.append(f"\\x{ord(e):02X}" if in_class else f"[\\x{ord(e):02X}]")
+            else:
+                out.append(c + e)
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            if pattern[i + 1:i + 2] == "]" or pattern[i + 1:i + 3] == "^]":  # a leading ] is a character
+                out.append(pattern[i:i + 2 + (pattern[i + 1] == "^")])
+                i += 2 + (pattern[i + 1] == "^")
+                continue
+        elif c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _with_gbnf_patterns(schema: dict) -> dict:
+    for node in subschemas(schema):
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = gbnf_pattern(node["pattern"])
+    return schema
+
+
 class GrammarBuilder:
     """Rules for several schemas in one grammar; ``build(root)`` gives the GBNF text."""
 
@@ -60,7 +108,7 @@ class GrammarBuilder:
         """Add rules for ``schema`` (checked by ``check_schema``); returns the rule name matching
         one JSON value of it. Raises a 400 ``APIError`` naming ``param`` if the converter fails."""
         try:
-            resolved = self._conv.resolve_refs(json.loads(json.dumps(schema)), name)
+            resolved = self._conv.resolve_refs(_with_gbnf_patterns(json.loads(json.dumps(schema))), name)
             return self._conv.visit(resolved, name)
         except _CONVERTER_ERRORS as exc:
             raise invalid_request(f"the JSON schema cannot be turned into a grammar: {str(exc)[:200]}", param,

@@ -76,7 +76,7 @@ def check_enforceable(schema: dict, param: str, limits: SchemaLimits) -> dict:
     if bad:
         raise invalid_request(f"unsupported JSON schema features: {', '.join(sorted(bad))}", param,
                               "unsupported_schema")
-    for node in _subschemas(schema):
+    for node in subschemas(schema):
         _check_node(node, param, limits)
     _check_refs(schema, param)
     return schema
@@ -100,7 +100,7 @@ def _check_size(schema: dict, param: str, limits: SchemaLimits) -> None:
             stack.extend((v, depth + 1) for v in value)
 
 
-def _subschemas(schema: Any):
+def subschemas(schema: Any):
     """Every (sub)schema object of ``schema`` where the converter reads keywords."""
     if not isinstance(schema, dict):
         return
@@ -108,17 +108,17 @@ def _subschemas(schema: Any):
     for key, value in schema.items():
         if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
             for sub in value.values():
-                yield from _subschemas(sub)
+                yield from subschemas(sub)
         elif key in _SUBSCHEMA_ONE:
-            yield from _subschemas(value)
+            yield from subschemas(value)
         elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
             for sub in value:
-                yield from _subschemas(sub)
+                yield from subschemas(sub)
 
 
 def unsupported_keywords(schema: Any) -> set[str]:
     """Keywords of ``schema`` (recursively) that the grammar converter would not enforce."""
-    return {key for node in _subschemas(schema) for key in node if key not in SUPPORTED_KEYWORDS}
+    return {key for node in subschemas(schema) for key in node if key not in SUPPORTED_KEYWORDS}
 
 
 def _check_node(node: dict, param: str, limits: SchemaLimits) -> None:
@@ -189,7 +189,7 @@ def _check_refs(root: dict, param: str) -> None:
     """Every ``$ref`` is a JSON pointer into this document ("#/..."), resolves, and no chain of
     references leads back to a schema it started from (a grammar rule defined by itself)."""
     targets: dict[str, Any] = {}
-    for node in _subschemas(root):
+    for node in subschemas(root):
         ref = node.get("$ref")
         if ref is None:
             continue
@@ -216,7 +216,7 @@ def _resolve(root: dict, ref: str, param: str) -> Any:
 def _check_acyclic(start: str, targets: dict[str, Any], param: str) -> None:
     seen, stack = {start}, [start]
     while stack:
-        for node in _subschemas(targets[stack.pop()]):
+        for node in subschemas(targets[stack.pop()]):
             ref = node.get("$ref")
             if ref == start:
                 raise invalid_request(f"$ref {start[:80]!r} refers to itself (recursive schemas are not supported)",
