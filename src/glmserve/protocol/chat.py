@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop generating"
+# glmserve's bound: a stop string is matched against held-back text after every token
+MAX_STOP_LENGTH = 512
+StopString = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
 
 class _Lenient(BaseModel):
@@ -127,7 +130,7 @@ class ChatCompletionRequest(_Lenient):
     n: int = Field(1, ge=1, le=128)
     response_format: ResponseFormat | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)

@@ -40,7 +40,7 @@ def _param(loc: tuple) -> str | None:
     items = [p for p in loc if p != "body"]
     for i, item in enumerate(items):
         text = str(item)
-        if "[" in text or text in _TYPE_NAMES or text[:1].isupper():
+        if "[" in text or text in _TYPE_NAMES or text[:1].isupper() or text.startswith("constrained-"):
             continue  # union member labels such as "list[...]", "str", "TextPart"
         after_index = i > 0 and isinstance(items[i - 1], int)
         if after_index and text in _UNION_TAGS and i < len(items) - 1:
