@@ -137,7 +137,7 @@ def test_invalid_tool_schema_is_400_even_when_not_forced(srv):
     pytest.param('{"model": "%s", "messages": [{"role": "user", "content": "Hi \\udfff"}], "max_tokens": 2}'
                  % DEFAULT_MODEL, 400, id="surrogate-content"),
     pytest.param('{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, '
-                 '"stop": ["\\ud800"]}' % DEFAULT_MODEL, 200, id="surrogate-stop"),
+                 '"stop": ["\\ud800"]}' % DEFAULT_MODEL, 400, id="surrogate-stop"),
     pytest.param(b'{"model": "\xff\xfe", "messages": []}', 400, id="invalid-utf8"),
     pytest.param(('{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}'
                   % DEFAULT_MODEL).encode("utf-16"), 200, id="utf16-body"),
