@@ -40,6 +40,12 @@ def test_invalid_flag_value():
     _assert_one_line_failure(_serve("--n-ctx", "-3"))
 
 
+def test_flag_the_engine_does_not_use():
+    _assert_one_line_failure(_serve("--dtype", "float32"), "--dtype", "llama_cpp")
+    _assert_one_line_failure(_serve("--engine", "transformers", "--max-num-batched-tokens", "32"),
+                             "--max-num-batched-tokens", "transformers")
+
+
 def test_help_lists_flags():
     proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--help"], capture_output=True,
                           text=True, timeout=60)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from glmserve.settings import ChatSettings
+from glmserve.settings import ChatSettings, ServeSettings
 
 
 class ChatError(RuntimeError):
@@ -19,9 +19,11 @@ class LocalBackend:
         from glmserve.llm import LLM
         from glmserve.runtime import STARTUP_ERRORS
 
-        fields = ("n_ctx", "n_threads", "max_num_seqs", "max_num_batched_tokens", "chat_template", "engine")
+        # the serve flags the user set (and only those: an engine refuses a flag it does not use)
+        given = {k: getattr(settings, k) for k in ServeSettings.model_fields
+                 if k in settings.model_fields_set and k != "model"}
         try:
-            self._llm = LLM(model=settings.model, **{k: getattr(settings, k) for k in fields})
+            self._llm = LLM(model=settings.model, **given)
         except STARTUP_ERRORS as exc:
             raise ChatError(f"cannot load the model: {exc}") from exc
         self.model = self._llm.model

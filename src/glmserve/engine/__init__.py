@@ -13,16 +13,34 @@ if TYPE_CHECKING:
 
 ENGINES = {"llama_cpp": "glmserve.engine.llama_cpp", "transformers": "glmserve.engine.transformers"}
 INSTALL_HINTS = {"transformers": "pip install 'glmserve[transformers]'"}
+# settings only some engines read: given to another engine they are an error, never ignored
+ENGINE_ONLY_SETTINGS = {
+    "dtype": ("transformers",),
+    "device": ("transformers",),
+    "trust_remote_code": ("transformers",),
+    "max_num_batched_tokens": ("llama_cpp",),
+}
+
+
+def check_engine_settings(settings: ServeSettings) -> None:
+    """Raise ``EngineError`` naming the first flag given (on the command line, in the
+    environment or to ``LLM``) that ``settings.engine`` does not use."""
+    for name, engines in ENGINE_ONLY_SETTINGS.items():
+        if name in settings.model_fields_set and settings.engine not in engines:
+            raise EngineError(f"--{name.replace('_', '-')} is not used by the {settings.engine} engine "
+                              f"(only by {', '.join(engines)})")
 
 
 def create_engine(settings: ServeSettings) -> Engine:
     """Import the engine named by ``settings.engine`` and build it (not started).
 
-    Raises ``EngineError`` for an unknown engine or one whose optional dependencies are missing.
+    Raises ``EngineError`` for an unknown engine, one whose optional dependencies are missing,
+    or a flag the engine does not use.
     """
     module_name = ENGINES.get(settings.engine)
     if module_name is None:
         raise EngineError(f"unknown engine {settings.engine!r}; choose one of {sorted(ENGINES)}")
+    check_engine_settings(settings)
     try:
         return importlib.import_module(module_name).build(settings)
     except ImportError as exc:
