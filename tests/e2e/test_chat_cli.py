@@ -78,7 +78,10 @@ def test_interactive_session(local_chat, tmp_path):
 
 
 def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(tmp_path):
-    child = _spawn("--n-threads", "2", "--max-tokens", "3000")
+    # one llama.cpp thread: the terminal's live display needs the other core. With both cores
+    # taken by llama.cpp's spinning threads, the first tokens took up to 46 s under load, and the
+    # reply could end before the digits below were ever drawn (then ^C landed on the prompt).
+    child = _spawn("--n-threads", "1", "--max-tokens", "3000")
     child.sendline("Count from one to one thousand, writing every number in words.")
     child.expect(r"\d+, \d+, \d+, \d+")  # the reply ("The numbers are: 1, 2, 3, ...") is streaming
     child.sendintr()
