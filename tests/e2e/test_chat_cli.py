@@ -78,14 +78,22 @@ def test_interactive_session(local_chat, tmp_path):
 
 
 def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(tmp_path):
-    # one llama.cpp thread: the terminal's live display needs the other core. With both cores
-    # taken by llama.cpp's spinning threads, the first tokens took up to 46 s under load, and the
-    # reply could end before the digits below were ever drawn (then ^C landed on the prompt).
+    # one llama.cpp thread: the terminal's live display needs the other core
     child = _spawn("--n-threads", "1", "--max-tokens", "3000")
-    child.sendline("Count from one to one thousand, writing every number in words.")
-    child.expect(r"\d+, \d+, \d+, \d+")  # the reply ("The numbers are: 1, 2, 3, ...") is streaming
-    child.sendintr()
-    child.expect(r"reply stopped")
+    for _ in range(3):
+        child.sendline("Count from one to one thousand, writing every number in words.")
+        child.expect(r"\d+, \d+, \d+, \d+", timeout=300)  # the reply ("The numbers are: 1, 2, 3 ...") streams
+        child.sendintr()
+        if child.expect([r"reply stopped", r"\d+ tokens, "], timeout=300) == 0:
+            break
+        # The whole reply was drawn before ^C took effect: seen twice in clean runs of the full
+        # suite on this shared 2-core machine, never alone. The precondition (a reply still
+        # streaming) did not hold, so the case is tried again on a fresh conversation.
+        child.expect(PROMPT)
+        child.sendline("/reset")
+        child.expect("conversation cleared")
+    else:
+        pytest.fail("Ctrl-C never stopped a streaming reply in 3 tries")
     child.expect(PROMPT)
     # the interrupted turn is not kept, and the program still answers
     assert _save(child, tmp_path / "c.json") == []
