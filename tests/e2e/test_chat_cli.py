@@ -78,22 +78,14 @@ def test_interactive_session(local_chat, tmp_path):
 
 
 def test_ctrl_c_stops_a_reply_and_returns_to_the_prompt(tmp_path):
-    # one llama.cpp thread: the terminal's live display needs the other core
+    # one llama.cpp thread: the terminal's live display needs the other core. The test's own
+    # process may run with SIGINT ignored (a background job of a non-interactive shell, as in
+    # CI), which the chat program inherits: it must stop the reply all the same.
     child = _spawn("--n-threads", "1", "--max-tokens", "3000")
-    for _ in range(3):
-        child.sendline("Count from one to one thousand, writing every number in words.")
-        child.expect(r"\d+, \d+, \d+, \d+", timeout=300)  # the reply ("The numbers are: 1, 2, 3 ...") streams
-        child.sendintr()
-        if child.expect([r"reply stopped", r"\d+ tokens, "], timeout=300) == 0:
-            break
-        # The whole reply was drawn before ^C took effect: seen twice in clean runs of the full
-        # suite on this shared 2-core machine, never alone. The precondition (a reply still
-        # streaming) did not hold, so the case is tried again on a fresh conversation.
-        child.expect(PROMPT)
-        child.sendline("/reset")
-        child.expect("conversation cleared")
-    else:
-        pytest.fail("Ctrl-C never stopped a streaming reply in 3 tries")
+    child.sendline("Count from one to one thousand, writing every number in words.")
+    child.expect(r"\d+, \d+, \d+, \d+")  # the reply ("The numbers are: 1, 2, 3, ...") is streaming
+    child.sendintr()
+    child.expect(r"reply stopped")
     child.expect(PROMPT)
     # the interrupted turn is not kept, and the program still answers
     assert _save(child, tmp_path / "c.json") == []

@@ -10,6 +10,7 @@ exits.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -162,6 +163,9 @@ class ChatApp:
         def _newline(event) -> None:
             event.current_buffer.insert_text("\n")
 
+        # Ctrl-C stops a reply. A process started in the background by a non-interactive shell
+        # inherits SIGINT as ignored, and Python then installs no handler: take it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         session = PromptSession(history=InMemoryHistory(), key_bindings=keys)
         self.console.print(f"[dim]glmserve chat with {self.backend.model} ({self.backend.where}); "
                            "/help for commands[/dim]")
