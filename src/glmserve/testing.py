@@ -28,18 +28,22 @@ class RemoteServer:
     ``RuntimeError`` with the server log if it exits or does not become healthy in time).
     ``log()`` is its output so far; ``stop()`` terminates it."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, n_threads: int = 2) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, n_threads: int | None = 2,
+                 startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """``n_threads``: ``--n-threads`` (None: not passed, for engines without it);
+        ``startup_timeout``: seconds to wait for ``/health``."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", prefix="glmserve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), "--n-threads", str(n_threads), *args]
+        threads = ("--n-threads", str(n_threads)) if n_threads is not None else ()
+        cmd = [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), *threads, *args]
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-        self._wait_healthy()
+        self._wait_healthy(startup_timeout)
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")

@@ -1,5 +1,5 @@
 """A client that goes away mid-generation aborts its engine request; the server keeps serving.
-On both engines."""
+On every engine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, RemoteServer
+from tests.conftest import DEFAULT_MODEL, RemoteServer, vllm_server
 
 LONG = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Count to one thousand."}],
         "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
@@ -29,10 +29,13 @@ def _server(request, *args: str) -> RemoteServer:
         pytest.importorskip("torch")
         hf = request.getfixturevalue("smollm2_hf")
         args += ("--engine", "transformers", "--model", str(hf), "--served-model-name", DEFAULT_MODEL)
+    elif request.param == "vllm":
+        pytest.importorskip("vllm")
+        return vllm_server(request.getfixturevalue("smollm2_hf"), "--served-model-name", DEFAULT_MODEL, *args)
     return RemoteServer(*args)
 
 
-@pytest.fixture(scope="module", params=["llama_cpp", "transformers"])
+@pytest.fixture(scope="module", params=["llama_cpp", "transformers", "vllm"])
 def srv(request):
     server = _server(request)
     yield server

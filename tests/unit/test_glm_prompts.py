@@ -9,7 +9,7 @@ from pathlib import Path
 
 from glmserve.chat import ChatTemplate, to_template_messages
 from glmserve.chat.glm4 import to_glm4_items
-from glmserve.engine.transformers.tokenizer import HFTokenizer
+from glmserve.engine.hf_tokenizer import HFTokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.serving.prompt import end_of_turn_token_ids
 from glmserve.toolcalls import PARSERS

@@ -11,7 +11,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from glmserve.engine.transformers.batch import PaddedKVBatch  # noqa: E402
 from glmserve.engine.transformers.sampling import Sampler  # noqa: E402
-from glmserve.engine.transformers.tokenizer import IncrementalDetokenizer  # noqa: E402
+from glmserve.engine.hf_tokenizer import IncrementalDetokenizer  # noqa: E402
 from glmserve.engine.types import SamplingParams  # noqa: E402
 from glmserve.models import ModelNotFoundError, resolve_hf_model  # noqa: E402
 from glmserve.settings import ServeSettings  # noqa: E402

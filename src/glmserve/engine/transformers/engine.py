@@ -35,7 +35,7 @@ from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
 from glmserve.engine.transformers.loader import LoadedModel, load_model
 from glmserve.engine.transformers.sampling import Sampler
-from glmserve.engine.transformers.tokenizer import HFTokenizer, IncrementalDetokenizer
+from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.transformers.vision import ImageProcessor
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
 from glmserve.models import ResolvedModel

@@ -1,4 +1,8 @@
-"""The ``Tokenizer`` protocol over a Hugging Face tokenizer, plus incremental detokenization."""
+"""The ``Tokenizer`` protocol over a Hugging Face tokenizer, plus incremental detokenization.
+
+Shared by the engines that serve Hugging Face models (transformers, vllm); needs the
+``transformers`` package only for the tokenizer object it is given, not to import.
+"""
 
 from __future__ import annotations
 

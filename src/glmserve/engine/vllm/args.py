@@ -1,0 +1,120 @@
+"""glmserve's settings -> vLLM's ``AsyncEngineArgs``.
+
+Flags keep vLLM's names (``--tensor-parallel-size`` ...); ``--n-ctx`` is vLLM's
+``max_model_len``; ``--engine-arg KEY=VALUE`` reaches any other ``AsyncEngineArgs`` field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from glmserve.engine.base import EngineError
+from glmserve.engine.vllm.lora import LORA_RANKS, check_adapter, lora_rank
+
+if TYPE_CHECKING:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from glmserve.settings import ServeSettings
+
+@dataclass(slots=True)
+class EngineConfig:
+    """What the vLLM engine is built with; ``engine_args`` are the ``--engine-arg`` extras."""
+
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    n_ctx: int = 0  # 0: the model's own context length
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None
+    max_queue: int = 64
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None
+    enforce_eager: bool = False
+    lora: dict[str, Path] = field(default_factory=dict)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: ServeSettings) -> EngineConfig:
+        """Raises ``EngineError`` for an ``--engine-arg`` that is no ``AsyncEngineArgs`` field
+        or that a glmserve flag sets."""
+        return cls(
+            dtype=settings.dtype,
+            trust_remote_code=settings.trust_remote_code,
+            n_ctx=settings.n_ctx if "n_ctx" in settings.model_fields_set else 0,  # vLLM's default: the model's
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=(settings.max_num_batched_tokens
+                                    if "max_num_batched_tokens" in settings.model_fields_set else None),
+            max_queue=settings.max_queue,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            pipeline_parallel_size=settings.pipeline_parallel_size,
+            distributed_executor_backend=settings.distributed_executor_backend,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            kv_cache_memory=settings.kv_cache_memory,
+            enforce_eager=settings.enforce_eager,
+            lora=settings.lora_adapters(),
+            engine_args=parse_engine_args(settings.engine_arg),
+        )
+
+
+def parse_engine_args(items: list[str]) -> dict[str, Any]:
+    """``["block_size=32", "kv_cache_dtype=fp8"]`` -> ``{"block_size": 32, "kv_cache_dtype": "fp8"}``:
+    VALUE as JSON when it parses as JSON, else the string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def engine_args(model: Path, config: EngineConfig) -> AsyncEngineArgs:
+    """``AsyncEngineArgs`` for ``model``: prefix caching on, structured outputs by xgrammar,
+    ``max_loras``/``max_lora_rank`` derived from the adapters (rank rounded up to one vLLM
+    accepts). Raises ``EngineError`` for an unknown or conflicting ``--engine-arg``."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args: dict[str, Any] = {
+        "model": str(model),
+        "dtype": config.dtype,
+        "trust_remote_code": config.trust_remote_code,
+        "max_num_seqs": config.max_num_seqs,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "enforce_eager": config.enforce_eager,
+    }
+    flag_backed = set(args)
+    optional = {"max_model_len": config.n_ctx or None, "max_num_batched_tokens": config.max_num_batched_tokens,
+                "distributed_executor_backend": config.distributed_executor_backend,
+                "kv_cache_memory_bytes": config.kv_cache_memory}
+    args.update({k: v for k, v in optional.items() if v is not None})
+    if config.lora:
+        for name, path in config.lora.items():
+            check_adapter(name, path, model)
+        ranks = [lora_rank(path) for path in config.lora.values()]
+        rank = next((r for r in LORA_RANKS if r >= max(ranks)), None)
+        if rank is None:
+            raise EngineError(f"LoRA rank {max(ranks)} is above vLLM's largest ({LORA_RANKS[-1]})")
+        args.update(enable_lora=True, max_loras=len(config.lora), max_lora_rank=rank)
+    # defaults an --engine-arg may change
+    args.update(enable_prefix_caching=True, structured_outputs_config={"backend": "xgrammar"},
+                disable_log_stats=True)
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    for key in config.engine_args:
+        if key not in fields:
+            raise EngineError(f"--engine-arg {key}: not a vLLM engine argument (AsyncEngineArgs field)")
+        if key in flag_backed or key in optional or key in ("enable_lora", "max_loras", "max_lora_rank"):
+            raise EngineError(f"--engine-arg {key}: glmserve sets it; use its own flag")
+    args.update(config.engine_args)
+    try:
+        return AsyncEngineArgs(**args)
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"invalid vLLM engine arguments: {exc}") from exc

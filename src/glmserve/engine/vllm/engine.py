@@ -1,0 +1,236 @@
+"""The ``vllm`` engine: vLLM's ``AsyncLLM`` (v1) under glmserve's ``Engine`` protocol.
+
+vLLM schedules, batches (continuous batching, chunked prefill, prefix caching) and samples in
+its own engine core process; glmserve's serving layer stays on top (chat templates, tool-call
+parsers, stop strings, limits, errors), so every feature behaves as on the other engines.
+
+- ``AsyncLLM`` lives on an event loop of its own, in a thread of its own: ``generate`` may be
+  called from any thread and its outputs are handed to the consumer's loop (``OutputStream``),
+  as the other engines' worker threads do. Each request is one task on that loop iterating
+  ``AsyncLLM.generate``; ``abort`` cancels the task, and vLLM aborts the request in its core
+  when its generator is closed (the sequence is freed at the next step).
+- Requests go in as prompt token ids (``TokensPrompt``) with ``SamplingParams`` mapped field
+  for field, outputs come back as deltas (``RequestOutputKind.DELTA``) of token ids; vLLM does
+  not detokenize (``detokenize=False``): the shared ``IncrementalDetokenizer`` does, as for the
+  transformers engine.
+- Grammars (GBNF) go to vLLM's structured outputs with the xgrammar backend
+  (``StructuredOutputsParams(grammar=...)``); vLLM's own xgrammar check runs at admission, so a
+  grammar xgrammar rejects is a ``GrammarError`` (400), not a failed stream.
+- LoRA adapters (PEFT folders) are loaded into vLLM at start-up (``add_lora``), so an adapter
+  that does not fit stops start-up; a request names one by ``lora`` (``LoRARequest``), and
+  requests for different adapters share a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from typing import Any
+
+from vllm import SamplingParams as VllmSamplingParams
+from vllm import __version__ as vllm_version
+from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+from glmserve.engine.base import EngineError, GrammarError
+from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
+from glmserve.engine.rules import check_request, stop_token_ids
+from glmserve.engine.scheduler import AdmissionControl
+from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
+from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
+from glmserve.engine.vllm.args import EngineConfig, engine_args
+from glmserve.models import ResolvedModel
+
+log = logging.getLogger("glmserve.engine.vllm")
+
+# vLLM's finish reasons -> glmserve's (vLLM's "repetition" stop is a stop too)
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
+class VllmEngine:
+    """See module docstring."""
+
+    def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
+        self._resolved = model
+        self.config = config
+        self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._llm: AsyncLLM | None = None
+        self._tasks: dict[str, concurrent.futures.Future] = {}
+        self._lora_requests: dict[str, LoRARequest] = {}
+        self.tokenizer: HFTokenizer
+        self.model_info: ModelInfo
+        self.multimodal = None  # image input on vLLM: not yet
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start vLLM (model load, KV cache) and load the LoRA adapters. Raises ``EngineError``."""
+        args = engine_args(self._resolved.path, self.config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(args), self._loop).result()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    async def _start(self, args: Any) -> None:
+        try:
+            self._llm = AsyncLLM.from_engine_args(args)
+        except Exception as exc:  # vLLM raises many kinds: config, memory, load errors
+            raise EngineError(f"vLLM cannot serve {self._resolved.path}: {_one_line(exc)}") from exc
+        for i, (name, path) in enumerate(self.config.lora.items(), start=1):
+            request = LoRARequest(name, i, str(path))
+            try:
+                loaded = await self._llm.add_lora(request)
+            except Exception as exc:
+                raise EngineError(f"LoRA adapter {name!r} ({path}) does not fit the base model: "
+                                  f"{_one_line(exc, 300)}") from exc
+            if not loaded:
+                raise EngineError(f"LoRA adapter {name!r} ({path}): vLLM did not load it")
+            self._lora_requests[name] = request
+            log.info("LoRA adapter %s loaded from %s", name, path)
+        if self._lora_requests and _on_cpu():
+            log.warning("vLLM on CPU: a base-model request batched with LoRA adapter requests may be computed "
+                        "with the adapter (a vLLM %s CPU defect, seen through vLLM's own server too); serve "
+                        "adapters and the base model from separate servers where that matters", vllm_version)
+        model_config = self._llm.model_config
+        hf = self._llm.get_tokenizer()
+        eos = model_config.try_get_generation_config().get("eos_token_id")
+        self.tokenizer = HFTokenizer(hf, tuple(eos) if isinstance(eos, (list, tuple)) else (eos,) if eos else ())
+        self.model_info = ModelInfo(
+            id=self._resolved.name,
+            context_length=model_config.max_model_len,
+            chat_template=getattr(hf, "chat_template", None),
+            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
+            eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
+            grammar=True,
+            lora_adapters=tuple(self._lora_requests),
+        )
+        log.info("vLLM serves %s (%s), context %d tokens%s", self._resolved.path, model_config.dtype,
+                 model_config.max_model_len,
+                 f", adapters {', '.join(self._lora_requests)}" if self._lora_requests else "")
+
+    def shutdown(self) -> None:
+        """Abort what is still running, stop vLLM's engine core, end the engine thread."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        for future in list(self._tasks.values()):
+            future.cancel()
+        if self._llm is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop(), loop).result(timeout=120)
+            except Exception:
+                log.exception("vLLM shutdown failed")
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+        if not loop.is_running():
+            loop.close()
+
+    async def _stop(self) -> None:
+        for _ in range(3):  # let cancelled requests send their last output
+            await asyncio.sleep(0)
+        llm, self._llm = self._llm, None
+        llm.shutdown()
+
+    # ---- requests (any thread) ----------------------------------------------------------
+
+    def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
+        if self._llm is None or self._loop is None:
+            raise EngineError("engine is not running")
+        check_request(request, self.model_info)
+        params = self._sampling_params(request.sampling)  # a bad grammar is a 400 even when full
+        self._admission.acquire()
+        stream = OutputStream(loop)
+        request_id = request.request_id
+        future = asyncio.run_coroutine_threadsafe(self._run(request, params, stream), self._loop)
+        self._tasks[request_id] = future
+        future.add_done_callback(lambda _: self._tasks.pop(request_id, None))
+        return RequestStream(request_id, stream, self.abort)
+
+    def abort(self, request_id: str) -> None:
+        future = self._tasks.get(request_id)
+        if future is not None:
+            future.cancel()  # cancels the task on the engine loop; vLLM then aborts the request
+
+    def _sampling_params(self, sp: SamplingParams) -> VllmSamplingParams:
+        """glmserve's ``SamplingParams`` as vLLM's, field for field. Raises ``GrammarError`` for
+        a grammar xgrammar does not accept."""
+        params = VllmSamplingParams(
+            max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0),
+            min_p=sp.min_p, presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
+            repetition_penalty=sp.repetition_penalty, seed=sp.seed, ignore_eos=sp.ignore_eos,
+            stop_token_ids=sorted(stop_token_ids(sp, self.tokenizer.eog_ids)),
+            logit_bias=dict(sp.logit_bias) if sp.logit_bias else None,
+            structured_outputs=StructuredOutputsParams(grammar=sp.grammar) if sp.grammar else None,
+            detokenize=False, output_kind=RequestOutputKind.DELTA,
+        )
+        if sp.grammar:
+            try:
+                validate_xgrammar_grammar(params)
+            except ValueError as exc:
+                raise GrammarError(f"the grammar does not compile: {_one_line(exc)}") from exc
+        return params
+
+    # ---- engine loop --------------------------------------------------------------------
+
+    async def _run(self, request: GenerationRequest, params: VllmSamplingParams, stream: OutputStream) -> None:
+        """Iterate vLLM's outputs of ``request`` into ``stream``; the last output has a finish
+        reason, also when the request is aborted (task cancelled) or vLLM fails."""
+        request_id, prompt = request.request_id, request.prompt_token_ids
+        detok = IncrementalDetokenizer(self.tokenizer.hf, prompt[-4:])
+        stop_ids = frozenset(params.stop_token_ids or ())
+        batch, n_prompt, n_generated, n_cached = OutputBatch(), len(prompt), 0, 0
+        finish: FinishReason | None = None
+        error: str | None = None
+        sent = False  # the output with the finish reason went out
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id,
+                                                lora_request=self._lora_requests.get(request.lora)):
+                completion = out.outputs[0]
+                n_cached = out.num_cached_tokens or n_cached
+                tokens = list(completion.token_ids)
+                n_generated += len(tokens)
+                finish = _FINISH.get(completion.finish_reason, "stop") if completion.finish_reason else None
+                shown = tokens[:-1] if finish == "stop" and tokens and tokens[-1] in stop_ids else tokens
+                text = "".join(detok.feed(t) for t in shown)
+                if finish is not None:
+                    text += detok.flush()
+                batch.add(stream, GenerationOutput(request_id, tokens, text, finish, None, n_prompt, n_cached))
+                batch.flush()
+                sent = finish is not None
+            if finish is None:
+                finish, error = "error", "vLLM ended the request without a finish reason"
+        except asyncio.CancelledError:
+            log.info("request %s aborted after %d tokens", request_id, n_generated)
+            finish = "abort"
+        except Exception as exc:  # a failed request (or a dead engine core) ends this request only
+            log.error("request %s failed in vLLM: %s", request_id, _one_line(exc))
+            finish, error = "error", f"{type(exc).__name__}: {_one_line(exc)}"
+        finally:
+            self._admission.release()
+        if not sent:
+            batch.add(stream, GenerationOutput(request_id, finish_reason=finish, error=error,
+                                               num_prompt_tokens=n_prompt, num_cached_tokens=n_cached))
+            batch.flush()

