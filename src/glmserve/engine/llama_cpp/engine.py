@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +28,11 @@ from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
-from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
-from glmserve.engine.scheduler import AdmissionControl, Scheduler, Sequence, SeqStatus
-from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
+from glmserve.engine.scheduler import Scheduler, Sequence, SeqStatus
+from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.worker import StepWorker
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
@@ -58,8 +57,10 @@ class _SeqState:
     stop_ids: frozenset[int]  # end generation with "stop" (empty with ignore_eos)
 
 
-class LlamaCppEngine:
-    """See module docstring."""
+class LlamaCppEngine(StepWorker[Sequence]):
+    """See module docstring. The worker loop, aborts and failure policy: ``StepWorker``."""
+
+    log = log
 
     def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
         self._resolved = model
@@ -68,12 +69,8 @@ class LlamaCppEngine:
         self._ctx = None
         self._decoder: BatchDecoder | None = None
         self._scheduler: Scheduler | None = None
-        self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
-        self._inbox: Inbox[Sequence] = Inbox()
-        self._aborts = AbortSet()
+        self._init_worker(config.max_num_seqs, config.max_queue)
         self._by_id: dict[str, Sequence] = {}
-        self._outputs = OutputBatch()
-        self._thread: threading.Thread | None = None
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._active_group: str | None = None
         self.tokenizer: LlamaCppTokenizer
@@ -119,8 +116,7 @@ class LlamaCppEngine:
             grammar=True,
             lora_adapters=tuple(self._adapters),
         )
-        self._thread = threading.Thread(target=self._worker, name="llama-cpp-engine", daemon=True)
-        self._thread.start()
+        self._start_worker("llama-cpp-engine")
 
     def _load_adapters(self) -> None:
         """Load every ``--lora`` GGUF adapter; llama.cpp checks architecture and tensor shapes
@@ -159,10 +155,7 @@ class LlamaCppEngine:
 
     def shutdown(self) -> None:
         """Abort what is still running, stop the worker, free llama.cpp resources."""
-        if self._thread is not None:
-            self._inbox.close()
-            self._thread.join(timeout=60)
-            self._thread = None
+        self._stop_worker()
         if self._decoder is not None:
             self._decoder.free()
             self._decoder = None
@@ -177,7 +170,7 @@ class LlamaCppEngine:
     # ---- requests (any thread) ----------------------------------------------------------
 
     def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
-        if self._thread is None:
+        if not self._worker_running:
             raise EngineError("engine is not running")
         check_request(request, self.model_info)
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
@@ -193,43 +186,26 @@ class LlamaCppEngine:
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
         return RequestStream(request.request_id, stream, self.abort)
 
-    def abort(self, request_id: str) -> None:
-        self._aborts.add(request_id)
+    # ---- worker thread (StepWorker hooks) -------------------------------------------------
 
-    # ---- worker thread ------------------------------------------------------------------
-
-    def _worker(self) -> None:
-        sched = self._scheduler
-        running = True
-        while running:
-            running = self._drain_inbox(block=not sched.has_work())
-            self._apply_aborts()
-            if not running:
-                break
-            try:
-                self._step()
-            except Exception as exc:  # one failed step ends its requests; the engine goes on
-                log.exception("engine step failed")
-                self._fail_all(f"{type(exc).__name__}: {exc}")
-            self._outputs.flush()
-        for seq in [*sched.running, *sched.waiting]:
-            self._finish(seq, "abort")
-        self._outputs.flush()
-
-    def _drain_inbox(self, block: bool) -> bool:
-        """Move new sequences into the scheduler; False once shutdown was requested."""
-        return self._inbox.drain(block, self._add)
+    def _has_work(self) -> bool:
+        return self._scheduler.has_work()
 
     def _add(self, seq: Sequence) -> None:
         self._by_id[seq.request_id] = seq
         self._scheduler.add(seq)
 
-    def _apply_aborts(self) -> None:
-        for request_id in self._aborts.take():
-            seq = self._by_id.get(request_id)
-            if seq is not None:
-                log.info("request %s aborted after %d tokens", request_id, seq.num_generated)
-                self._finish(seq, "abort")
+    def _lookup(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    def _num_generated(self, seq: Sequence) -> int:
+        return seq.num_generated
+
+    def _running(self) -> list[Sequence]:
+        return self._scheduler.running
+
+    def _unfinished(self) -> list[Sequence]:
+        return [*self._scheduler.running, *self._scheduler.waiting]
 
     def _step(self) -> None:
         out = self._scheduler.schedule()
@@ -271,12 +247,4 @@ class LlamaCppEngine:
         state: _SeqState = seq.payload
         state.sampler.free()
         self._by_id.pop(seq.request_id, None)
-        self._admission.release()
-        if send:
-            self._outputs.add(state.stream, GenerationOutput(seq.request_id, finish_reason=reason, error=error,
-                                                             num_prompt_tokens=seq.num_prompt,
-                                                             num_cached_tokens=max(seq.num_cached, 0)))
-
-    def _fail_all(self, message: str) -> None:
-        for seq in [*self._scheduler.running, *self._scheduler.waiting]:
-            self._finish(seq, "error", message)
+        self._release(state.stream, seq.request_id, reason, error, seq.num_prompt, max(seq.num_cached, 0), send)

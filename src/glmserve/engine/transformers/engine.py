@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -28,16 +27,15 @@ import torch
 from transformers import DynamicCache
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
-from glmserve.engine.scheduler import AdmissionControl
-from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
+from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
 from glmserve.engine.transformers.loader import LoadedModel, load_model
 from glmserve.engine.transformers.sampling import Sampler
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.transformers.vision import ImageProcessor
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.worker import StepWorker
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.transformers")
@@ -73,8 +71,10 @@ class _Seq:
     done: bool = False
 
 
-class TransformersEngine:
-    """See module docstring."""
+class TransformersEngine(StepWorker[_Seq]):
+    """See module docstring. The worker loop, aborts and failure policy: ``StepWorker``."""
+
+    log = log
 
     def __init__(self, model: ResolvedModel, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         """``loaded``: a model already in memory (``start`` then loads nothing; ``config``'s
@@ -82,14 +82,11 @@ class TransformersEngine:
         self._resolved = model
         self.config = config
         self._loaded = loaded
-        self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
-        self._inbox: Inbox[_Seq] = Inbox()
-        self._aborts = AbortSet()
+        self._init_worker(config.max_num_seqs, config.max_queue)
         self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []  # row i of the batch is _running[i]
+        self._batch_seqs: list[_Seq] = []  # row i of the batch is _batch_seqs[i]
+        self._by_id: dict[str, _Seq] = {}
         self._batch = PaddedKVBatch()
-        self._outputs = OutputBatch()
-        self._thread: threading.Thread | None = None
         self.tokenizer: HFTokenizer
         self.model_info: ModelInfo
         self.multimodal: ImageProcessor | None = None
@@ -118,24 +115,20 @@ class TransformersEngine:
         )
         log.info("loaded %s on %s (%s), context %d tokens%s", self._resolved.path, loaded.device,
                  self._model_dtype(), context, f", adapters {', '.join(loaded.adapters)}" if loaded.adapters else "")
-        self._thread = threading.Thread(target=self._worker, name="transformers-engine", daemon=True)
-        self._thread.start()
+        self._start_worker("transformers-engine")
 
     def _model_dtype(self) -> torch.dtype:
         return next(self._loaded.model.parameters()).dtype
 
     def shutdown(self) -> None:
-        if self._thread is not None:
-            self._inbox.close()
-            self._thread.join(timeout=60)
-            self._thread = None
+        self._stop_worker()
         self._loaded = None
         self._batch = PaddedKVBatch()
 
     # ---- requests (any thread) ----------------------------------------------------------
 
     def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
-        if self._thread is None:
+        if not self._worker_running:
             raise EngineError("engine is not running")
         check_request(request, self.model_info)
         self._admission.acquire()
@@ -148,53 +141,45 @@ class TransformersEngine:
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)
 
-    def abort(self, request_id: str) -> None:
-        self._aborts.add(request_id)
+    # ---- worker thread (StepWorker hooks) -------------------------------------------------
 
-    # ---- worker thread ------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        return bool(self._waiting or self._batch_seqs)
 
-    def _worker(self) -> None:
-        running = True
-        while running:
-            running = self._inbox.drain(not (self._waiting or self._running), self._waiting.append)
-            self._apply_aborts()
-            if not running:
-                break
-            try:
-                with torch.inference_mode():
-                    self._admit()
-                    if self._running:
-                        self._decode()
-            except Exception as exc:  # a failed step ends the running requests; the engine goes on
-                log.exception("engine step failed")
-                for seq in self._running:
-                    self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
-                self._running, self._batch = [], PaddedKVBatch()
-            self._outputs.flush()
-        for seq in [*self._running, *self._waiting]:
-            self._finish(seq, "abort")
-        self._outputs.flush()
+    def _add(self, seq: _Seq) -> None:
+        self._by_id[seq.request.request_id] = seq
+        self._waiting.append(seq)
 
-    def _apply_aborts(self) -> None:
-        ids = self._aborts.take()
-        if not ids:
-            return
-        for seq in [s for s in self._waiting if s.request.request_id in ids]:
-            log.info("request %s aborted after 0 tokens (it was waiting)", seq.request.request_id)
-            self._waiting.remove(seq)
-            self._finish(seq, "abort")
-        hit = [s for s in self._running if s.request.request_id in ids]
-        for seq in hit:
-            log.info("request %s aborted after %d tokens", seq.request.request_id, seq.num_generated)
-            self._finish(seq, "abort")
-        if hit:
-            self._compact()
+    def _lookup(self, request_id: str) -> _Seq | None:
+        return self._by_id.get(request_id)
+
+    def _num_generated(self, seq: _Seq) -> int:
+        return seq.num_generated
+
+    def _running(self) -> list[_Seq]:
+        return self._batch_seqs
+
+    def _unfinished(self) -> list[_Seq]:
+        return [*self._batch_seqs, *self._waiting]
+
+    def _step(self) -> None:
+        with torch.inference_mode():
+            self._admit()
+            if self._batch_seqs:
+                self._decode()
+
+    def _after_aborts(self) -> None:
+        self._waiting = deque(s for s in self._waiting if not s.done)
+        self._compact()
+
+    def _after_failed_step(self) -> None:
+        self._batch_seqs, self._batch = [], PaddedKVBatch()
 
     def _forward_kwargs(self, seqs: list[_Seq]) -> dict:
         return {"adapter_names": [s.adapter for s in seqs]} if self.model_info.lora_adapters else {}
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
+        while self._waiting and len(self._batch_seqs) < self.config.max_num_seqs:
             seq = self._waiting.popleft()
             try:
                 logits, cache = self._prefill(seq)
@@ -205,7 +190,7 @@ class TransformersEngine:
             self._emit(seq, self._sample([seq], logits)[0])
             if not seq.done:
                 self._batch.add(cache, seq.num_prompt)
-                self._running.append(seq)
+                self._batch_seqs.append(seq)
 
     def _prefill(self, seq: _Seq) -> tuple[torch.Tensor, DynamicCache]:
         model, device = self._loaded.model, self._loaded.device
@@ -230,7 +215,7 @@ class TransformersEngine:
         return int(torch.as_tensor(delta).reshape(-1)[0])
 
     def _decode(self) -> None:
-        seqs, device = self._running, self._loaded.device
+        seqs, device = self._batch_seqs, self._loaded.device
         ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long, device=device)
         positions = torch.tensor([[s.position + s.rope_delta] for s in seqs], dtype=torch.long, device=device)
         mask = self._batch.next_mask()
@@ -252,9 +237,9 @@ class TransformersEngine:
         return [s.sampler.sample(row) for s, row in zip(seqs, logits.cpu())]
 
     def _compact(self) -> None:
-        keep = [i for i, s in enumerate(self._running) if not s.done]
+        keep = [i for i, s in enumerate(self._batch_seqs) if not s.done]
         self._batch.keep(keep)
-        self._running = [self._running[i] for i in keep]
+        self._batch_seqs = [self._batch_seqs[i] for i in keep]
 
     def _emit(self, seq: _Seq, token: int) -> None:
         seq.last_token = token
@@ -274,7 +259,5 @@ class TransformersEngine:
         if seq.done:
             return
         seq.done = True
-        self._admission.release()
-        if send:
-            self._outputs.add(seq.stream, GenerationOutput(seq.request.request_id, finish_reason=reason, error=error,
-                                                           num_prompt_tokens=seq.num_prompt))
+        self._by_id.pop(seq.request.request_id, None)
+        self._release(seq.stream, seq.request.request_id, reason, error, seq.num_prompt, 0, send)

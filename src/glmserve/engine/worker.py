@@ -1,0 +1,141 @@
+"""The worker thread shared by the engines that run their own step loop (llama_cpp,
+transformers): one loop, one abort path, one failure policy.
+
+Requests reach the worker through an ``Inbox`` and aborts through an ``AbortSet``; between two
+steps the worker takes both, then runs one engine step and hands the step's outputs to the
+event loop(s) in one ``OutputBatch`` flush. An engine (vLLM) with an async core of its own does
+not use this.
+
+Failure policy: a step that raises ends the requests it was computing (the running ones) with
+``finish_reason="error"`` and the exception's one-line message; the engine resets its batch
+state (``_after_failed_step``) and goes on with the waiting requests. A request whose own
+inputs break (a prefill of one request) is ended alone by the engine itself. On shutdown every
+unfinished request ends with ``"abort"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Generic, TypeVar
+
+from glmserve.engine.inbox import AbortSet, Inbox
+from glmserve.engine.scheduler import AdmissionControl
+from glmserve.engine.stream import OutputBatch, OutputStream
+from glmserve.engine.types import FinishReason, GenerationOutput
+
+S = TypeVar("S")  # the engine's per-request state
+
+
+class StepWorker(Generic[S]):
+    """Base class of a step-loop engine. The engine implements the hooks below (all called on
+    the worker thread) and calls ``_init_worker`` in ``__init__``, ``_start_worker`` at the end
+    of ``start``, ``_stop_worker`` first in ``shutdown``."""
+
+    log: logging.Logger
+
+    # ---- hooks --------------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        """Any request running or waiting."""
+        raise NotImplementedError
+
+    def _add(self, seq: S) -> None:
+        """Take a new request from the inbox (it waits until the engine schedules it)."""
+        raise NotImplementedError
+
+    def _lookup(self, request_id: str) -> S | None:
+        """The unfinished request with this id, if any."""
+        raise NotImplementedError
+
+    def _num_generated(self, seq: S) -> int:
+        raise NotImplementedError
+
+    def _step(self) -> None:
+        """One engine step: schedule, compute, sample, ``_emit`` outputs."""
+        raise NotImplementedError
+
+    def _running(self) -> Iterable[S]:
+        """The requests the current step computes."""
+        raise NotImplementedError
+
+    def _unfinished(self) -> Iterable[S]:
+        """Every request running or waiting."""
+        raise NotImplementedError
+
+    def _finish(self, seq: S, reason: FinishReason, error: str | None = None, send: bool = True) -> None:
+        """End ``seq`` (idempotent): free what it holds, ``_release`` it."""
+        raise NotImplementedError
+
+    def _after_aborts(self) -> None:
+        """Called after aborted requests were finished (e.g. to compact a batch)."""
+
+    def _after_failed_step(self) -> None:
+        """Called after a failed step ended the running requests (reset the batch state)."""
+
+    # ---- shared machinery ---------------------------------------------------------------
+
+    def _init_worker(self, max_num_seqs: int, max_queue: int) -> None:
+        self._admission = AdmissionControl(max_num_seqs, max_queue)
+        self._inbox: Inbox[S] = Inbox()
+        self._aborts = AbortSet()
+        self._outputs = OutputBatch()
+        self._thread: threading.Thread | None = None
+
+    def _start_worker(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+        self._thread.start()
+
+    def _stop_worker(self) -> None:
+        """Abort what is still running and stop the worker thread (waits up to 60 s)."""
+        if self._thread is not None:
+            self._inbox.close()
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    @property
+    def _worker_running(self) -> bool:
+        return self._thread is not None
+
+    def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` at the next step (any thread)."""
+        self._aborts.add(request_id)
+
+    def _release(self, stream: OutputStream, request_id: str, reason: FinishReason, error: str | None,
+                 num_prompt: int, num_cached: int, send: bool) -> None:
+        """Give the request's admission place back and, when ``send``, its last output."""
+        self._admission.release()
+        if send:
+            self._outputs.add(stream, GenerationOutput(request_id, finish_reason=reason, error=error,
+                                                       num_prompt_tokens=num_prompt, num_cached_tokens=num_cached))
+
+    def _worker(self) -> None:
+        running = True
+        while running:
+            running = self._inbox.drain(not self._has_work(), self._add)
+            self._apply_aborts()
+            if not running:
+                break
+            try:
+                self._step()
+            except Exception as exc:  # see the failure policy in the module docstring
+                self.log.exception("engine step failed")
+                for seq in list(self._running()):
+                    self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+                self._after_failed_step()
+            self._outputs.flush()
+        for seq in list(self._unfinished()):
+            self._finish(seq, "abort")
+        self._outputs.flush()
+
+    def _apply_aborts(self) -> None:
+        hit = False
+        for request_id in self._aborts.take():
+            seq = self._lookup(request_id)
+            if seq is not None:
+                self.log.info("request %s aborted after %d tokens", request_id, self._num_generated(seq))
+                self._finish(seq, "abort")
+                hit = True
+        if hit:
+            self._after_aborts()
