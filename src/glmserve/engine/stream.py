@@ -27,6 +27,10 @@ class OutputStream:
     async def get(self) -> GenerationOutput:
         return await self._queue.get()
 
+    def put_nowait(self, output: GenerationOutput) -> None:
+        """Hand over ``output`` from the consumer's own event loop (other threads: ``OutputBatch``)."""
+        self._queue.put_nowait(output)
+
 
 def _put_all(pairs: list[tuple[asyncio.Queue, GenerationOutput]]) -> None:
     for q, output in pairs:
