@@ -141,7 +141,7 @@ class VllmEngine:
     def abort(self, request_id: str) -> None:
         future = self._tasks.get(request_id)
         if future is not None:
-            future.cancel()  # cancels the task on the engine loop; vLLM then aborts the request
+            future.cancel()  # cancels the task on the consumers' loop; vLLM then aborts the request
 
     def _sampling_params(self, sp: SamplingParams) -> VllmSamplingParams:
         """glmserve's ``SamplingParams`` as vLLM's, field for field. Raises ``GrammarError`` for
@@ -162,7 +162,7 @@ class VllmEngine:
                 raise GrammarError(f"the grammar does not compile: {_one_line(exc)}") from exc
         return params
 
-    # ---- the consumer's event loop --------------------------------------------------------------------
+    # ---- on the consumers' event loop ----------------------------------------------------
 
     async def _run(self, request: GenerationRequest, params: VllmSamplingParams, stream: OutputStream) -> None:
         """Iterate vLLM's outputs of ``request`` into ``stream``; the last output has a finish
