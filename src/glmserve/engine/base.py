@@ -24,6 +24,12 @@ class Tokenizer(Protocol):
         """True for control tokens (role markers, end-of-turn, BOS/EOS), which produce no text."""
 
 
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """``exc``'s message on one line, at most ``limit`` characters (its type name when empty),
+    for start-up errors and failed requests."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
 class EngineError(RuntimeError):
     """A failure inside the engine (model load, decode). Start-up turns it into a one-line exit."""
 

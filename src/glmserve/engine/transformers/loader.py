@@ -22,7 +22,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from glmserve.engine.base import EngineError
+from glmserve.engine.base import EngineError, one_line
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.transformers")
@@ -111,8 +111,8 @@ def load_model(resolved: ResolvedModel, dtype: str, device: str, trust_remote_co
                 raise
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **common)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
-        reason = " ".join(str(exc).split())[:400] or type(exc).__name__
-        raise EngineError(f"cannot load {resolved.path} with transformers {transformers.__version__}: {reason}") from exc
+        raise EngineError(f"cannot load {resolved.path} with transformers {transformers.__version__}: "
+                          f"{one_line(exc)}") from exc
     model.to(dev).eval()
     template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
     loaded = LoadedModel(model, tokenizer, processor, dev, _context_length(config, tokenizer), template,
@@ -142,8 +142,8 @@ def load_adapters(model: Any, adapters: dict[str, Path]) -> Any:
                 else:
                     peft_model.load_adapter(str(path), adapter_name=name, is_trainable=False)
         except (ValueError, RuntimeError, KeyError, OSError, TypeError) as exc:
-            reason = " ".join(str(exc).split())[:300]
-            raise EngineError(f"LoRA adapter {name!r} ({path}) does not match the base model: {reason}") from exc
+            raise EngineError(f"LoRA adapter {name!r} ({path}) does not match the base model: "
+                              f"{one_line(exc, 300)}") from exc
         log.info("LoRA adapter %s loaded from %s", name, path)
     peft_model.eval()
     return peft_model

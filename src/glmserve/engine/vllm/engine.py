@@ -38,7 +38,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
-from glmserve.engine.base import EngineError, GrammarError
+from glmserve.engine.base import EngineError, GrammarError, one_line
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.rules import check_request, stop_token_ids
 from glmserve.engine.scheduler import AdmissionControl
@@ -57,10 +57,6 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
-
-
-def _one_line(exc: BaseException, limit: int = 400) -> str:
-    return " ".join(str(exc).split())[:limit] or type(exc).__name__
 
 
 class VllmEngine:
@@ -86,7 +82,7 @@ class VllmEngine:
         try:
             self._llm = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # vLLM raises many kinds: config, memory, load errors
-            raise EngineError(f"vLLM cannot serve {self._resolved.path}: {_one_line(exc)}") from exc
+            raise EngineError(f"vLLM cannot serve {self._resolved.path}: {one_line(exc)}") from exc
         for i, name in enumerate(self.config.lora, start=1):
             self._lora_requests[name] = LoRARequest(name, i, str(self.config.lora[name]))
         if self._lora_requests and _on_cpu():
@@ -159,7 +155,7 @@ class VllmEngine:
             try:
                 validate_xgrammar_grammar(params)
             except ValueError as exc:
-                raise GrammarError(f"the grammar does not compile: {_one_line(exc)}") from exc
+                raise GrammarError(f"the grammar does not compile: {one_line(exc)}") from exc
         return params
 
     # ---- on the consumers' event loop ----------------------------------------------------
@@ -194,8 +190,8 @@ class VllmEngine:
             log.info("request %s aborted after %d tokens", request_id, n_generated)
             finish = "abort"
         except Exception as exc:  # a failed request (or a dead engine core) ends this request only
-            log.error("request %s failed in vLLM: %s", request_id, _one_line(exc))
-            finish, error = "error", f"{type(exc).__name__}: {_one_line(exc)}"
+            log.error("request %s failed in vLLM: %s", request_id, one_line(exc))
+            finish, error = "error", f"{type(exc).__name__}: {one_line(exc)}"
         finally:
             self._admission.release()
         if not sent:
