@@ -71,6 +71,22 @@ CASES = [
      out('<tool_call>{"name": "search", "arguments": {"query": </tool_call> after')),
     ("hermes", "unclosed", '<tool_call>{"name": "search"', out('<tool_call>{"name": "search"')),
     ("hermes", "tag-prefix-in-text", "use <tool to fix it", out("use <tool to fix it")),
+    # --- generic --------------------------------------------------------------------------
+    ("generic", "plain", "Paris is the capital.", out("Paris is the capital.")),
+    ("generic", "call", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}',
+     out(None, [("get_weather", '{"city": "Paris"}')])),
+    ("generic", "two-calls-loose-spacing", ' {\n "tool_calls":[ {"name": "search", "arguments": {"query": "日本"}},'
+     '{"name": "get_weather", "arguments": "{\\"city\\": \\"Tokyo\\"}"} ] }\n',
+     out(None, [("search", '{"query": "日本"}'), ("get_weather", '{"city": "Tokyo"}')])),
+    ("generic", "braces-in-strings", '{"tool_calls": [{"name": "search", "arguments": {"query": "a } b ] {"}}]}',
+     out(None, [("search", '{"query": "a } b ] {"}')])),
+    ("generic", "unknown-name", '{"tool_calls": [{"name": "nope", "arguments": {}}]}',
+     out('{"name": "nope", "arguments": {}}')),
+    ("generic", "other-json", '{"answer": 42}', out('{"answer": 42}')),
+    ("generic", "json-prefix-text", '{"tool"} is a word', out('{"tool"} is a word')),
+    ("generic", "text-mentioning-json", 'Send {"tool_calls": []} to call.', out('Send {"tool_calls": []} to call.')),
+    ("generic", "unclosed-no-call", '{"tool_calls": [{"name": "search"', out('{"tool_calls": [{"name": "search"')),
+    ("generic", "empty", "", out("")),
 ]
 
 
@@ -119,4 +135,32 @@ def test_parser_detection_from_templates():
     assert detect_parser((fixtures / "glm-4.6.jinja").read_text()) == "glm45"
     assert detect_parser((fixtures / "glm-4-9b-chat.jinja").read_text()) == "glm4"
     assert detect_parser("{% for m in messages %}<tool_call>{% endfor %}") == "hermes"
-    assert detect_parser("{{ messages }}") is None
+    assert detect_parser("{{ messages }}") == "generic"  # no tool format: glmserve's own
+
+
+# a reply cut by max_tokens inside a call: the call is dropped, never leaked into content;
+# complete calls before it are kept
+TRUNCATED = [
+    ("hermes", '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>\n<tool_call>\n{"name": "sea',
+     out(None, [("search", '{"query": "x"}')])),
+    ("glm45", "Sure.\n<tool_call>search\n<arg_key>query</arg_key>\n<arg_va", out("Sure.")),
+    ("glm4", 'get_weather\n{"city": "Bei', out("")),
+    ("generic", '{"tool_calls": [{"name": "search", "arguments": {"query": "x"}}, {"name": "get_weather", "argu',
+     out(None, [("search", '{"query": "x"}')])),
+    ("generic", '{"tool_calls": [{"name": "sea', out("")),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), TRUNCATED, ids=[t[0] for t in TRUNCATED])
+def test_a_call_cut_by_max_tokens_is_dropped(name, text, expected):
+    for cut in range(1, len(text)):
+        parser = PARSERS[name](TOOLS)
+        assert assemble(parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish(truncated=True)) == expected
+
+
+def test_generic_calls_stream_as_each_completes():
+    parser = PARSERS["generic"](TOOLS)
+    assert parser.feed('{"tool_calls": [{"name": "search", "arguments": {"query": "x"}}') != []
+    assert parser.feed(', {"name": "search"') == []
+    parser = PARSERS["generic"](TOOLS)
+    assert [e.text for e in parser.feed("Hello")] == ["Hello"]  # not a call: released at once

@@ -9,7 +9,8 @@ stream always equals the whole result.
 Rules shared by all formats: text that cannot be part of a call is released at once (only a
 possible partial start tag is held back); a call is held until it is complete, then emitted as
 a call if it is valid (known function name, arguments that parse) or else returned as content,
-never dropped. Content has its leading and trailing whitespace removed (the formats put
+never dropped, except a call cut off by ``max_tokens`` (``finish(truncated=True)``), which is
+dropped so that no unfinished call text reaches ``content``. Content has its leading and trailing whitespace removed (the formats put
 newlines around calls and after role markers).
 """
 
@@ -112,7 +113,8 @@ class ToolCallParser(ABC):
     def feed(self, text: str) -> list[DeltaEvent]: ...
 
     @abstractmethod
-    def finish(self) -> list[DeltaEvent]: ...
+    def finish(self, truncated: bool = False) -> list[DeltaEvent]:
+        """Flush at the end of generation; ``truncated``: the reply was cut by ``max_tokens``."""
 
     def parse(self, text: str) -> ParsedOutput:
         return assemble(self.feed(text) + self.finish())
@@ -177,9 +179,12 @@ class TaggedCallParser(ToolCallParser):
             self._buf = self._buf[len(self._buf) - keep:]
             return
 
-    def finish(self) -> list[DeltaEvent]:
+    def finish(self, truncated: bool = False) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []
-        rest = (self.start_tag if self._in_call else "") + self._buf  # an unclosed call is content
+        if self._in_call:  # an unclosed call is content, unless max_tokens cut it
+            rest = "" if truncated else self.start_tag + self._buf
+        else:
+            rest = self._buf
         self._buf, self._in_call = "", False
         self._emit_content(rest, out)
         return out

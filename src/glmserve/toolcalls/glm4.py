@@ -63,10 +63,12 @@ class Glm4Parser(ToolCallParser):
             return None
         return name, arguments
 
-    def finish(self) -> list[DeltaEvent]:
+    def finish(self, truncated: bool = False) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []
         if self._mode == "call" and (decoded := self._decode()) is not None:
             self._emit_call(*decoded, out)
+        elif self._mode == "call" and truncated:
+            pass  # a call cut by max_tokens: dropped, not leaked into content
         elif self._mode != "content":
             self._emit_content(self._buf, out)
         self._buf = ""

@@ -88,11 +88,11 @@ class Glm45Parser(TaggedCallParser):
         self._head = self._head[len(self._head) - keep:]
         return out
 
-    def finish(self) -> list[DeltaEvent]:
+    def finish(self, truncated: bool = False) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []
         if self._phase == "think":  # reasoning cut off (max_tokens): it stays reasoning
             self._reasoning.add(self._head, out)
         elif self._phase == "start":
             self._emit_content(self._head, out)
         self._head = ""
-        return out + super().finish()
+        return out + super().finish(truncated)
