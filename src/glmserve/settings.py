@@ -159,8 +159,9 @@ class ServeSettings(BaseSettings):
     chat_template: str | None = Field(
         None, description="Jinja2 chat template file to use instead of the model's own."
     )
-    tool_call_parser: Literal["auto", "none", "glm4", "glm45", "hermes"] = Field(
-        "auto", description="Tool-call format: auto = detected from the chat template; none = no tool calling."
+    tool_call_parser: Literal["auto", "none", "glm4", "glm45", "hermes", "generic"] = Field(
+        "auto", description="Tool-call format: auto = detected from the chat template (generic when it has "
+                            "none: tools described in a system message, calls as JSON); none = no tool calling."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Server log level."

@@ -131,8 +131,7 @@ class ChatService:
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
-            tools=plan.offered, glm4_items=self.tool_parser == "glm4", forced_prefix=plan.forced_prefix,
-            images=images, processor=self.engine.multimodal if self.engine.model_info.vision else None,
+            plan=plan, tool_format=self.tool_parser, images=images, processor=self.engine.multimodal if self.engine.model_info.vision else None,
         )
         parser = None
         if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active):
@@ -195,7 +194,7 @@ class ChatService:
             if parser is None:
                 events = [DeltaEvent("content", text)] if text else []
             else:
-                events = parser.feed(text) + (parser.finish() if finish else [])
+                events = parser.feed(text) + (parser.finish(truncated=finish == "length") if finish else [])
                 if run.max_calls is not None:
                     events = [e for e in events if e.kind != "tool_call" or e.index < run.max_calls]
             made_calls = made_calls or any(e.kind == "tool_call" for e in events)

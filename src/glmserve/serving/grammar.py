@@ -13,6 +13,7 @@ from llama_cpp.llama_grammar import SchemaConverter
 
 from glmserve.protocol.errors import invalid_request
 from glmserve.serving.schema_check import SchemaLimits, subschemas
+from glmserve.toolcalls.generic import OPENING as GENERIC_OPENING
 
 # What the converter raises for input it cannot translate (it checks with assert and raises
 # plain ValueError/KeyError); a schema that passed ``check_schema`` should not get here, but if
@@ -98,6 +99,11 @@ def _with_gbnf_patterns(schema: dict) -> dict:
     return schema
 
 
+# a character of a JSON string, as llama.cpp's own converter (json-schema-to-grammar.cpp) writes
+# it; llama-cpp-python's port admits raw control characters, which JSON forbids
+STRICT_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
 class GrammarBuilder:
     """Rules for several schemas in one grammar; ``build(root)`` gives the GBNF text."""
 
@@ -122,6 +128,8 @@ class GrammarBuilder:
 
     def build(self, root: str) -> str:
         self._conv._add_rule("root", root)
+        if "char" in self._conv._rules:  # JSON strings hold no raw control characters
+            self._conv._rules["char"] = STRICT_CHAR
         return self._conv.format_grammar()
 
 
@@ -136,33 +144,60 @@ def _args_schema(function: dict) -> dict:
     return function.get("parameters") or {"type": "object", "properties": {}}
 
 
-def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits: SchemaLimits, parallel: bool,
-                      forced_name: bool = False) -> str:
+# plain text that cannot be taken for a generic call: not starting with "{" or whitespace; or nothing
+_PLAIN_TEXT = "([^{ \\t\\r\\n] [^\\x00]*)?"
+PLAIN_TEXT_GRAMMAR = f"root ::= {_PLAIN_TEXT}\n"
+MAX_PARALLEL_CALLS = 8  # calls in one reply when a function may be called more than once
+
+
+def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits: SchemaLimits, calls: str = "one",
+                      forced_name: bool = False, or_text: bool = False) -> str:
     """A grammar that admits only well-formed calls of ``functions`` in format ``fmt``
-    (``hermes``, ``glm4``, ``glm45``); one call, or with ``parallel`` up to one per function
-    (so that a model cannot loop on calls until it runs out of tokens).
-    ``forced_name`` (glm4, one function): the prompt already ends with the name line, so the
-    output is just the arguments. ``params``: each function's field in the request (for errors).
-    Raises a 400 ``APIError`` when a schema cannot be built or the grammar is over ``limits``."""
+    (``generic``, ``hermes``, ``glm4``, ``glm45``). ``calls``: ``one`` (a single call),
+    ``distinct`` (one or more, each function at most once, in the order given) or ``any`` (one
+    to ``MAX_PARALLEL_CALLS``, repeats allowed); GLM-4 writes one call per turn whatever
+    ``calls`` says. Bounded either way, so a model cannot loop on calls until it runs out of
+    tokens. ``forced_name`` (glm4, one function): the prompt already ends with the name line,
+    so the output is just the arguments. ``or_text`` (generic): the reply may instead be plain
+    text that does not start with ``{`` or whitespace, or nothing (``tool_choice: auto``). ``params``: each function's field in the request (for
+    errors). Raises a 400 ``APIError`` when a schema cannot be built or the grammar is over
+    ``limits``."""
     b = GrammarBuilder()
-    calls = []
+    rules = []
     for i, fn in enumerate(functions):
         name = fn["name"]
         if fmt == "glm45":
-            calls.append(b.rule(f"call{i}", _glm45_call(b, i, fn, params[i])))
+            rules.append(b.rule(f"call{i}", _glm45_call(b, i, fn, params[i])))
             continue
         args = b.schema(_args_schema(fn), f"args{i}", params[i])
         if fmt == "glm4":
-            calls.append(args if forced_name else b.rule(f"call{i}", f"{b.literal(name + chr(10))} {args}"))
+            rules.append(args if forced_name else b.rule(f"call{i}", f"{b.literal(name + chr(10))} {args}"))
+        elif fmt == "generic":
+            head = b.literal('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+            rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}")}'))
         else:  # hermes
             head = b.literal('<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
-            calls.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}" + chr(10) + "</tool_call>")}'))
+            rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}" + chr(10) + "</tool_call>")}'))
+    body = _call_sequence(b, rules, b.literal(", " if fmt == "generic" else "\n"), "one" if fmt == "glm4" else calls)
+    if fmt == "generic":
+        body = f'{b.literal(GENERIC_OPENING)} {body} {b.literal("]}")}'
+        if or_text:
+            body = f'{b.rule("calls", body)} | {b.rule("text", _PLAIN_TEXT)}'
+    return check_grammar(b.build(body), params[0] if len(params) == 1 else "tools", limits)
+
+
+def _call_sequence(b: GrammarBuilder, calls: list[str], sep: str, mode: str) -> str:
+    """The rule body for ``mode`` (see ``tool_call_grammar``) over the call rules ``calls``."""
+    if len(calls) == 1 and mode != "any":
+        return calls[0]
+    if mode == "distinct":  # call_i, then any ordered subset of the calls after it
+        after: dict[int, str] = {}
+        for i in range(len(calls) - 1, 0, -1):
+            after[i] = b.rule(f"after{i}", f"({sep} {calls[i]})? {after.get(i + 1, '')}".strip())
+        return "(" + " | ".join(f"{calls[i]} {after.get(i + 1, '')}".strip() for i in range(len(calls))) + ")"
     one = calls[0] if len(calls) == 1 else b.rule("call", " | ".join(calls))
-    if parallel and fmt != "glm4" and len(functions) > 1:  # GLM-4 writes one call per turn
-        grammar = b.build(f'{one} ({b.literal(chr(10))} {one}){{0,{len(functions) - 1}}}')
-    else:
-        grammar = b.build(one)
-    return check_grammar(grammar, params[0] if len(params) == 1 else "tools", limits)
+    return one if mode == "one" else f"{one} ({sep} {one}){{0,{MAX_PARALLEL_CALLS - 1}}}"
+
 
 
 def _glm45_call(b: GrammarBuilder, i: int, fn: dict, param: str) -> str:

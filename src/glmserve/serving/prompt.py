@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentError, to_template_messages
+from glmserve.chat.generic import to_generic_messages
 from glmserve.chat.glm4 import to_glm4_items
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import context_length_exceeded, invalid_request
+from glmserve.serving.tools import ToolPlan
 
 
 class MultimodalProcessor(Protocol):
@@ -49,16 +51,17 @@ def build_prompt(
     tokenizer: Tokenizer,
     context_length: int,
     max_tokens: int | None,
-    tools: list[dict] | None = None,
-    glm4_items: bool = False,
-    forced_prefix: str = "",
+    plan: ToolPlan | None = None,
+    tool_format: str | None = None,
     images: list[Any] | None = None,
     processor: MultimodalProcessor | None = None,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
-    context). ``tools`` (OpenAI form) go into the template's ``tools`` variable, or, with
-    ``glm4_items``, into GLM-4's own message layout (``chat/glm4.py``); ``forced_prefix`` is
-    appended after the generation prompt. ``images`` (decoded, in conversation order) go through
+    context). ``plan``'s offered tools go where ``tool_format`` (a ``toolcalls.PARSERS``
+    name) puts them: GLM-4's own message layout (``chat/glm4.py``), glmserve's system message
+    for ``generic`` (``chat/generic.py``, which also rewrites tool calls and results in the
+    history), else the template's ``tools`` variable; ``plan.forced_prefix`` is appended after
+    the generation prompt. ``images`` (decoded, in conversation order) go through
     the engine's ``processor``, whose token count (image tokens included) is what must fit.
     Raises ``APIError`` 400 for content the model cannot take, a template that rejects the
     conversation, or a prompt/``max_tokens`` that does not fit."""
@@ -66,14 +69,18 @@ def build_prompt(
         messages = to_template_messages(req.messages, vision=processor is not None)
     except UnsupportedContentError as exc:
         raise invalid_request(str(exc), exc.param) from exc
+    plan = plan or ToolPlan()
     try:
-        if glm4_items:
-            text = template.render(to_glm4_items(messages, tools), add_generation_prompt=True)
+        if tool_format == "glm4":
+            text = template.render(to_glm4_items(messages, plan.offered), add_generation_prompt=True)
+        elif tool_format == "generic":
+            text = template.render(to_generic_messages(messages, plan.functions if plan.offered else None, plan.choice),
+                                   add_generation_prompt=True)
         else:
-            text = template.render(messages, tools=tools, add_generation_prompt=True)
+            text = template.render(messages, tools=plan.offered, add_generation_prompt=True)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
-    text += forced_prefix
+    text += plan.forced_prefix
     multimodal = None
     try:
         if images:

@@ -3,8 +3,16 @@
 ``tool_choice``: ``none`` (tools not offered), ``auto`` (offered; the model decides),
 ``required`` (the reply must be one or more calls) or ``{"type": "function", "function":
 {"name": ...}}`` (the reply must call it). ``required`` and named are enforced with a grammar;
-for GLM-4 the named function is also forced in the prompt, as GLM's own demo did.
-``parallel_tool_calls: false`` allows at most one call.
+for GLM-4 the named function is also forced in the prompt, as GLM's own demo did. With the
+``generic`` format ``auto`` is constrained too: plain text, or well-formed calls.
+
+How many calls: ``parallel_tool_calls: false`` allows one; left unset, one or more with each
+function at most once (a small model asked for one city's weather otherwise calls the same
+function again until ``max_tokens``); ``true`` lets a function be called more than once (up to
+``grammar.MAX_PARALLEL_CALLS`` calls). With the ``generic`` format and ``auto``, that rule holds
+for the whole turn: a function called since the last user message is not offered again, and
+once all have been called the reply is plain text (small models otherwise call the same tool
+after its result, and an agent loop never ends).
 """
 
 from __future__ import annotations
@@ -14,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.protocol.errors import invalid_request
-from glmserve.serving.grammar import json_grammar, tool_call_grammar
+from glmserve.protocol.errors import APIError, invalid_request
+from glmserve.serving.grammar import PLAIN_TEXT_GRAMMAR, json_grammar, tool_call_grammar
 from glmserve.serving.schema_check import SchemaLimits, check_enforceable, check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -24,12 +32,13 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 @dataclass(slots=True)
 class ToolPlan:
     """``offered``: OpenAI tool dicts to render (None: no tools in the prompt); ``functions``:
-    their function objects (what the parser accepts); ``grammar``: GBNF or None;
-    ``forced_prefix``: text appended to the prompt and fed to the parser first (GLM-4 named);
-    ``max_calls``: None for any number."""
+    their function objects (what the parser accepts); ``choice``: ``none``, ``auto``,
+    ``required`` or the forced function's name; ``grammar``: GBNF or None; ``forced_prefix``: text appended to the
+    prompt and fed to the parser first (GLM-4 named); ``max_calls``: None for any number."""
 
     offered: list[dict[str, Any]] | None = None
     functions: list[dict[str, Any]] = field(default_factory=list)
+    choice: str = "none"
     grammar: str | None = None
     forced_prefix: str = ""
     max_calls: int | None = None
@@ -104,24 +113,56 @@ def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool,
         raise invalid_request("the served model has no tool-call format; start glmserve with "
                               "--tool-call-parser NAME", "tools")
     plan.offered = [{"type": "function", "function": f} for f in functions]
-    plan.functions = functions
-    parallel = req.parallel_tool_calls is not False
-    plan.max_calls = None if parallel else 1
+    plan.functions, plan.choice = functions, choice
+    calls = {False: "one", None: "distinct", True: "any"}[req.parallel_tool_calls]
+    plan.max_calls = 1 if calls == "one" else None
+    index = {f["name"]: i for i, f in enumerate(functions)}
     if choice == "auto":
+        if parser == "generic" and grammar_ok:
+            if calls != "any":
+                called = _called_this_turn(req)
+                plan.functions = [f for f in functions if f["name"] not in called]
+                plan.offered = [{"type": "function", "function": f} for f in plan.functions] or None
+            params = [f"tools.{index[f['name']]}.function.parameters" for f in plan.functions]
+            _constrain_auto(plan, calls, params, limits)
         return plan
     if not grammar_ok:
         raise invalid_request(f"tool_choice {req.tool_choice!r} needs constrained decoding, which this engine "
                               "lacks", "tool_choice")
     forced = [f for f in functions if f["name"] == choice] if choice != "required" else functions
     if choice != "required":
-        plan.max_calls = 1
+        plan.max_calls, calls = 1, "one"
         if parser == "glm4":  # force the name in the prompt, as GLM's demo did
             plan.offered = [{"type": "function", "function": forced[0]}]
             plan.forced_prefix = forced[0]["name"] + "\n"
-    index = {f["name"]: i for i, f in enumerate(functions)}
     params = [f"tools.{index[f['name']]}.function.parameters" for f in forced]
     for f, param in zip(forced, params):
         check_enforceable(f.get("parameters") or {}, param, limits)  # the grammar is built from it
-    plan.grammar = tool_call_grammar(parser, forced, params, limits, parallel and choice == "required",
-                                     forced_name=bool(plan.forced_prefix))
+    plan.grammar = tool_call_grammar(parser, forced, params, limits, calls, forced_name=bool(plan.forced_prefix))
     return plan
+
+
+def _called_this_turn(req: ChatCompletionRequest) -> set[str]:
+    """Names of the functions the assistant called after the last user message."""
+    called: set[str] = set()
+    for msg in reversed(req.messages):
+        if msg.role == "user":
+            break
+        for call in getattr(msg, "tool_calls", None) or []:
+            called.add(call.function.name)
+    return called
+
+
+def _constrain_auto(plan: ToolPlan, calls: str, params: list[str], limits: SchemaLimits) -> None:
+    """Plain text or well-formed generic calls of ``plan.functions`` (plain text alone when
+    there are none left), when every schema can be enforced; otherwise the reply stays
+    unconstrained (``auto`` never refuses a schema the prompt can carry)."""
+    if not plan.functions:
+        plan.grammar = PLAIN_TEXT_GRAMMAR
+        return
+    try:
+        for f, param in zip(plan.functions, params):
+            check_enforceable(f.get("parameters") or {}, param, limits)
+        plan.grammar = tool_call_grammar("generic", plan.functions, params, limits, calls, or_text=True)
+    except APIError:
+        plan.grammar = None
