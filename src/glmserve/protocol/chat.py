@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop generating"
 # glmserve's bound: a stop string is matched against held-back text after every token
@@ -161,10 +161,19 @@ class Usage(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """The reply; ``content`` is always present, ``null`` beside ``tool_calls`` as OpenAI sends it
+    (also when the response is dumped with ``exclude_none``)."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _keep_content(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        data.setdefault("content", self.content)
+        return data
 
 
 class Choice(BaseModel):
