@@ -3,13 +3,16 @@ a tiny GLM-4 model, what the engine cannot do refused with a 400, and the missin
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import jsonschema
 import openai
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer, greedy_streams
+from tests.e2e.test_tools import SCHEMAS, TOOLS
 from tests.hf_models import FIXTURES
 
 pytest.importorskip("torch")
@@ -79,16 +82,22 @@ def test_penalties_apply(hf_server):
     assert _ask(client, prompt, max_tokens=48, presence_penalty=2.0).choices[0].message.content != plain
 
 
-@pytest.mark.parametrize("kwargs, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-      "tool_choice": "required"}, "tool_choice"),
-])
-def test_constrained_decoding_is_refused_with_400(hf_server, kwargs, param):
-    with pytest.raises(openai.BadRequestError) as err:
-        _ask(hf_server.client(), "hi", max_tokens=8, **kwargs)
-    assert err.value.body["param"] == param
-    assert "constrain" in err.value.body["message"]
+def test_constrained_decoding_with_xgrammar(hf_server):
+    """tool_choice required/named (the hermes template's format) and response_format are
+    constrained with xgrammar on this engine."""
+    client = hf_server.client()
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        reply = _ask(client, "What is the weather like in Paris right now?", max_tokens=120, tools=TOOLS,
+                     tool_choice=choice)
+        calls = reply.choices[0].message.tool_calls
+        assert reply.choices[0].finish_reason == "tool_calls" and calls
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    schema = {"type": "object", "properties": {"population": {"type": "integer"}, "capital": {"type": "boolean"}},
+              "required": ["population", "capital"], "additionalProperties": False}
+    reply = _ask(client, "Describe Paris as JSON.", max_tokens=60, response_format={
+        "type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
 
 
 def test_lone_surrogate_is_400(hf_server):

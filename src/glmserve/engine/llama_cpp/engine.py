@@ -81,6 +81,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
 
     def start(self) -> None:
         path, cfg = self._resolved.path, self.config
+        # llama-cpp-python prints every llama.cpp log line to stderr while its logger is unset,
+        # debug lines included (some log once per token): errors only
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
         try:
             self._model = LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
                                      verbose=False)

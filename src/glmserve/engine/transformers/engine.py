@@ -30,6 +30,7 @@ from glmserve.engine.base import EngineError
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
+from glmserve.engine.transformers.grammar import GrammarCompiler
 from glmserve.engine.transformers.loader import LoadedModel, load_model
 from glmserve.engine.transformers.sampling import Sampler
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
@@ -101,6 +102,7 @@ class TransformersEngine(StepWorker[_Seq]):
         loaded = self._loaded
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_ids)
         self._n_vocab = loaded.model.get_output_embeddings().weight.shape[0]  # logits width
+        self._grammars = GrammarCompiler(loaded.tokenizer, self._n_vocab)
         if loaded.processor is not None:
             self.multimodal = ImageProcessor(loaded.processor, self._model_dtype())
         context = min(cfg.n_ctx, loaded.context_length) if cfg.n_ctx else loaded.context_length
@@ -112,6 +114,7 @@ class TransformersEngine(StepWorker[_Seq]):
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
             vision=loaded.processor is not None,
             lora_adapters=loaded.adapters,
+            grammar=True,
         )
         log.info("loaded %s on %s (%s), context %d tokens%s", self._resolved.path, loaded.device,
                  self._model_dtype(), context, f", adapters {', '.join(loaded.adapters)}" if loaded.adapters else "")
@@ -131,13 +134,16 @@ class TransformersEngine(StepWorker[_Seq]):
         if not self._worker_running:
             raise EngineError("engine is not running")
         check_request(request, self.model_info)
-        self._admission.acquire()
         sp = request.sampling
+        stop_ids = stop_token_ids(sp, self.tokenizer.eog_ids)
+        # a bad grammar is a 400 even when the engine is full; with ignore_eos the grammar may
+        # still end on the model's own end-of-generation tokens
+        mask = self._grammars.mask(sp.grammar, stop_ids or self.tokenizer.eog_ids) if sp.grammar else None
+        self._admission.acquire()
         stream = OutputStream(loop)
-        seq = _Seq(request, stream, Sampler(sp, self._n_vocab),
+        seq = _Seq(request, stream, Sampler(sp, self._n_vocab, mask),
                    IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:]),
-                   stop_token_ids(sp, self.tokenizer.eog_ids), request.lora or BASE_ADAPTER,
-                   len(request.prompt_token_ids))
+                   stop_ids, request.lora or BASE_ADAPTER, len(request.prompt_token_ids))
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)
 

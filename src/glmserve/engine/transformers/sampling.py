@@ -13,18 +13,21 @@ import random
 
 import torch
 
+from glmserve.engine.transformers.grammar import TokenMask
 from glmserve.engine.types import SamplingParams
 
 
 class Sampler:
     """One request's sampling state: parameters, the counts of generated tokens (for
-    penalties) and its random generator. ``sample(logits)`` takes a 1-D float tensor of
-    vocabulary size and returns a token id."""
+    penalties), its random generator and its grammar mask (``mask``, None without a grammar).
+    ``sample(logits)`` takes a 1-D float tensor of vocabulary size and returns a token id."""
 
-    __slots__ = ("params", "_counts", "_generator", "_bias_ids", "_bias_values", "_penalized", "_plain_greedy")
+    __slots__ = ("params", "_counts", "_generator", "_bias_ids", "_bias_values", "_penalized", "_plain_greedy",
+                 "_mask")
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, mask: TokenMask | None = None) -> None:
         self.params = params
+        self._mask = mask
         self._counts: dict[int, int] = {}
         self._generator = torch.Generator().manual_seed(
             params.seed & 0xFFFFFFFFFFFFFFFF if params.seed is not None else random.getrandbits(63))
@@ -33,7 +36,7 @@ class Sampler:
         self._bias_values = torch.tensor(list(bias.values()), dtype=torch.float32) if bias else None
         self._penalized = (params.repetition_penalty != 1.0 or bool(params.frequency_penalty)
                            or bool(params.presence_penalty))
-        self._plain_greedy = params.greedy and not bias and not self._penalized
+        self._plain_greedy = params.greedy and not bias and not self._penalized and mask is None
 
     @property
     def plain_greedy(self) -> bool:
@@ -42,14 +45,19 @@ class Sampler:
 
     def accept(self, token_id: int) -> None:
         """Record a generated token (counted only when penalties need the counts)."""
+        if self._mask is not None:
+            self._mask.accept(token_id)
         if self._penalized:
             self._counts[token_id] = self._counts.get(token_id, 0) + 1
 
     def sample(self, logits: torch.Tensor) -> int:
         p = self.params
         logits = logits.float()
-        if self._bias_ids is not None:
+        if self._mask is not None:
             logits = logits.clone()
+            self._mask.apply(logits)
+        if self._bias_ids is not None:
+            logits = logits.clone() if self._mask is None else logits
             logits.index_add_(0, self._bias_ids, self._bias_values)
         if self._counts:
             logits = logits.clone() if self._bias_ids is None else logits
