@@ -166,8 +166,23 @@ def test_adapter_output_differs_from_base_and_equals_merged_weights(srv, folders
     merged = vllm_server(folders["merged"], "--served-model-name", "merged", "--n-ctx", "2048")
     try:
         assert _answers(merged.url, "merged") == tuned
+        _check_generic_tool_calls(merged.client())
     finally:
         merged.stop()
+
+
+def _check_generic_tool_calls(client):
+    """This server has the model's own template, which has no tool format: ``generic`` calls
+    (tests/e2e/test_tools_any_model.py runs the full set on llama_cpp and transformers)."""
+    assert client.models.list().data[0].model_extra["tool_call_parser"] == "generic"
+    ask = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        reply = client.chat.completions.create(model="merged", messages=ask, tools=TOOLS, tool_choice=choice,
+                                               temperature=0, max_tokens=80)
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls and not message.content
+        for call in message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
 def test_batched_adapter_requests_equal_each_alone(srv):
