@@ -3,19 +3,28 @@
 Order as in llama.cpp's ``common/sampling.cpp``: logit bias, penalties, then greedy, or
 top-k -> top-p -> min-p -> temperature -> seeded random draw. Filters at their neutral value are
 left out of the chain.
+
+A grammar is checked the way ``common_sampler_sample`` checks it: the token is drawn without the
+grammar, then only that token is checked against it; when the grammar rejects it, the grammar
+masks the whole vocabulary and the token is drawn again. Masking the vocabulary at every step
+about doubles the time per token on a small model (SmolLM2: ~22 against ~11 ms).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import random
 
 import llama_cpp
+import numpy as np
 
 from glmserve.engine.base import GrammarError
 from glmserve.engine.types import SamplingParams
 
 _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+# llama_token_data as numpy sees it: {int32 id; float logit; float p}
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 def llama_seed(seed: int | None) -> int:
@@ -27,22 +36,26 @@ def llama_seed(seed: int | None) -> int:
 
 
 class SamplerChain:
-    """Owns one ``llama_sampler`` chain; ``sample(ctx, i)`` samples from the logits of batch
-    row ``i`` and records the token (for penalties). ``free()`` releases it."""
+    """Owns one ``llama_sampler`` chain (and a grammar sampler beside it); ``sample(ctx, i)``
+    samples from the logits of batch row ``i`` and records the token (for penalties and the
+    grammar). ``free()`` releases them."""
 
-    __slots__ = ("_chain",)
+    __slots__ = ("_chain", "_grammar", "_n_vocab", "_candidates", "_view", "_one")
 
     def __init__(self, params: SamplingParams, vocab, n_vocab: int, penalty_last_n: int) -> None:
         """Raises ``GrammarError`` when ``params.grammar`` does not compile."""
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        self._chain = chain
+        self._chain, self._grammar, self._n_vocab = chain, None, n_vocab
         add = lambda smpl: llama_cpp.llama_sampler_chain_add(chain, smpl)  # noqa: E731
         if params.grammar:
-            grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
-            if not grammar:
+            self._grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
+            if not self._grammar:
                 self.free()
                 raise GrammarError("the output constraint could not be compiled into a grammar")
-            add(grammar)
+            self._candidates = (llama_cpp.llama_token_data * n_vocab)()
+            self._view = np.frombuffer(self._candidates, dtype=_TOKEN_DATA)
+            self._view["id"] = np.arange(n_vocab, dtype=np.int32)
+            self._one = (llama_cpp.llama_token_data * 1)()
         if params.logit_bias:
             arr = (llama_cpp.llama_logit_bias * len(params.logit_bias))()
             for i, (token, bias) in enumerate(params.logit_bias.items()):
@@ -64,9 +77,37 @@ class SamplerChain:
         add(llama_cpp.llama_sampler_init_dist(llama_seed(params.seed)))
 
     def sample(self, ctx: ctypes.c_void_p, batch_index: int) -> int:
-        return llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index)
+        if self._grammar is None:
+            return llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(self._n_vocab,))
+        token = self._draw(logits, with_grammar=False)
+        if not self._grammar_accepts(token):
+            token = self._draw(logits, with_grammar=True)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _draw(self, logits: np.ndarray, with_grammar: bool) -> int:
+        view = self._view
+        view["logit"] = logits
+        view["p"] = 0.0
+        view["id"] = np.arange(self._n_vocab, dtype=np.int32)  # the samplers may have reordered it
+        cur = llama_cpp.llama_token_data_array(self._candidates, self._n_vocab, -1, False)
+        if with_grammar:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(cur))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(cur))
+        return int(self._candidates[cur.selected].id)
+
+    def _grammar_accepts(self, token: int) -> bool:
+        self._one[0].id, self._one[0].logit, self._one[0].p = token, 1.0, 0.0
+        one = llama_cpp.llama_token_data_array(self._one, 1, -1, False)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(one))
+        return self._one[0].logit != -math.inf
 
     def free(self) -> None:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
