@@ -16,6 +16,8 @@ SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001, "[gMASK]": 1002, "<sop>": 1
 
 
 class FakeTokenizer:
+    n_vocab = 1100
+
     def encode(self, text: str) -> list[int]:
         ids, i = [], 0
         while i < len(text):
@@ -34,6 +36,10 @@ class FakeTokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in SPECIAL.values()
+
+    def decode(self, token_ids: list[int]) -> str:
+        names = {v: k for k, v in SPECIAL.items()}
+        return "".join(names.get(t) or chr(t) for t in token_ids)
 
 
 class FakeEngine:

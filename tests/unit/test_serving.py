@@ -57,12 +57,33 @@ def test_sampling_defaults_and_mapping():
 @pytest.mark.parametrize("kw, param", [
     ({"n": 3}, "n"),
     ({"logprobs": True}, "logprobs"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
 ])
 def test_unsupported_options_are_refused(kw, param):
     with pytest.raises(APIError) as info:
         check_supported(_req(**kw))
     assert info.value.status_code == 400 and info.value.param == param
+
+
+@pytest.mark.parametrize("bias, fragment", [
+    ({"1100": 5}, "'1100'"),          # FakeTokenizer.n_vocab is 1100
+    ({"-1": 5, "abc": 1}, "'-1', 'abc'"),
+    ({"5": 101}, "between -100 and 100"),
+    ({str(i): 1 for i in range(1025)}, "at most 1024"),
+])
+def test_logit_bias_is_checked(http, bias, fragment):
+    resp = http.post("/v1/chat/completions", json=_body(logit_bias=bias))
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "logit_bias"
+    assert fragment in resp.json()["error"]["message"]
+
+
+def test_logit_bias_reaches_the_engine(http, engine):
+    assert http.post("/v1/chat/completions", json=_body(logit_bias={"72": -100, " 7": 2.5})).status_code == 200
+    assert engine.requests[-1].sampling.logit_bias == {72: -100.0, 7: 2.5}
+
+
+def test_unknown_route_is_a_404_naming_it(http):
+    resp = http.post("/v1/nope", json={})
+    assert resp.status_code == 404 and resp.json()["error"]["message"] == "Invalid URL (POST /v1/nope)"
 
 
 def test_tools_need_a_tool_call_format(http):

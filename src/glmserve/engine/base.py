@@ -11,7 +11,10 @@ from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """The model's tokenizer, as the serving layer needs it."""
+    """The model's tokenizer, as the serving layer needs it. ``n_vocab``: the number of token
+    ids (valid ids are ``0 .. n_vocab - 1``)."""
+
+    n_vocab: int
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, special-token markup parsed as special tokens, no BOS added."""
@@ -22,6 +25,10 @@ class Tokenizer(Protocol):
 
     def is_special(self, token_id: int) -> bool:
         """True for control tokens (role markers, end-of-turn, BOS/EOS), which produce no text."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids`` (each in ``0 .. n_vocab - 1``), special tokens written out;
+        bytes that are not UTF-8 become U+FFFD."""
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:

@@ -15,6 +15,7 @@ class HFTokenizer:
     def __init__(self, tokenizer: Any, extra_eos_ids: tuple[int, ...] = ()) -> None:
         """``extra_eos_ids``: end-of-generation ids from the model's generation config."""
         self.hf = tokenizer
+        self.n_vocab = len(tokenizer)
         self.bos_id = tokenizer.bos_token_id
         self.eos_id = tokenizer.eos_token_id
         self.add_bos = bool(getattr(tokenizer, "add_bos_token", False)) and self.bos_id is not None
@@ -41,6 +42,9 @@ class HFTokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def token_text(self, token_id: int | None) -> str:
         return self.hf.convert_ids_to_tokens(token_id) if token_id is not None else ""

@@ -37,7 +37,13 @@ from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
 from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
-from glmserve.serving.sampling import check_supported, requested_max_tokens, stop_strings, to_sampling_params
+from glmserve.serving.sampling import (
+    check_supported,
+    logit_bias,
+    requested_max_tokens,
+    stop_strings,
+    to_sampling_params,
+)
 from glmserve.serving.stop import StopStringMatcher
 
 StreamItem = ChatCompletionChunk | ErrorResponse
@@ -104,9 +110,10 @@ class ChatService:
         if req.model != self.model_name and req.model not in self.adapters:
             raise model_not_found(req.model)
         check_supported(req)  # before any image is fetched
+        bias = logit_bias(req, self.engine.tokenizer.n_vocab)
         images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
-        run = await asyncio.to_thread(self._prepare, req, images)
+        run = await asyncio.to_thread(self._prepare, req, images, bias)
         # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
         run.outputs = await asyncio.to_thread(self._admit, req, run.request, asyncio.get_running_loop())
         if req.stream:
@@ -127,11 +134,19 @@ class ChatService:
         except ImageError as exc:
             raise invalid_request(f"image_url: {exc}", urls[exc.index or 0][0]) from exc
 
-    def _prepare(self, req: ChatCompletionRequest, images: list) -> _Run:
+    def prompt_token_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt ``req`` would be given (template, tools), whatever its length, without
+        images. Raises ``APIError`` 400 as ``create`` would for the messages and tools."""
+        plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
+        return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
+                            tool_format=self.tool_parser, check_fit=False).token_ids
+
+    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None) -> _Run:
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
-            plan=plan, tool_format=self.tool_parser, images=images, processor=self.engine.multimodal if self.engine.model_info.vision else None,
+            plan=plan, tool_format=self.tool_parser, images=images,
+            processor=self.engine.multimodal if self.engine.model_info.vision else None,
         )
         parser = None
         if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active):
@@ -139,7 +154,7 @@ class ChatService:
         request = GenerationRequest(
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             prompt_token_ids=prompt.token_ids,
-            sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar),
+            sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias),
             lora=req.model if req.model in self.adapters else None,
             multimodal=prompt.multimodal,
         )

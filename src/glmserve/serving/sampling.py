@@ -16,8 +16,34 @@ def check_supported(req: ChatCompletionRequest) -> None:
         raise invalid_request("only n=1 is supported", "n", "unsupported_parameter")
     if req.logprobs or req.top_logprobs:
         raise invalid_request("logprobs are not supported yet", "logprobs", "unsupported_parameter")
-    if req.logit_bias:
-        raise invalid_request("logit_bias is not supported yet", "logit_bias", "unsupported_parameter")
+
+
+MAX_LOGIT_BIAS = 1024  # entries: each one is applied at every step
+
+
+def logit_bias(req: ChatCompletionRequest, n_vocab: int) -> dict[int, float] | None:
+    """``req.logit_bias`` with token ids as ints. Raises a 400 naming the ids that are not
+    token ids of this model (``0 .. n_vocab - 1``), for values outside -100..100, or for more
+    than ``MAX_LOGIT_BIAS`` entries."""
+    if not req.logit_bias:
+        return None
+    if len(req.logit_bias) > MAX_LOGIT_BIAS:
+        raise invalid_request(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    bias, bad = {}, []
+    for key, value in req.logit_bias.items():
+        token = int(key) if key.strip().lstrip("-").isdigit() else None
+        if token is None or not 0 <= token < n_vocab:
+            bad.append(key)
+        elif not -100 <= value <= 100:
+            raise invalid_request(f"logit_bias values must be between -100 and 100 (token {key}: {value})",
+                                  "logit_bias")
+        else:
+            bias[token] = float(value)
+    if bad:
+        shown = ", ".join(repr(k) for k in bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise invalid_request(f"logit_bias keys must be token ids of this model (0 to {n_vocab - 1}): {shown}",
+                              "logit_bias")
+    return bias
 
 
 def requested_max_tokens(req: ChatCompletionRequest) -> int | None:
@@ -32,9 +58,11 @@ def stop_strings(req: ChatCompletionRequest) -> list[str]:
 
 
 def to_sampling_params(
-    req: ChatCompletionRequest, max_tokens: int, stop_token_ids: tuple[int, ...], grammar: str | None = None
+    req: ChatCompletionRequest, max_tokens: int, stop_token_ids: tuple[int, ...], grammar: str | None = None,
+    bias: dict[int, float] | None = None,
 ) -> SamplingParams:
-    """Engine sampling parameters for ``req``; ``max_tokens`` is already resolved and fits."""
+    """Engine sampling parameters for ``req``; ``max_tokens`` is already resolved and fits;
+    ``bias``: ``req.logit_bias`` checked by ``logit_bias``."""
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0.0:  # "consider only the most likely token": greedy
@@ -52,4 +80,5 @@ def to_sampling_params(
         ignore_eos=req.ignore_eos,
         stop_token_ids=stop_token_ids,
         grammar=grammar,
+        logit_bias=bias,
     )

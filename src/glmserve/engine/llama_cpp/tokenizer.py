@@ -46,12 +46,15 @@ class LlamaCppTokenizer:
             piece = self._pieces[token_id] = self._piece(token_id)
         return piece
 
-    def _piece(self, token_id: int) -> bytes:
+    def decode(self, token_ids: list[int]) -> str:
+        return b"".join(self._piece(t, special=True) for t in token_ids).decode("utf-8", errors="replace")
+
+    def _piece(self, token_id: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, special)
         if n < 0:  # buffer too small: -n is the size needed
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, special)
         return buf.raw[:n]
 
 
