@@ -25,7 +25,8 @@ def fuzzed_server():
 
 
 # every operation of the spec; test_every_operation_is_fuzzed keeps the list complete
-OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions"]
+OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions",
+              "POST /tokenize", "POST /detokenize"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_every_operation_is_fuzzed(api_schema):
 
 
 # invalid requests can be made only where a request has inputs
-WITH_INPUTS = ["POST /v1/chat/completions"]
+WITH_INPUTS = ["POST /v1/chat/completions", "POST /tokenize", "POST /detokenize"]
 
 
 @pytest.mark.parametrize(("label", "mode"), [(op, GenerationMode.POSITIVE) for op in OPERATIONS]

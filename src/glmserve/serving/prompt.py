@@ -55,6 +55,7 @@ def build_prompt(
     tool_format: str | None = None,
     images: list[Any] | None = None,
     processor: MultimodalProcessor | None = None,
+    check_fit: bool = True,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
     context). ``plan``'s offered tools go where ``tool_format`` (a ``toolcalls.PARSERS``
@@ -62,8 +63,8 @@ def build_prompt(
     for ``generic`` (``chat/generic.py``, which also rewrites tool calls and results in the
     history), else the template's ``tools`` variable; ``plan.forced_prefix`` is appended after
     the generation prompt. ``images`` (decoded, in conversation order) go through
-    the engine's ``processor``, whose token count (image tokens included) is what must fit.
-    Raises ``APIError`` 400 for content the model cannot take, a template that rejects the
+    the engine's ``processor``, whose token count (image tokens included) is what must fit
+    (unless ``check_fit`` is false: ``/tokenize`` counts any prompt). Raises ``APIError`` 400 for content the model cannot take, a template that rejects the
     conversation, or a prompt/``max_tokens`` that does not fit."""
     try:
         messages = to_template_messages(req.messages, vision=processor is not None)
@@ -92,6 +93,8 @@ def build_prompt(
     except ValueError as exc:
         raise invalid_request(str(exc), "messages") from exc
     n_prompt = len(token_ids)
+    if not check_fit:
+        return Prompt(text, token_ids, max_tokens or 0, multimodal)
     if n_prompt >= context_length:
         raise context_length_exceeded(
             f"This model's maximum context length is {context_length} tokens. However, your "

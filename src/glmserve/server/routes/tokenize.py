@@ -1,0 +1,22 @@
+"""``POST /tokenize``, ``POST /detokenize`` (vLLM's routes and shapes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from glmserve.protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from glmserve.server.openapi import error_responses
+
+router = APIRouter()
+
+
+@router.post("/tokenize", responses=error_responses(400, 404, 413))
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    return await asyncio.to_thread(request.app.state.tokenize.tokenize, body)
+
+
+@router.post("/detokenize", responses=error_responses(400, 404, 413))
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    return await asyncio.to_thread(request.app.state.tokenize.detokenize, body)

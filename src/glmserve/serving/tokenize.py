@@ -1,0 +1,52 @@
+"""``/tokenize`` and ``/detokenize``: the model's own token ids for a prompt or a conversation
+(rendered exactly as a chat request would be), and text for token ids, so that clients can
+count tokens exactly."""
+
+from __future__ import annotations
+
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.protocol.errors import invalid_request, model_not_found
+from glmserve.protocol.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from glmserve.serving.chat import ChatService
+
+
+class TokenizeService:
+    """Over a ``ChatService`` (its model names, template, tool format and tokenizer). Both
+    methods are blocking (tokenizing a long prompt takes a while): call them off the event
+    loop. They raise ``APIError`` 404 for an unknown ``model`` and 400 for bad input."""
+
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+        self.tokenizer = chat.engine.tokenizer
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.chat.model_name and model not in self.chat.adapters:
+            raise model_not_found(model)
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        self._check_model(req.model)
+        if isinstance(req, TokenizeChatRequest):
+            chat = ChatCompletionRequest(model=self.chat.model_name, messages=req.messages, tools=req.tools)
+            ids = self.chat.prompt_token_ids(chat)
+        else:
+            try:
+                ids = self.tokenizer.encode_prompt(req.prompt) if req.add_special_tokens else self.tokenizer.encode(
+                    req.prompt)
+            except UnicodeEncodeError as exc:
+                raise invalid_request("the prompt contains invalid Unicode (a lone surrogate)", "prompt") from exc
+        strs = [self.tokenizer.decode([t]) for t in ids] if req.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=self.chat.context_length, tokens=ids, token_strs=strs)
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        self._check_model(req.model)
+        n_vocab = self.tokenizer.n_vocab
+        bad = [t for t in req.tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise invalid_request(f"not token ids of this model (0 to {n_vocab - 1}): {bad[:10]}", "tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(req.tokens))

@@ -1,0 +1,62 @@
+"""OpenAI surface beyond chat: ``/tokenize`` and ``/detokenize`` (vLLM's shapes),
+``logit_bias``, and the error for an unknown route, on the default server."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import DEFAULT_MODEL
+
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=60)
+
+
+def test_tokenize_detokenize_round_trip(server):
+    text = "Hello world, ünïcode 日本 and <|im_end|> markup"
+    tokens = _post(server, "/tokenize", {"model": DEFAULT_MODEL, "prompt": text, "return_token_strs": True}).json()
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] > 0
+    assert tokens["token_strs"][:2] == ["Hello", " world"]
+    assert _post(server, "/detokenize", {"model": DEFAULT_MODEL, "tokens": tokens["tokens"]}).json() == {"prompt": text}
+
+
+def test_chat_tokenize_counts_what_a_chat_request_is_charged(server, client):
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    for extra in ({}, {"tools": tools}):
+        counted = _post(server, "/tokenize", {"model": DEFAULT_MODEL, "messages": ASK, **extra}).json()["count"]
+        reply = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, max_tokens=1, **extra)
+        assert counted == reply.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
+    ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+    ("/tokenize", {"prompt": 3}, 400, "prompt"),
+])
+def test_tokenize_errors(server, path, body, status, param):
+    resp = _post(server, path, body)
+    assert resp.status_code == status and resp.json()["error"]["param"] == param
+
+
+def test_logit_bias_banning_the_greedy_token_changes_the_output(client, server):
+    plain = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, max_tokens=12, temperature=0)
+    text = plain.choices[0].message.content
+    first = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"][0]
+    banned = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, max_tokens=12, temperature=0,
+                                            logit_bias={str(first): -100})
+    assert banned.choices[0].message.content and not banned.choices[0].message.content.startswith(
+        _post(server, "/detokenize", {"tokens": [first]}).json()["prompt"])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, max_tokens=1, logit_bias={"9999999": 1})
+    assert err.value.body["param"] == "logit_bias" and "9999999" in err.value.body["message"]
+
+
+def test_unknown_route_is_an_openai_404_naming_it(server):
+    resp = _post(server, "/v1/embeddingz", {})
+    assert resp.status_code == 404
+    assert resp.json()["error"] == {"message": "Invalid URL (POST /v1/embeddingz)", "type": "not_found_error",
+                                    "param": None, "code": None}
