@@ -25,7 +25,8 @@ def test_health_needs_no_key(keyed_server):
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}],
                          ids=["missing", "wrong", "no-bearer"])
 def test_wrong_or_missing_key_is_401(keyed_server, headers):
-    for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions")]:
+    for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
+                         ("POST", "/tokenize"), ("POST", "/detokenize")]:
         resp = httpx.request(method, f"{keyed_server.url}{path}", headers=headers,
                              json={"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Hi"}]})
         assert resp.status_code == 401
@@ -42,6 +43,8 @@ def test_right_key_works(keyed_server):
     assert reply.usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client(api_key="nope").models.list()
+    metrics = httpx.get(f"{keyed_server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert metrics.status_code == 200 and "glmserve:request_success_total" in metrics.text
 
 
 def test_key_from_environment():

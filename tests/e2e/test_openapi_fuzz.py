@@ -26,7 +26,7 @@ def fuzzed_server():
 
 # every operation of the spec; test_every_operation_is_fuzzed keeps the list complete
 OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions",
-              "POST /tokenize", "POST /detokenize"]
+              "POST /tokenize", "POST /detokenize", "GET /metrics"]
 
 
 @pytest.fixture(scope="module")

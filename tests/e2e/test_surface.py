@@ -60,3 +60,32 @@ def test_unknown_route_is_an_openai_404_naming_it(server):
     assert resp.status_code == 404
     assert resp.json()["error"] == {"message": "Invalid URL (POST /v1/embeddingz)", "type": "not_found_error",
                                     "param": None, "code": None}
+
+
+def _samples(server) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = httpx.get(f"{server.url}/metrics", timeout=30)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(resp.text) for s in family.samples}
+
+
+def test_metrics_parse_and_move_with_traffic(server, client):
+    model = (("model_name", DEFAULT_MODEL),)
+    before = _samples(server)
+    reply = client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, max_tokens=5, temperature=0)
+    after = _samples(server)
+
+    def moved(name, labels=model):
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+
+    assert moved("glmserve:prompt_tokens_total") == reply.usage.prompt_tokens
+    assert moved("glmserve:generation_tokens_total") == reply.usage.completion_tokens
+    finished = tuple(sorted((*model, ("finished_reason", reply.choices[0].finish_reason))))
+    assert moved("glmserve:request_success_total", finished) == 1
+    assert moved("glmserve:time_to_first_token_seconds_count") == 1
+    assert moved("glmserve:e2e_request_latency_seconds_count") == 1
+    assert moved("glmserve:prefix_cache_queries_total") == reply.usage.prompt_tokens
+    assert after[("glmserve:num_requests_running", model)] == 0
+    assert 0 < after[("glmserve:kv_cache_usage_perc", model)] <= 1  # the finished request's cells stay cached

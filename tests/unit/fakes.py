@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.types import EngineStats, GenerationOutput, GenerationRequest, ModelInfo
 
 SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001, "[gMASK]": 1002, "<sop>": 1003, "<|system|>": 1004,
            "<|user|>": 1005, "<|assistant|>": 1006, "<|observation|>": 1007}
@@ -67,6 +67,9 @@ class FakeEngine:
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(0, 0)
 
     def generate(self, request: GenerationRequest, loop=None) -> AsyncIterator[GenerationOutput]:
         self.requests.append(request)

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.types import EngineStats, GenerationOutput, GenerationRequest, ModelInfo
 
 
 @runtime_checkable
@@ -79,5 +79,8 @@ class Engine(Protocol):
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""
+
+    def stats(self) -> EngineStats:
+        """The engine's load now (any thread; for ``/metrics``)."""
 
     def shutdown(self) -> None: ...

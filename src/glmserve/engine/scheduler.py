@@ -337,3 +337,9 @@ class AdmissionControl:
     @property
     def in_flight(self) -> int:
         return self._count
+
+    def split(self) -> tuple[int, int]:
+        """(running, waiting): the unfinished requests, the first ``max_num_seqs`` counted as
+        running (every engine runs a request as soon as a sequence is free)."""
+        count = self._count
+        return min(count, self.max_num_seqs), max(0, count - self.max_num_seqs)

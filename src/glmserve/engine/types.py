@@ -103,6 +103,17 @@ class GenerationOutput:
 
 
 @dataclass(slots=True, frozen=True)
+class EngineStats:
+    """A snapshot of an engine's load: requests ``running`` (at most ``max_num_seqs``) and
+    ``waiting`` (admitted, queued), and the share of the KV cache in use (0..1, idle prefix
+    caches included; None when the engine does not know it)."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class ModelInfo:
     """What an engine serves: the model's id, its context length (tokens) and capabilities.
 

@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream
-from glmserve.engine.types import FinishReason, GenerationOutput
+from glmserve.engine.types import EngineStats, FinishReason, GenerationOutput
 
 S = TypeVar("S")  # the engine's per-request state
 
@@ -101,6 +101,14 @@ class StepWorker(Generic[S]):
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step (any thread)."""
         self._aborts.add(request_id)
+
+    def stats(self) -> EngineStats:
+        running, waiting = self._admission.split()
+        return EngineStats(running, waiting, self._kv_cache_usage())
+
+    def _kv_cache_usage(self) -> float | None:
+        """The share of KV cache cells in use, if the engine knows it (any thread)."""
+        return None
 
     def _release(self, stream: OutputStream, request_id: str, reason: FinishReason, error: str | None,
                  num_prompt: int, num_cached: int, send: bool) -> None:

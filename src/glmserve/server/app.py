@@ -17,7 +17,7 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import chat, docs, health, models, tokenize
+from glmserve.server.routes import chat, docs, health, metrics, models, tokenize
 from glmserve.serving.chat import ChatService
 from glmserve.serving.tokenize import TokenizeService
 
@@ -70,4 +70,5 @@ def create_app(
     app.include_router(models.router, dependencies=protected, responses=needs_key)
     app.include_router(chat.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
+    app.include_router(metrics.router, dependencies=protected, responses=needs_key)
     return app

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
@@ -34,6 +34,7 @@ from glmserve.protocol.chat import (
 )
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
+from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
 from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
@@ -64,6 +65,8 @@ class _Run:
     model: str = ""  # the requested model id: the base model or a LoRA adapter
     completion_tokens: int = 0
     cached_tokens: int = 0
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
 
     def usage(self) -> Usage:
         n_prompt = len(self.request.prompt_token_ids)
@@ -105,6 +108,7 @@ class ChatService:
             if len(ids) == 1 and engine.tokenizer.is_special(ids[0]) and ids[0] not in stop_ids:
                 stop_ids.append(ids[0])
         self.stop_token_ids = tuple(stop_ids)
+        self.metrics = ServingMetrics(engine, served_model_name)
 
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
         if req.model != self.model_name and req.model not in self.adapters:
@@ -168,6 +172,7 @@ class ChatService:
         try:
             return self.engine.generate(request, loop)
         except EngineOverloaded as exc:
+            self.metrics.rejected.labels(req.model).inc()
             raise overloaded(str(exc), exc.retry_after_s) from exc
         except GrammarError as exc:
             raise invalid_request(str(exc), "response_format" if req.response_format else "tools") from exc
@@ -178,18 +183,24 @@ class ChatService:
         Raises ``APIError`` (500) when the engine fails this request. Leaving early (client
         gone) closes the engine stream, which aborts the request."""
         matcher = StopStringMatcher(run.stops)
+        reason = "abort"  # unless the loop below ends otherwise (the client left)
         try:
             async with aclosing(run.outputs) as outputs:
                 async for out in outputs:
+                    if out.token_ids and run.first_token_at is None:
+                        run.first_token_at = time.perf_counter()
                     run.completion_tokens += len(out.token_ids)
                     run.cached_tokens = out.num_cached_tokens
                     if out.finish_reason == "error":
+                        reason = "error"
                         raise server_error(f"generation failed: {out.error}")
                     text, stopped = matcher.feed(out.text)
                     if stopped:
+                        reason = "stop"
                         yield text, "stop"
                         return
                     if out.finished:
+                        reason = "length" if out.finish_reason == "length" else out.finish_reason or "stop"
                         yield text + matcher.flush(), "length" if out.finish_reason == "length" else "stop"
                         return
                     if text:
@@ -197,7 +208,11 @@ class ChatService:
         except APIError:
             raise
         except Exception as exc:  # an engine bug must end this request only
+            reason = "error"
             raise server_error(f"generation failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.metrics.finished(run.model, reason, len(run.request.prompt_token_ids), run.cached_tokens,
+                                  run.completion_tokens, run.arrival, run.first_token_at, time.perf_counter())
 
     async def _events(self, run: _Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None]]:
         """Parsed output: ``(events, finish_reason)``; without a tool parser every text delta

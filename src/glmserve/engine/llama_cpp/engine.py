@@ -191,6 +191,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
 
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
 
+    def _kv_cache_usage(self) -> float | None:
+        scheduler = self._scheduler
+        return scheduler.kv_used / scheduler.n_ctx if scheduler is not None else None
+
     def _has_work(self) -> bool:
         return self._scheduler.has_work()
 

@@ -43,7 +43,14 @@ from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.rules import check_request, stop_token_ids
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputStream, RequestStream
-from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
+from glmserve.engine.types import (
+    EngineStats,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    ModelInfo,
+    SamplingParams,
+)
 from glmserve.engine.vllm.args import EngineConfig, engine_args
 from glmserve.models import ResolvedModel
 
@@ -138,6 +145,10 @@ class VllmEngine:
         future = self._tasks.get(request_id)
         if future is not None:
             future.cancel()  # cancels the task on the consumers' loop; vLLM then aborts the request
+
+    def stats(self) -> EngineStats:
+        running, waiting = self._admission.split()
+        return EngineStats(running, waiting)
 
     def _sampling_params(self, sp: SamplingParams) -> VllmSamplingParams:
         """glmserve's ``SamplingParams`` as vLLM's, field for field. Raises ``GrammarError`` for
