@@ -11,13 +11,17 @@ going until ``grace_s`` has passed; if it has not finished by then, its source i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import anyio
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 
 from glmserve.protocol.errors import APIError, ErrorResponse
+from glmserve.server.cancellation import with_cancellation
 from glmserve.serving.chat import StreamItem
 
 PING_INTERVAL_S = 15
@@ -91,3 +95,14 @@ def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float) -
         shutdown_grace_period=grace + 0.5,
         background=BackgroundTask(source.aclose),
     )
+
+
+async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None], request: Request) -> Response:
+    """The HTTP response for a handler's ``result`` (awaited under ``with_cancellation``): a
+    whole object as JSON without its null fields, a stream as SSE; 499 when the client left."""
+    result = await with_cancellation(result, request)
+    if result is None:  # client went away; nobody reads this
+        return Response(status_code=499)
+    if isinstance(result, BaseModel):
+        return JSONResponse(result.model_dump(exclude_none=True))
+    return event_stream(result, request.app.state.shutdown_timeout)

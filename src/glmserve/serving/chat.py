@@ -51,8 +51,8 @@ StreamItem = ChatCompletionChunk | ErrorResponse
 
 
 @dataclass(slots=True)
-class _Run:
-    """One admitted request and what it has produced so far."""
+class Run:
+    """One admitted request and what it has produced so far (chat and text completions)."""
 
     id: str
     created: int
@@ -111,19 +111,24 @@ class ChatService:
         self.metrics = ServingMetrics(engine, served_model_name)
 
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
-        if req.model != self.model_name and req.model not in self.adapters:
-            raise model_not_found(req.model)
+        self.check_model(req.model)
         check_supported(req)  # before any image is fetched
         bias = logit_bias(req, self.engine.tokenizer.n_vocab)
         images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
         run = await asyncio.to_thread(self._prepare, req, images, bias)
         # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
-        run.outputs = await asyncio.to_thread(self._admit, req, run.request, asyncio.get_running_loop())
+        run.outputs = await asyncio.to_thread(self.admit, req.model, run.request, asyncio.get_running_loop(),
+                                              "response_format" if req.response_format else "tools")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return ChunkStream(self._stream(run, include_usage), run.outputs)
         return await self._complete(run)
+
+    def check_model(self, model: str) -> None:
+        """Raises ``APIError`` 404 unless ``model`` is the served model or one of its adapters."""
+        if model != self.model_name and model not in self.adapters:
+            raise model_not_found(model)
 
     async def _load_images(self, req: ChatCompletionRequest) -> list:
         """The request's images, fetched and decoded under the media policy, in order. Raises
@@ -145,7 +150,7 @@ class ChatService:
         return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
                             tool_format=self.tool_parser, check_fit=False).token_ids
 
-    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None) -> _Run:
+    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None) -> Run:
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
@@ -162,22 +167,23 @@ class ChatService:
             lora=req.model if req.model in self.adapters else None,
             multimodal=prompt.multimodal,
         )
-        return _Run(request.request_id, int(time.time()), request, stop_strings(req), None, parser,
+        return Run(request.request_id, int(time.time()), request, stop_strings(req), None, parser,
                     plan.forced_prefix, plan.max_calls, req.model)
 
-    def _admit(self, req: ChatCompletionRequest, request: GenerationRequest,
-               loop: asyncio.AbstractEventLoop) -> AsyncIterator[GenerationOutput]:
-        """Hand ``request`` to the engine (from any thread; ``loop`` consumes the stream); 429
-        when it is full, 400 when its grammar does not compile."""
+    def admit(self, model: str, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
+              grammar_param: str | None = None) -> AsyncIterator[GenerationOutput]:
+        """Hand ``request`` (for the requested ``model``) to the engine, from any thread;
+        ``loop`` consumes the stream. Raises ``APIError`` 429 when the engine is full, 400
+        naming ``grammar_param`` when the request's grammar does not compile."""
         try:
             return self.engine.generate(request, loop)
         except EngineOverloaded as exc:
-            self.metrics.rejected.labels(req.model).inc()
+            self.metrics.rejected.labels(model).inc()
             raise overloaded(str(exc), exc.retry_after_s) from exc
         except GrammarError as exc:
-            raise invalid_request(str(exc), "response_format" if req.response_format else "tools") from exc
+            raise invalid_request(str(exc), grammar_param) from exc
 
-    async def _deltas(self, run: _Run) -> AsyncIterator[tuple[str, str | None]]:
+    async def deltas(self, run: Run) -> AsyncIterator[tuple[str, str | None]]:
         """``(text, finish_reason)`` pairs; the last has ``finish_reason`` set.
 
         Raises ``APIError`` (500) when the engine fails this request. Leaving early (client
@@ -214,13 +220,13 @@ class ChatService:
             self.metrics.finished(run.model, reason, len(run.request.prompt_token_ids), run.cached_tokens,
                                   run.completion_tokens, run.arrival, run.first_token_at, time.perf_counter())
 
-    async def _events(self, run: _Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None]]:
+    async def _events(self, run: Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None]]:
         """Parsed output: ``(events, finish_reason)``; without a tool parser every text delta
         is one content event. ``finish_reason`` is ``tool_calls`` when the reply made calls."""
         parser, made_calls = run.parser, False
         if parser and run.forced_prefix:
             parser.feed(run.forced_prefix)  # the name line the prompt already holds
-        async for text, finish in self._deltas(run):
+        async for text, finish in self.deltas(run):
             if parser is None:
                 events = [DeltaEvent("content", text)] if text else []
             else:
@@ -230,7 +236,7 @@ class ChatService:
             made_calls = made_calls or any(e.kind == "tool_call" for e in events)
             yield events, ("tool_calls" if made_calls and finish == "stop" else finish)
 
-    async def _complete(self, run: _Run) -> ChatCompletion:
+    async def _complete(self, run: Run) -> ChatCompletion:
         events: list[DeltaEvent] = []
         finish_reason: str | None = None
         async for batch, finish_reason in self._events(run):
@@ -248,7 +254,7 @@ class ChatService:
             usage=run.usage(),
         )
 
-    def _chunk(self, run: _Run, delta: DeltaMessage, finish_reason: str | None = None) -> ChatCompletionChunk:
+    def _chunk(self, run: Run, delta: DeltaMessage, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=run.id,
             created=run.created,
@@ -256,7 +262,7 @@ class ChatService:
             choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
         )
 
-    def _event_chunks(self, run: _Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
+    def _event_chunks(self, run: Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
         if event.kind == "content":
             return [self._chunk(run, DeltaMessage(content=event.text))]
         if event.kind == "reasoning":
@@ -267,7 +273,7 @@ class ChatService:
         body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
         return [self._chunk(run, DeltaMessage(tool_calls=[head])), self._chunk(run, DeltaMessage(tool_calls=[body]))]
 
-    async def _stream(self, run: _Run, include_usage: bool) -> AsyncIterator[StreamItem]:
+    async def _stream(self, run: Run, include_usage: bool) -> AsyncIterator[StreamItem]:
         yield self._chunk(run, DeltaMessage(role="assistant", content=""))
         try:
             async for events, finish_reason in self._events(run):
@@ -286,12 +292,12 @@ class ChatService:
 
 class ChunkStream:
     """The stream ``ChatService.create`` returns: iterates the chunk generator; ``aclose()``
-    closes it and aborts the engine request, also when iteration never began (closing a
+    closes it and aborts the engine requests, also when iteration never began (closing a
     generator that never started runs none of its code)."""
 
     __slots__ = ("_chunks", "_outputs")
 
-    def __init__(self, chunks: AsyncIterator[StreamItem], outputs: AsyncIterator[GenerationOutput]) -> None:
+    def __init__(self, chunks: AsyncIterator[StreamItem], *outputs: AsyncIterator[GenerationOutput]) -> None:
         self._chunks, self._outputs = chunks, outputs
 
     def __aiter__(self) -> ChunkStream:
@@ -304,7 +310,8 @@ class ChunkStream:
         try:
             await self._chunks.aclose()
         finally:
-            await self._outputs.aclose()
+            for outputs in self._outputs:
+                await outputs.aclose()
 
 
 def _call_id() -> str:

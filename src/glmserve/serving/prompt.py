@@ -95,18 +95,25 @@ def build_prompt(
     n_prompt = len(token_ids)
     if not check_fit:
         return Prompt(text, token_ids, max_tokens or 0, multimodal)
+    return Prompt(text, token_ids, fit_max_tokens(n_prompt, max_tokens, context_length, "messages"), multimodal)
+
+
+def fit_max_tokens(n_prompt: int, max_tokens: int | None, context_length: int, prompt_param: str) -> int:
+    """``max_tokens`` resolved against the context window (None: what the prompt leaves).
+    Raises a 400 ``context_length_exceeded`` naming ``prompt_param`` when the prompt alone does
+    not fit, or ``max_tokens`` when the two together do not."""
+    noun = "messages" if prompt_param == "messages" else "prompt"  # OpenAI's wording for each
     if n_prompt >= context_length:
         raise context_length_exceeded(
             f"This model's maximum context length is {context_length} tokens. However, your "
-            f"messages resulted in {n_prompt} tokens. Please reduce the length of the messages."
-        )
+            f"{noun} resulted in {n_prompt} tokens. Please reduce the length of the {noun}.", param=prompt_param)
     if max_tokens is None:
-        max_tokens = context_length - n_prompt
-    elif n_prompt + max_tokens > context_length:
+        return context_length - n_prompt
+    if n_prompt + max_tokens > context_length:
         raise context_length_exceeded(
             f"This model's maximum context length is {context_length} tokens. However, you "
-            f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} "
-            "in the completion). Please reduce the length of the messages or completion.",
+            f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the {noun}, {max_tokens} "
+            f"in the completion). Please reduce the length of the {noun} or completion.",
             param="max_tokens",
         )
-    return Prompt(text, token_ids, max_tokens, multimodal)
+    return max_tokens
