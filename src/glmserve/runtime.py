@@ -60,7 +60,7 @@ def start_runtime(settings: ServeSettings) -> Runtime:
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
         return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings),
-                                           settings.schema_limits()))
+                                           settings.schema_limits(), settings.max_n))
     except BaseException:
         engine.shutdown()
         raise

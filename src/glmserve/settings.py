@@ -119,6 +119,10 @@ class ServeSettings(BaseSettings):
         64, ge=0, le=1 << 16,
         description="Requests that may wait for a free sequence; beyond that the server answers 429.",
     )
+    max_n: int = Field(
+        8, ge=1, le=128,
+        description="Largest n (choices per request) a request may ask for; each choice is one sequence.",
+    )
     max_request_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, le=1 << 34, description="Largest request body accepted (413 beyond)."
     )

@@ -14,7 +14,8 @@ PROMPT = "The capital of France is"
 
 def _create(client, **kw):
     kw.setdefault("max_tokens", 8)
-    return client.completions.create(model=DEFAULT_MODEL, temperature=0, **kw)
+    kw.setdefault("temperature", 0)
+    return client.completions.create(model=DEFAULT_MODEL, **kw)
 
 
 def _token_ids(server, text: str) -> list[int]:
@@ -74,7 +75,8 @@ def test_stop_string(client):
     ({"prompt": [10**9]}, "prompt"),
     ({"prompt": ["ok", [1]]}, "prompt.0"),  # a mixed list: no branch of the union fits
     ({"prompt": PROMPT, "max_tokens": 10**6}, "max_tokens"),
-    ({"prompt": PROMPT, "n": 2}, "n"),
+    ({"prompt": PROMPT, "n": 9}, "n"),  # over --max-n
+    ({"prompt": PROMPT, "n": 2, "best_of": 3}, "best_of"),
     ({"prompt": PROMPT, "suffix": "x"}, "suffix"),
 ])
 def test_bad_requests_are_400(client, kw, param):
@@ -86,3 +88,9 @@ def test_bad_requests_are_400(client, kw, param):
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt=PROMPT, max_tokens=2)
+
+
+def test_n_per_prompt(client):
+    reply = _create(client, prompt=["The capital of France is", "The capital of Japan is"], n=2, max_tokens=6)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]  # prompt p's sample j is p * n + j
+    assert all("Paris" in c.text for c in reply.choices[:2]) and all("Tokyo" in c.text for c in reply.choices[2:])

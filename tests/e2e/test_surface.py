@@ -89,3 +89,24 @@ def test_metrics_parse_and_move_with_traffic(server, client):
     assert moved("glmserve:prefix_cache_queries_total") == reply.usage.prompt_tokens
     assert after[("glmserve:num_requests_running", model)] == 0
     assert 0 < after[("glmserve:kv_cache_usage_perc", model)] <= 1  # the finished request's cells stay cached
+
+
+def test_n_choices_plain_and_streamed(client):
+    kw = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Name a color."}], "n": 3,
+          "max_tokens": 8, "temperature": 1.0, "seed": 11}
+    reply = client.chat.completions.create(**kw)
+    assert [c.index for c in reply.choices] == [0, 1, 2] and all(c.message.content for c in reply.choices)
+    assert len({c.message.content for c in reply.choices}) > 1  # seeds 11, 12, 13
+    assert 3 <= reply.usage.completion_tokens <= 24
+    single = client.chat.completions.create(**{**kw, "n": 1})
+    assert reply.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counts once
+    texts, roles, finishes = {}, set(), {}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            roles |= {choice.index} if choice.delta.role else set()
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    assert roles == {0, 1, 2} and all(texts.values()) and all(finishes.values())
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**{**kw, "n": 9})  # over --max-n (8)
+    assert err.value.body["param"] == "n"

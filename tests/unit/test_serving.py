@@ -55,7 +55,6 @@ def test_sampling_defaults_and_mapping():
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({"n": 3}, "n"),
     ({"logprobs": True}, "logprobs"),
 ])
 def test_unsupported_options_are_refused(kw, param):

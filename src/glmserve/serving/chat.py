@@ -34,12 +34,15 @@ from glmserve.protocol.chat import (
 )
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
+from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
 from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
 from glmserve.serving.sampling import (
+    check_n,
     check_supported,
+    choice_sampling,
     logit_bias,
     requested_max_tokens,
     stop_strings,
@@ -63,19 +66,23 @@ class Run:
     forced_prefix: str = ""
     max_calls: int | None = None
     model: str = ""  # the requested model id: the base model or a LoRA adapter
+    index: int = 0  # the choice this run answers
     completion_tokens: int = 0
     cached_tokens: int = 0
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
-    def usage(self) -> Usage:
-        n_prompt = len(self.request.prompt_token_ids)
-        return Usage(
-            prompt_tokens=n_prompt,
-            completion_tokens=self.completion_tokens,
-            total_tokens=n_prompt + self.completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
-        )
+
+
+def usage(runs: list[Run], prompts: int = 1) -> Usage:
+    """Usage of ``runs``, the choices of ``prompts`` prompts (``n`` per prompt, in order): each
+    prompt counted once, as OpenAI counts it for ``n``."""
+    per_prompt = len(runs) // prompts
+    heads = runs[::per_prompt]
+    prompt = sum(len(r.request.prompt_token_ids) for r in heads)
+    completion = sum(r.completion_tokens for r in runs)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in heads)))
 
 
 class ChatService:
@@ -89,10 +96,11 @@ class ChatService:
 
     def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
                  tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
-                 schema_limits: SchemaLimits | None = None) -> None:
+                 schema_limits: SchemaLimits | None = None, max_n: int = 1) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
-        ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``).
+        ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
+        ``max_n``: the largest ``n`` a request may ask for.
         Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
         self.engine = engine
         self.model_name = served_model_name
@@ -101,6 +109,7 @@ class ChatService:
         self.schema_limits = schema_limits or SchemaLimits()
         self.template = template
         self.tool_parser = tool_parser
+        self.max_n = max_n
         self.context_length = engine.model_info.context_length
         stop_ids = list(end_of_turn_token_ids(template, engine.tokenizer))
         for marker in PARSERS[tool_parser].end_of_turn if tool_parser else ():
@@ -113,17 +122,17 @@ class ChatService:
     async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
         self.check_model(req.model)
         check_supported(req)  # before any image is fetched
+        check_n(req.n, self.max_n)
         bias = logit_bias(req, self.engine.tokenizer.n_vocab)
         images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
-        run = await asyncio.to_thread(self._prepare, req, images, bias)
+        runs = await asyncio.to_thread(self._prepare, req, images, bias)
         # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
-        run.outputs = await asyncio.to_thread(self.admit, req.model, run.request, asyncio.get_running_loop(),
-                                              "response_format" if req.response_format else "tools")
+        await self.admit_all(runs, "response_format" if req.response_format else "tools")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ChunkStream(self._stream(run, include_usage), run.outputs)
-        return await self._complete(run)
+            return ChunkStream(self._stream(runs, include_usage), *(run.outputs for run in runs))
+        return await self._complete(runs)
 
     def check_model(self, model: str) -> None:
         """Raises ``APIError`` 404 unless ``model`` is the served model or one of its adapters."""
@@ -150,25 +159,44 @@ class ChatService:
         return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
                             tool_format=self.tool_parser, check_fit=False).token_ids
 
-    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None) -> Run:
+    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None) -> list[Run]:
+        """The request's ``n`` runs, sharing one prompt (the engines' prefix caches share its KV)."""
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
             plan=plan, tool_format=self.tool_parser, images=images,
             processor=self.engine.multimodal if self.engine.model_info.vision else None,
         )
-        parser = None
-        if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active):
-            parser = PARSERS[self.tool_parser](plan.functions)
-        request = GenerationRequest(
-            request_id=f"chatcmpl-{uuid.uuid4().hex}",
-            prompt_token_ids=prompt.token_ids,
-            sampling=to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias),
-            lora=req.model if req.model in self.adapters else None,
-            multimodal=prompt.multimodal,
-        )
-        return Run(request.request_id, int(time.time()), request, stop_strings(req), None, parser,
-                    plan.forced_prefix, plan.max_calls, req.model)
+        parse = self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active)
+        sampling = to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        runs = []
+        for i in range(req.n):
+            request = GenerationRequest(
+                request_id=rid if req.n == 1 else f"{rid}-{i}",
+                prompt_token_ids=prompt.token_ids,
+                sampling=choice_sampling(sampling, i),
+                lora=req.model if req.model in self.adapters else None,
+                multimodal=prompt.multimodal,
+            )
+            runs.append(Run(rid, created, request, stop_strings(req), None,
+                            PARSERS[self.tool_parser](plan.functions) if parse else None,
+                            plan.forced_prefix, plan.max_calls, req.model, index=i))
+        return runs
+
+    async def admit_all(self, runs: list[Run], grammar_param: str | None = None) -> None:
+        """Admit every run (off the event loop), or none: when one is refused, the runs
+        already admitted are aborted and its ``APIError`` is raised."""
+        loop = asyncio.get_running_loop()
+        admitted = []
+        try:
+            for run in runs:
+                run.outputs = await asyncio.to_thread(self.admit, run.model, run.request, loop, grammar_param)
+                admitted.append(run)
+        except BaseException:
+            for run in admitted:
+                await run.outputs.aclose()
+            raise
 
     def admit(self, model: str, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
               grammar_param: str | None = None) -> AsyncIterator[GenerationOutput]:
@@ -236,30 +264,30 @@ class ChatService:
             made_calls = made_calls or any(e.kind == "tool_call" for e in events)
             yield events, ("tool_calls" if made_calls and finish == "stop" else finish)
 
-    async def _complete(self, run: Run) -> ChatCompletion:
-        events: list[DeltaEvent] = []
-        finish_reason: str | None = None
-        async for batch, finish_reason in self._events(run):
-            events += batch
-        parsed = assemble(events)
-        calls = [ToolCall(id=_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
-                 for c in parsed.tool_calls]
-        message = ChatMessage(content=parsed.content, tool_calls=calls or None,
-                              reasoning_content=parsed.reasoning_content)
-        return ChatCompletion(
-            id=run.id,
-            created=run.created,
-            model=run.model,
-            choices=[Choice(message=message, finish_reason=finish_reason)],
-            usage=run.usage(),
-        )
+    async def _complete(self, runs: list[Run]) -> ChatCompletion:
+        events: list[list[DeltaEvent]] = [[] for _ in runs]
+        finishes: list[str | None] = [None] * len(runs)
+        async with aclosing(merged([self._events(run) for run in runs])) as parsed:
+            async for i, (batch, finish) in parsed:
+                events[i] += batch
+                finishes[i] = finish or finishes[i]
+        choices = []
+        for i, (batch, finish) in enumerate(zip(events, finishes)):
+            out = assemble(batch)
+            calls = [ToolCall(id=_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+                     for c in out.tool_calls]
+            message = ChatMessage(content=out.content, tool_calls=calls or None, reasoning_content=out.reasoning_content)
+            choices.append(Choice(index=i, message=message, finish_reason=finish))
+        first = runs[0]
+        return ChatCompletion(id=first.id, created=first.created, model=first.model, choices=choices,
+                              usage=usage(runs))
 
     def _chunk(self, run: Run, delta: DeltaMessage, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=run.id,
             created=run.created,
             model=run.model,
-            choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)],
+            choices=[ChunkChoice(index=run.index, delta=delta, finish_reason=finish_reason)],
         )
 
     def _event_chunks(self, run: Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
@@ -273,21 +301,24 @@ class ChatService:
         body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
         return [self._chunk(run, DeltaMessage(tool_calls=[head])), self._chunk(run, DeltaMessage(tool_calls=[body]))]
 
-    async def _stream(self, run: Run, include_usage: bool) -> AsyncIterator[StreamItem]:
-        yield self._chunk(run, DeltaMessage(role="assistant", content=""))
+    async def _stream(self, runs: list[Run], include_usage: bool) -> AsyncIterator[StreamItem]:
+        for run in runs:
+            yield self._chunk(run, DeltaMessage(role="assistant", content=""))
         try:
-            async for events, finish_reason in self._events(run):
-                for event in events:
-                    for chunk in self._event_chunks(run, event):
-                        yield chunk
-                if finish_reason is not None:
-                    yield self._chunk(run, DeltaMessage(), finish_reason)
+            async with aclosing(merged([self._events(run) for run in runs])) as parsed:
+                async for i, (events, finish_reason) in parsed:
+                    for event in events:
+                        for chunk in self._event_chunks(runs[i], event):
+                            yield chunk
+                    if finish_reason is not None:
+                        yield self._chunk(runs[i], DeltaMessage(), finish_reason)
         except APIError as exc:
             yield exc.body()
             return
         if include_usage:
-            yield ChatCompletionChunk(id=run.id, created=run.created, model=run.model, choices=[],
-                                      usage=run.usage())
+            first = runs[0]
+            yield ChatCompletionChunk(id=first.id, created=first.created, model=first.model, choices=[],
+                                      usage=usage(runs))
 
 
 class ChunkStream:

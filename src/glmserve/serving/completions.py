@@ -1,7 +1,8 @@
 """The text-completions handler (``/v1/completions``): prompts as they are, no chat template.
 
-Each prompt (a string, or token ids; a request may hold a list of either) is one engine request,
-admitted together and run concurrently; its text is choice ``index`` of the reply. Admission,
+Each prompt (a string, or token ids; a request may hold a list of either) gives ``n`` engine
+requests, all admitted together and run concurrently: choice ``p * n + j`` is prompt ``p``'s
+``j``-th sample. Admission,
 stop strings, metrics and aborts are the chat handler's (``ChatService.admit`` and
 ``ChatService.deltas``), so both endpoints behave alike.
 """
@@ -14,19 +15,20 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from glmserve.protocol.chat import PromptTokensDetails, Usage
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionRequest
 from glmserve.engine.types import GenerationRequest
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
-from glmserve.serving.chat import ChatService, ChunkStream, Run
+from glmserve.serving.chat import ChatService, ChunkStream, Run, usage
+from glmserve.serving.merge import merged
 from glmserve.serving.prompt import fit_max_tokens
-from glmserve.serving.sampling import logit_bias, stop_strings, to_sampling_params
+from glmserve.serving.sampling import check_n, choice_sampling, logit_bias, stop_strings, to_sampling_params
 
 
 def check_supported(req: CompletionRequest) -> None:
     """Raise a 400 ``APIError`` for the options this server does not implement yet."""
-    if req.n != 1 or (req.best_of or 1) != 1:
-        raise invalid_request("only n=1 (and best_of=1) is supported", "n", "unsupported_parameter")
+    if req.best_of is not None and req.best_of != req.n:
+        raise invalid_request("best_of (ranking more samples than n) is not supported", "best_of",
+                              "unsupported_parameter")
     if req.logprobs is not None:
         raise invalid_request("logprobs are not supported yet", "logprobs", "unsupported_parameter")
     if req.suffix:
@@ -47,35 +49,31 @@ class CompletionService:
     async def create(self, req: CompletionRequest) -> Completion | AsyncIterator[Completion | ErrorResponse]:
         self.chat.check_model(req.model)
         check_supported(req)
+        check_n(req.n, self.chat.max_n)
         bias = logit_bias(req, self.tokenizer.n_vocab)
         prompts = await asyncio.to_thread(self._token_prompts, req)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        loop = asyncio.get_running_loop()
         runs: list[Run] = []
-        try:
-            for i, ids in enumerate(prompts):
-                param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
-                max_tokens = fit_max_tokens(len(ids), req.max_tokens, self.chat.context_length, param)
+        for p, ids in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
+            sampling = to_sampling_params(req, fit_max_tokens(len(ids), req.max_tokens, self.chat.context_length,
+                                                              param), (), None, bias)
+            for j in range(req.n):  # choice p * n + j
                 request = GenerationRequest(
-                    request_id=f"{rid}-{i}", prompt_token_ids=ids,
-                    sampling=to_sampling_params(req, max_tokens, (), None, bias),
+                    request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
                     lora=req.model if req.model in self.chat.adapters else None)
-                run = Run(rid, created, request, stop_strings(req), None, model=req.model)
-                run.outputs = await asyncio.to_thread(self.chat.admit, req.model, request, loop)
-                runs.append(run)
-        except BaseException:
-            for run in runs:  # all or nothing: a refused prompt aborts the admitted ones
-                await run.outputs.aclose()
-            raise
+                runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
+        await self.chat.admit_all(runs)
         if not req.echo:
             echoes = [""] * len(runs)
-        elif isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
-            echoes = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)  # the client's own text
+        elif isinstance(req.prompt, str) or isinstance(req.prompt[0], str):  # the client's own text
+            echoes = [text for text in ([req.prompt] if isinstance(req.prompt, str) else req.prompt)
+                      for _ in range(req.n)]
         else:
             echoes = [self.tokenizer.decode(run.request.prompt_token_ids) for run in runs]
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ChunkStream(self._stream(runs, echoes, include_usage), *(run.outputs for run in runs))
+            return ChunkStream(self._stream(runs, echoes, include_usage, len(prompts)), *(run.outputs for run in runs))
         texts, finishes = [""] * len(runs), [None] * len(runs)
         async with aclosing(self._chunks(runs, echoes)) as chunks:
             async for item in chunks:
@@ -84,7 +82,7 @@ class CompletionService:
                 for choice in item.choices:
                     texts[choice.index] += choice.text
                     finishes[choice.index] = choice.finish_reason or finishes[choice.index]
-        return Completion(id=rid, created=created, model=req.model, usage=_usage(runs),
+        return Completion(id=rid, created=created, model=req.model, usage=usage(runs, len(prompts)),
                           choices=[CompletionChoice(index=i, text=t, finish_reason=f)
                                    for i, (t, f) in enumerate(zip(texts, finishes))])
 
@@ -112,8 +110,8 @@ class CompletionService:
             out.append(ids)
         return out
 
-    async def _stream(self, runs: list[Run], echoes: list[str],
-                      include_usage: bool) -> AsyncIterator[Completion | ErrorResponse]:
+    async def _stream(self, runs: list[Run], echoes: list[str], include_usage: bool,
+                      n_prompts: int) -> AsyncIterator[Completion | ErrorResponse]:
         """The SSE items: chunks, an error body if a run failed, the usage chunk if asked for."""
         async with aclosing(self._chunks(runs, echoes)) as chunks:
             async for item in chunks:
@@ -123,49 +121,23 @@ class CompletionService:
                 yield item
         if include_usage:
             first = runs[0]
-            yield Completion(id=first.id, created=first.created, model=first.model, choices=[], usage=_usage(runs))
+            yield Completion(id=first.id, created=first.created, model=first.model, choices=[],
+                             usage=usage(runs, n_prompts))
 
     async def _chunks(self, runs: list[Run], echoes: list[str]) -> AsyncIterator[Completion | APIError]:
         """Chunks of every run as they come (``choices[0].index`` says which prompt; the echoed
         prompt first); a failed run's ``APIError`` ends them, aborting the others."""
-        queue: asyncio.Queue = asyncio.Queue()
         first = runs[0]
 
-        def chunk(index: int, text: str, finish: str | None = None) -> Completion:
-            return Completion(id=first.id, created=first.created, model=first.model,
-                              choices=[CompletionChoice(index=index, text=text, finish_reason=finish)])
+        async def texts(index: int, run: Run) -> AsyncIterator[tuple[str, str | None]]:
+            if echoes[index]:
+                yield echoes[index], None
+            async for delta in self.chat.deltas(run):
+                yield delta
 
-        async def pump(index: int, run: Run) -> None:
-            try:
-                if echoes[index]:
-                    await queue.put(chunk(index, echoes[index]))
-                async with aclosing(self.chat.deltas(run)) as deltas:
-                    async for text, finish in deltas:
-                        await queue.put(chunk(index, text, finish))
-            except APIError as exc:
-                await queue.put(exc)
-            finally:
-                await queue.put(None)
-
-        tasks = [asyncio.create_task(pump(i, run)) for i, run in enumerate(runs)]
         try:
-            remaining = len(tasks)
-            while remaining:
-                item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                else:
-                    yield item
-                    if isinstance(item, APIError):
-                        return
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _usage(runs: list[Run]) -> Usage:
-    prompt = sum(len(r.request.prompt_token_ids) for r in runs)
-    completion = sum(r.completion_tokens for r in runs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in runs)))
+            async for index, (text, finish) in merged([texts(i, run) for i, run in enumerate(runs)]):
+                yield Completion(id=first.id, created=first.created, model=first.model,
+                                 choices=[CompletionChoice(index=index, text=text, finish_reason=finish)])
+        except APIError as exc:
+            yield exc

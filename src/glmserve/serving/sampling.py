@@ -5,15 +5,29 @@ Nothing is silently ignored: a parameter the server cannot honour yet is a 400 n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from glmserve.engine.types import SamplingParams
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 
 
+def check_n(n: int, max_n: int) -> None:
+    """Raise a 400 ``APIError`` when ``n`` is over ``max_n`` (``--max-n``)."""
+    if n > max_n:
+        raise invalid_request(f"n may be at most {max_n} on this server (--max-n)", "n")
+
+
+def choice_sampling(sampling: SamplingParams, i: int) -> SamplingParams:
+    """The sampling of choice ``i`` of ``n``: with a ``seed``, ``seed + i``, so that the choices
+    differ and each is reproducible; otherwise the same parameters (a fresh random seed each)."""
+    if i == 0 or sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=(sampling.seed + i) & 0xFFFFFFFFFFFFFFFF)
+
+
 def check_supported(req: ChatCompletionRequest) -> None:
     """Raise a 400 ``APIError`` for options this server does not implement."""
-    if req.n != 1:
-        raise invalid_request("only n=1 is supported", "n", "unsupported_parameter")
     if req.logprobs or req.top_logprobs:
         raise invalid_request("logprobs are not supported yet", "logprobs", "unsupported_parameter")
 
