@@ -188,3 +188,31 @@ class TaggedCallParser(ToolCallParser):
         self._buf, self._in_call = "", False
         self._emit_content(rest, out)
         return out
+
+
+class HeadDecidedParser(ToolCallParser):
+    """Formats where the start of the reply decides (GLM-4, generic): plain text, streamed as it
+    comes from then on, or a call, held in ``_buf``. Subclasses implement ``_advance(out)``,
+    called after each feed while undecided or in a call, and call ``_to_content(out)`` once the
+    reply is known to be text."""
+
+    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tools)
+        self._mode = "head"  # head -> content | call
+        self._buf = ""
+
+    @abstractmethod
+    def _advance(self, out: list[DeltaEvent]) -> None: ...
+
+    def feed(self, text: str) -> list[DeltaEvent]:
+        out: list[DeltaEvent] = []
+        if self._mode == "content":
+            self._emit_content(text, out)
+            return out
+        self._buf += text
+        self._advance(out)
+        return out
+
+    def _to_content(self, out: list[DeltaEvent]) -> None:
+        self._mode, rest, self._buf = "content", self._buf, ""
+        self._emit_content(rest, out)

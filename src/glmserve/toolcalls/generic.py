@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any
 
-from glmserve.toolcalls.base import DeltaEvent, ToolCallParser
+from glmserve.toolcalls.base import DeltaEvent, HeadDecidedParser
 
 OPENING = '{"tool_calls": ['
 _OPENING = re.compile(r'\{\s*"tool_calls"\s*:\s*\[')
@@ -30,28 +30,20 @@ _COMPACT_OPENING = re.sub(r"\s", "", OPENING)
 _DECODER = json.JSONDecoder()
 
 
-class GenericParser(ToolCallParser):
+class GenericParser(HeadDecidedParser):
     name = "generic"
     markers = ()  # never detected from a template: the fallback when no other format is
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
-        self._mode = "head"  # head -> content | calls
-        self._buf = ""
-        self._pos = 0  # calls mode: where the next array element (or the closing ']') begins
-        self._closed = False  # calls mode: the array's ']' was seen
+        self._pos = 0  # call mode: where the next array element (or the closing ']') begins
+        self._closed = False  # call mode: the array's ']' was seen
 
-    def feed(self, text: str) -> list[DeltaEvent]:
-        out: list[DeltaEvent] = []
-        if self._mode == "content":
-            self._emit_content(text, out)
-            return out
-        self._buf += text
+    def _advance(self, out: list[DeltaEvent]) -> None:
         if self._mode == "head":
             self._decide_head(out)
-        if self._mode == "calls" and not self._closed:
+        if self._mode == "call" and not self._closed:
             self._take_calls(out)
-        return out
 
     def _decide_head(self, out: list[DeltaEvent]) -> None:
         head = self._buf.lstrip()
@@ -60,10 +52,9 @@ class GenericParser(ToolCallParser):
             return  # could still become the opening (or is only whitespace so far)
         match = _OPENING.match(head)
         if match:
-            self._mode, self._buf, self._pos = "calls", head, match.end()
+            self._mode, self._buf, self._pos = "call", head, match.end()
         else:
-            self._mode, rest, self._buf = "content", self._buf, ""
-            self._emit_content(rest, out)
+            self._to_content(out)
 
     def _take_calls(self, out: list[DeltaEvent]) -> None:
         """Decode every complete element of the ``tool_calls`` array after ``_pos``."""
@@ -106,7 +97,7 @@ class GenericParser(ToolCallParser):
         out: list[DeltaEvent] = []
         if self._mode == "head":
             self._emit_content(self._buf, out)
-        elif self._mode == "calls":
+        elif self._mode == "call":
             if self._closed:
                 rest = self._buf[self._pos:].strip()
                 self._emit_content(rest[1:] if rest.startswith("}") else rest, out)

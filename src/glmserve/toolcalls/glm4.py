@@ -15,42 +15,29 @@ is held to the end of the reply (GLM-4 writes one call per turn).
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from glmserve.toolcalls.base import DeltaEvent, ToolCallParser
+from glmserve.toolcalls.base import DeltaEvent, HeadDecidedParser
 
 BUILTIN_ARGUMENT = {"simple_browser": "command", "cogview": "prompt", "python": "code"}
 
 
-class Glm4Parser(ToolCallParser):
+class Glm4Parser(HeadDecidedParser):
     name = "glm4"
     markers = ("[gMASK]", "metadata")  # the GLM-4 template writes <|{{ role }}|>{{ metadata }}
     end_of_turn = ("<|observation|>", "<|user|>")
     always_active = True
 
-    def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(tools)
-        self._mode = "head"  # head -> content | call
-        self._buf = ""
-
     def _could_be_name(self, prefix: str) -> bool:
         return any(name.startswith(prefix) for name in self.schemas)
 
-    def feed(self, text: str) -> list[DeltaEvent]:
-        out: list[DeltaEvent] = []
-        if self._mode == "content":
-            self._emit_content(text, out)
-            return out
-        self._buf += text
+    def _advance(self, out: list[DeltaEvent]) -> None:
         if self._mode == "call":
-            return out
+            return
         line, newline, _ = self._buf.partition("\n")
         if newline and self._known(line.strip()):
             self._mode = "call"
         elif newline or not self._could_be_name(line):
-            self._mode, rest, self._buf = "content", self._buf, ""
-            self._emit_content(rest, out)
-        return out
+            self._to_content(out)
 
     def _decode(self) -> tuple[str, dict] | None:
         line, _, rest = self._buf.partition("\n")
