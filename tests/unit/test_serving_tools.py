@@ -120,3 +120,22 @@ def test_unknown_function_comes_back_as_content():
     with client:
         message = client.post("/v1/chat/completions", json=_body()).json()["choices"][0]["message"]
     assert message["content"] == 'get_time\n{"tz": "UTC"}' and "tool_calls" not in message
+
+
+def test_responses_api_gives_reasoning_then_calls():
+    """GLM-4.5 through /v1/responses: the <think> text is a reasoning item before the
+    function_call item, whole and streamed."""
+    _, _, client = _http("glm45", "\n<think>Call the tool.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                                  "<arg_value>Paris</arg_value>\n</tool_call>")
+    body = {"model": "glm", "input": "Weather in Paris?", "tools": [{"type": "function", **WEATHER["function"]}]}
+    output = client.post("/v1/responses", json=body).json()["output"]
+    assert [item["type"] for item in output] == ["reasoning", "function_call"]
+    assert output[0]["content"][0]["text"] == "Call the tool."
+    assert (output[1]["name"], json.loads(output[1]["arguments"])) == ("get_weather", {"city": "Paris"})
+    events = []
+    with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as resp:
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "Call the tool."
+    final = events[-1]
+    assert final["type"] == "response.completed"
+    assert [item["type"] for item in final["response"]["output"]] == ["reasoning", "function_call"]

@@ -17,9 +17,10 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import chat, completions, docs, health, metrics, models, tokenize
+from glmserve.server.routes import chat, completions, docs, health, metrics, models, responses, tokenize
 from glmserve.serving.chat import ChatService
 from glmserve.serving.completions import CompletionService
+from glmserve.serving.responses import ResponsesService
 from glmserve.serving.tokenize import TokenizeService
 
 
@@ -48,6 +49,7 @@ def create_app(
     app.state.chat = chat_service
     app.state.tokenize = TokenizeService(chat_service)
     app.state.completions = CompletionService(chat_service)
+    app.state.responses = ResponsesService(chat_service)
     info, created = engine.model_info, int(time.time())
     app.state.model_cards = [
         ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
@@ -72,6 +74,7 @@ def create_app(
     app.include_router(models.router, dependencies=protected, responses=needs_key)
     app.include_router(chat.router, dependencies=protected, responses=needs_key)
     app.include_router(completions.router, dependencies=protected, responses=needs_key)
+    app.include_router(responses.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     app.include_router(metrics.router, dependencies=protected, responses=needs_key)
     return app

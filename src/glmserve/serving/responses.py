@@ -1,0 +1,294 @@
+"""``/v1/responses`` (OpenAI's Responses API), stateless, on top of the chat handler: the
+request's ``input`` items become chat messages, the chat completion (or its chunks) becomes the
+``response`` object (or its typed events). Nothing is stored: ``store: true`` and
+``previous_response_id`` are 400s.
+
+Items: a message's text becomes an ``output_text`` part of a ``message`` item; each tool call
+a ``function_call`` item (``call_id`` = the chat tool call's id); GLM-4.5's reasoning a
+``reasoning`` item before them. A reply cut by ``max_output_tokens`` is ``status:
+"incomplete"`` with ``incomplete_details.reason: "max_output_tokens"``.
+
+Stream events (OpenAI's): ``response.created``, ``response.in_progress``, then per item
+``response.output_item.added``, its deltas (``response.output_text.delta`` inside
+``response.content_part.added``/``done``, ``response.function_call_arguments.delta``,
+``response.reasoning_text.delta``) and ``...done`` events, ``response.output_item.done``, and
+last ``response.completed`` (or ``response.incomplete``) carrying the whole response; a failure
+after the start is an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, StreamOptions, Usage
+from glmserve.protocol.errors import ErrorResponse, invalid_request
+from glmserve.protocol.responses import (
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputTokensDetails,
+    Response,
+    ResponseEvent,
+    ResponsesRequest,
+    ResponseUsage,
+)
+from glmserve.serving.chat import ChatService, ChunkStream
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _text_of(content: Any, param: str) -> str | list[dict]:
+    """A Responses message content -> chat content (a string, or text and image parts)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_request("content must be a string or a list of parts", param)
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            parts.append({"type": "text", "text": part.get("text", "")})
+        elif kind == "refusal":
+            parts.append({"type": "text", "text": part.get("refusal", "")})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            raise invalid_request(f"unsupported content part {kind!r}", f"{param}.{j}")
+    return parts
+
+
+def to_chat_messages(req: ResponsesRequest) -> list[dict]:
+    """``instructions`` and ``input`` as chat messages. Raises 400 naming the item."""
+    messages: list[dict] = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise invalid_request(f"unsupported role {role!r}", f"input.{i}.role")
+            messages.append({"role": role, "content": _text_of(item.get("content", ""), f"input.{i}.content")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            last = messages[-1] if messages else None
+            if last and last["role"] == "assistant" and last.get("tool_calls") is not None:
+                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            if isinstance(output, list):  # content parts
+                text = "\n".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+            else:
+                text = output if isinstance(output, str) else json.dumps(output)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "reasoning":
+            continue  # the model's earlier reasoning is not replayed
+        else:
+            raise invalid_request(f"unsupported input item type {kind!r}", f"input.{i}.type")
+    return messages
+
+
+def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat request that answers ``req``. Raises 400 for what the chat API cannot carry."""
+    tools = []
+    for i, tool in enumerate(req.tools or []):
+        if tool.get("type") != "function":
+            raise invalid_request(f"only function tools are supported, not {tool.get('type')!r}", f"tools.{i}.type")
+        tools.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
+                                                                             "strict") if k in tool}})
+    choice = req.tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    body: dict[str, Any] = {"model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
+                            "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
+                            "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
+                            "top_p": req.top_p}
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.schema_ is None:
+            raise invalid_request("text.format json_schema needs a schema", "text.format.schema")
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name or "output",
+                                                                          "schema": fmt.schema_}}
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        raise invalid_request(f"input cannot be served as chat messages: {where}: {error.get('msg')}",
+                              "input") from exc
+
+
+def _usage(usage: Usage | None) -> ResponseUsage | None:
+    if usage is None:
+        return None
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    return ResponseUsage(input_tokens=usage.prompt_tokens, input_tokens_details=InputTokensDetails(cached_tokens=cached),
+                         output_tokens=usage.completion_tokens, output_tokens_details=OutputTokensDetails(),
+                         total_tokens=usage.total_tokens)
+
+
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+def _reasoning_item(item_id: str, text: str | None) -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if text is not None else []}
+
+
+class ResponsesService:
+    """Serve ``/v1/responses`` over a ``ChatService``. ``create(req)`` returns a ``Response``
+    or, for ``stream=True``, an async iterator of ``ResponseEvent``s. Client errors raise
+    ``APIError`` before anything is generated."""
+
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+
+    async def create(self, req: ResponsesRequest) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
+        if req.store:
+            raise invalid_request("responses are not stored on this server: leave store out or set it to false",
+                                  "store")
+        if req.previous_response_id:
+            raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
+                                  "used: send the whole conversation in input", "previous_response_id")
+        chat_req = to_chat_request(req)
+        shell = Response(id=_id("resp"), created_at=int(time.time()), status="in_progress", model=req.model,
+                         instructions=req.instructions, tools=req.tools or [],
+                         tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
+                         parallel_tool_calls=req.parallel_tool_calls is not False, temperature=req.temperature,
+                         top_p=req.top_p, max_output_tokens=req.max_output_tokens, metadata=req.metadata or {},
+                         text=req.text.model_dump(by_alias=True, exclude_none=True) if req.text else {
+                             "format": {"type": "text"}})
+        if not req.stream:
+            completion = await self.chat.create(chat_req)
+            return self._finish(shell, self._items(completion), completion.choices[0].finish_reason,
+                                completion.usage)
+        stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
+        chunks = await self.chat.create(stream_req)
+        return ChunkStream(self._events(shell, chunks), chunks)
+
+    @staticmethod
+    def _items(completion: ChatCompletion) -> list[dict]:
+        message = completion.choices[0].message
+        items = [_reasoning_item(_id("rs"), message.reasoning_content)] if message.reasoning_content else []
+        if message.content:
+            items.append(_message_item(_id("msg"), message.content))
+        items += [_call_item(_id("fc"), c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        return items
+
+    @staticmethod
+    def _finish(shell: Response, items: list[dict], finish_reason: str | None, usage: Usage | None) -> Response:
+        incomplete = finish_reason == "length"
+        return shell.model_copy(update={
+            "status": "incomplete" if incomplete else "completed", "output": items, "usage": _usage(usage),
+            "incomplete_details": IncompleteDetails(reason="max_output_tokens") if incomplete else None})
+
+    async def _events(self, shell: Response,
+                      chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse]) -> AsyncIterator[ResponseEvent]:
+        seq = 0
+        items: list[dict] = []
+        open_item: dict | None = None  # the item being streamed: {"kind", "id", "text", ...}
+        finish_reason, usage = None, None
+
+        def event(kind: str, **fields: Any) -> ResponseEvent:
+            nonlocal seq
+            seq += 1
+            return ResponseEvent(type=kind, sequence_number=seq - 1, **fields)
+
+        def close() -> list[ResponseEvent]:
+            nonlocal open_item
+            if open_item is None:
+                return []
+            item, index, open_item = open_item, len(items), None
+            if item["kind"] == "message":
+                done = _message_item(item["id"], item["text"])
+                part = done["content"][0]
+                out = [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                             text=item["text"], logprobs=[]),
+                       event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                             part=part)]
+            elif item["kind"] == "reasoning":
+                done = _reasoning_item(item["id"], item["text"])
+                out = [event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                             content_index=0, text=item["text"])]
+            else:
+                done = _call_item(item["id"], item["call_id"], item["name"], item["text"])
+                out = [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                             name=item["name"], arguments=item["text"])]
+            items.append(done)
+            return out + [event("response.output_item.done", output_index=index, item=done)]
+
+        def open_(kind: str, **extra: Any) -> list[ResponseEvent]:
+            nonlocal open_item
+            out = close()
+            item_id = _id({"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind])
+            open_item = {"kind": kind, "id": item_id, "text": "", **extra}
+            index = len(items)
+            if kind == "message":
+                added = _message_item(item_id, "", "in_progress")
+                return out + [event("response.output_item.added", output_index=index, item=added),
+                              event("response.content_part.added", item_id=item_id, output_index=index,
+                                    content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
+            if kind == "reasoning":
+                added = _reasoning_item(item_id, None)
+            else:
+                added = _call_item(item_id, extra["call_id"], extra["name"], "", "in_progress")
+            return out + [event("response.output_item.added", output_index=index, item=added)]
+
+        started = shell.model_dump()
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        async for chunk in chunks:
+            if isinstance(chunk, ErrorResponse):
+                for e in close():
+                    yield e
+                yield event("error", code=chunk.error.code, message=chunk.error.message, param=chunk.error.param)
+                return
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                delta = choice.delta
+                finish_reason = choice.finish_reason or finish_reason
+                if delta.reasoning_content:
+                    if open_item is None or open_item["kind"] != "reasoning":
+                        for e in open_("reasoning"):
+                            yield e
+                    open_item["text"] += delta.reasoning_content
+                    yield event("response.reasoning_text.delta", item_id=open_item["id"], output_index=len(items),
+                                content_index=0, delta=delta.reasoning_content)
+                if delta.content:
+                    if open_item is None or open_item["kind"] != "message":
+                        for e in open_("message"):
+                            yield e
+                    open_item["text"] += delta.content
+                    yield event("response.output_text.delta", item_id=open_item["id"], output_index=len(items),
+                                content_index=0, delta=delta.content, logprobs=[])
+                for call in delta.tool_calls or []:
+                    if call.id:  # a new call: its id and name come first
+                        for e in open_("function_call", call_id=call.id, name=call.function.name or ""):
+                            yield e
+                    elif call.function and call.function.arguments and open_item is not None:
+                        open_item["text"] += call.function.arguments
+                        yield event("response.function_call_arguments.delta", item_id=open_item["id"],
+                                    output_index=len(items), delta=call.function.arguments)
+        for e in close():
+            yield e
+        final = self._finish(shell, items, finish_reason, usage)
+        yield event("response.incomplete" if final.status == "incomplete" else "response.completed",
+                    response=final.model_dump())
