@@ -259,3 +259,18 @@ def test_glmserve_chat_in_process_on_vllm(smollm2_hf):
                           env={**os.environ, **VLLM_ENV})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "The capital of France is Paris."
+
+
+def test_logprobs_n_and_logit_bias(client, srv):
+    """vLLM's logprobs (raw, its default mode), its n and logit_bias through glmserve."""
+    reply = _ask(client, "What is the capital of France?", max_tokens=6, logprobs=True, top_logprobs=2)
+    content = reply.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == reply.choices[0].message.content
+    assert all(len(e.top_logprobs) == 2 and e.logprob == e.top_logprobs[0].logprob for e in content)  # greedy
+    many = _ask(client, "Name a color.", max_tokens=6, n=3, temperature=1.0, seed=4)
+    assert [c.index for c in many.choices] == [0, 1, 2] and all(c.message.content for c in many.choices)
+    first = content[0].token
+    ids = httpx.post(f"{srv.url}/tokenize", json={"prompt": first, "add_special_tokens": False}, timeout=60).json()[
+        "tokens"]
+    banned = _ask(client, "What is the capital of France?", max_tokens=6, logit_bias={str(ids[0]): -100})
+    assert not banned.choices[0].message.content.startswith(first)

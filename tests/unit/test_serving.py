@@ -55,7 +55,7 @@ def test_sampling_defaults_and_mapping():
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
 ])
 def test_unsupported_options_are_refused(kw, param):
     with pytest.raises(APIError) as info:

@@ -10,6 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs bound)
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's raw output (log-softmax of the
+    logits, before temperature, penalties or any other sampling adjustment, as vLLM's default
+    ``raw_logprobs``), and the ``top`` most likely tokens as (token id, log-probability), most
+    likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -40,6 +53,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: dict[int, float] | None = None
     grammar: str | None = None  # GBNF (llama.cpp grammar format), root rule "root"
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -52,6 +66,8 @@ class SamplingParams:
             raise ValueError("min_p must be in [0, 1]")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
@@ -86,7 +102,7 @@ class GenerationOutput:
     once complete; special tokens produce no text).
     ``finish_reason``: set on the last output of the request; ``error`` carries a message then.
     ``num_prompt_tokens`` / ``num_cached_tokens``: prompt size and how much of it was reused from
-    the KV cache (prefix reuse).
+    the KV cache (prefix reuse). ``logprobs``: per token, when ``SamplingParams.logprobs`` is set.
     """
 
     request_id: str
@@ -96,6 +112,7 @@ class GenerationOutput:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
 
     @property
     def finished(self) -> bool:

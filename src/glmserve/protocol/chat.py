@@ -176,11 +176,31 @@ class ChatMessage(BaseModel):
         return data
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobEntry(BaseModel):
+    """One generated token: its text, log-probability, UTF-8 bytes and the most likely
+    alternatives (``top_logprobs``)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None = None
+
+
 class Choice(BaseModel):
     index: int = 0
     message: ChatMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -215,7 +235,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -3,7 +3,7 @@ API reference (``CreateCompletionRequest``, ``Completion``) with vLLM's sampling
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -41,10 +41,20 @@ class CompletionRequest(_Lenient):
     ignore_eos: bool = False
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy shape: per token its text, log-probability, the ``logprobs`` most likely
+    tokens as {text: log-probability}, and where it starts in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: Any = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 

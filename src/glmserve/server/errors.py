@@ -88,7 +88,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = str(exc.detail)
-        if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):  # no route: as OpenAI says it
+        # no such route: said as OpenAI says it
+        if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
             message = f"Invalid URL ({request.method} {request.url.path})"
         return error_response(APIError(exc.status_code, message, kind, headers=exc.headers))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
-from glmserve.engine.types import GenerationOutput, GenerationRequest
+from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.chat import (
     ChatCompletion,
@@ -23,13 +23,16 @@ from glmserve.protocol.chat import (
     ChatCompletionRequest,
     ChatMessage,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     DeltaFunction,
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
     PromptTokensDetails,
+    TokenLogprobEntry,
     ToolCall,
+    TopLogprob,
     Usage,
 )
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
@@ -71,6 +74,10 @@ class Run:
     cached_tokens: int = 0
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.request.sampling.logprobs is not None
 
 
 
@@ -211,12 +218,16 @@ class ChatService:
         except GrammarError as exc:
             raise invalid_request(str(exc), grammar_param) from exc
 
-    async def deltas(self, run: Run) -> AsyncIterator[tuple[str, str | None]]:
-        """``(text, finish_reason)`` pairs; the last has ``finish_reason`` set.
+    async def deltas(self, run: Run) -> AsyncIterator[tuple[str, str | None, list[TokenLogprob]]]:
+        """``(text, finish_reason, logprobs)``; the last has ``finish_reason`` set. ``logprobs``
+        (when the request asked for them) are those of the tokens since the previous item: a
+        token whose text is held back (a possible stop string) gives its logprobs with the
+        text that follows.
 
         Raises ``APIError`` (500) when the engine fails this request. Leaving early (client
         gone) closes the engine stream, which aborts the request."""
         matcher = StopStringMatcher(run.stops)
+        pending: list[TokenLogprob] = []
         reason = "abort"  # unless the loop below ends otherwise (the client left)
         try:
             async with aclosing(run.outputs) as outputs:
@@ -225,20 +236,23 @@ class ChatService:
                         run.first_token_at = time.perf_counter()
                     run.completion_tokens += len(out.token_ids)
                     run.cached_tokens = out.num_cached_tokens
+                    if out.logprobs:
+                        pending += out.logprobs
                     if out.finish_reason == "error":
                         reason = "error"
                         raise server_error(f"generation failed: {out.error}")
                     text, stopped = matcher.feed(out.text)
                     if stopped:
                         reason = "stop"
-                        yield text, "stop"
+                        yield text, "stop", pending
                         return
                     if out.finished:
                         reason = "length" if out.finish_reason == "length" else out.finish_reason or "stop"
-                        yield text + matcher.flush(), "length" if out.finish_reason == "length" else "stop"
+                        yield text + matcher.flush(), "length" if out.finish_reason == "length" else "stop", pending
                         return
                     if text:
-                        yield text, None
+                        yield text, None, pending
+                        pending = []
         except APIError:
             raise
         except Exception as exc:  # an engine bug must end this request only
@@ -248,13 +262,14 @@ class ChatService:
             self.metrics.finished(run.model, reason, len(run.request.prompt_token_ids), run.cached_tokens,
                                   run.completion_tokens, run.arrival, run.first_token_at, time.perf_counter())
 
-    async def _events(self, run: Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None]]:
-        """Parsed output: ``(events, finish_reason)``; without a tool parser every text delta
-        is one content event. ``finish_reason`` is ``tool_calls`` when the reply made calls."""
+    async def _events(self, run: Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None, list[TokenLogprob]]]:
+        """Parsed output: ``(events, finish_reason, logprobs)``; without a tool parser every
+        text delta is one content event. ``finish_reason`` is ``tool_calls`` when the reply made
+        calls."""
         parser, made_calls = run.parser, False
         if parser and run.forced_prefix:
             parser.feed(run.forced_prefix)  # the name line the prompt already holds
-        async for text, finish in self.deltas(run):
+        async for text, finish, logprobs in self.deltas(run):
             if parser is None:
                 events = [DeltaEvent("content", text)] if text else []
             else:
@@ -262,25 +277,42 @@ class ChatService:
                 if run.max_calls is not None:
                     events = [e for e in events if e.kind != "tool_call" or e.index < run.max_calls]
             made_calls = made_calls or any(e.kind == "tool_call" for e in events)
-            yield events, ("tool_calls" if made_calls and finish == "stop" else finish)
+            yield events, ("tool_calls" if made_calls and finish == "stop" else finish), logprobs
 
     async def _complete(self, runs: list[Run]) -> ChatCompletion:
         events: list[list[DeltaEvent]] = [[] for _ in runs]
+        logprobs: list[list[TokenLogprob]] = [[] for _ in runs]
         finishes: list[str | None] = [None] * len(runs)
         async with aclosing(merged([self._events(run) for run in runs])) as parsed:
-            async for i, (batch, finish) in parsed:
+            async for i, (batch, finish, token_logprobs) in parsed:
                 events[i] += batch
+                logprobs[i] += token_logprobs
                 finishes[i] = finish or finishes[i]
         choices = []
         for i, (batch, finish) in enumerate(zip(events, finishes)):
             out = assemble(batch)
             calls = [ToolCall(id=_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
                      for c in out.tool_calls]
-            message = ChatMessage(content=out.content, tool_calls=calls or None, reasoning_content=out.reasoning_content)
-            choices.append(Choice(index=i, message=message, finish_reason=finish))
+            message = ChatMessage(content=out.content, tool_calls=calls or None,
+                                  reasoning_content=out.reasoning_content)
+            choices.append(Choice(index=i, message=message, finish_reason=finish,
+                                  logprobs=self._logprobs(logprobs[i]) if runs[i].wants_logprobs else None))
         first = runs[0]
         return ChatCompletion(id=first.id, created=first.created, model=first.model, choices=choices,
                               usage=usage(runs))
+
+    def _logprobs(self, logprobs: list[TokenLogprob]) -> ChoiceLogprobs:
+        """OpenAI's ``logprobs.content`` for ``logprobs`` (token text from the tokenizer,
+        ``bytes`` its UTF-8 encoding, as vLLM gives them)."""
+        def text(token_id: int) -> str:
+            return self.engine.tokenizer.decode([token_id])
+
+        def entry(lp: TokenLogprob) -> TokenLogprobEntry:
+            token = text(lp.token_id)
+            return TokenLogprobEntry(token=token, logprob=lp.logprob, bytes=list(token.encode("utf-8")),
+                                     top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
+                                                   for t, v in ((text(tid), v) for tid, v in lp.top)])
+        return ChoiceLogprobs(content=[entry(lp) for lp in logprobs])
 
     def _chunk(self, run: Run, delta: DeltaMessage, finish_reason: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -304,14 +336,19 @@ class ChatService:
     async def _stream(self, runs: list[Run], include_usage: bool) -> AsyncIterator[StreamItem]:
         for run in runs:
             yield self._chunk(run, DeltaMessage(role="assistant", content=""))
+        carried: list[list[TokenLogprob]] = [[] for _ in runs]  # logprobs of tokens that made no chunk yet
         try:
             async with aclosing(merged([self._events(run) for run in runs])) as parsed:
-                async for i, (events, finish_reason) in parsed:
-                    for event in events:
-                        for chunk in self._event_chunks(runs[i], event):
-                            yield chunk
+                async for i, (events, finish_reason, logprobs) in parsed:
+                    chunks = [chunk for event in events for chunk in self._event_chunks(runs[i], event)]
                     if finish_reason is not None:
-                        yield self._chunk(runs[i], DeltaMessage(), finish_reason)
+                        chunks.append(self._chunk(runs[i], DeltaMessage(), finish_reason))
+                    carried[i] += logprobs
+                    if chunks and runs[i].wants_logprobs:
+                        chunks[0].choices[0].logprobs = self._logprobs(carried[i])
+                        carried[i] = []
+                    for chunk in chunks:
+                        yield chunk
         except APIError as exc:
             yield exc.body()
             return

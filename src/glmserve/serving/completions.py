@@ -15,8 +15,8 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from glmserve.protocol.completions import Completion, CompletionChoice, CompletionRequest
-from glmserve.engine.types import GenerationRequest
+from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.serving.chat import ChatService, ChunkStream, Run, usage
 from glmserve.serving.merge import merged
@@ -29,8 +29,9 @@ def check_supported(req: CompletionRequest) -> None:
     if req.best_of is not None and req.best_of != req.n:
         raise invalid_request("best_of (ranking more samples than n) is not supported", "best_of",
                               "unsupported_parameter")
-    if req.logprobs is not None:
-        raise invalid_request("logprobs are not supported yet", "logprobs", "unsupported_parameter")
+    if req.logprobs is not None and req.echo:
+        raise invalid_request("logprobs of the echoed prompt are not supported: use echo or logprobs",
+                              "logprobs", "unsupported_parameter")
     if req.suffix:
         raise invalid_request("suffix (insertion) is not supported", "suffix", "unsupported_parameter")
 
@@ -74,17 +75,20 @@ class CompletionService:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return ChunkStream(self._stream(runs, echoes, include_usage, len(prompts)), *(run.outputs for run in runs))
-        texts, finishes = [""] * len(runs), [None] * len(runs)
+        choices = [CompletionChoice(index=i, text="", logprobs=CompletionLogprobs() if run.wants_logprobs else None)
+                   for i, run in enumerate(runs)]
         async with aclosing(self._chunks(runs, echoes)) as chunks:
             async for item in chunks:
                 if isinstance(item, APIError):
                     raise item
-                for choice in item.choices:
-                    texts[choice.index] += choice.text
-                    finishes[choice.index] = choice.finish_reason or finishes[choice.index]
-        return Completion(id=rid, created=created, model=req.model, usage=usage(runs, len(prompts)),
-                          choices=[CompletionChoice(index=i, text=t, finish_reason=f)
-                                   for i, (t, f) in enumerate(zip(texts, finishes))])
+                for part in item.choices:
+                    whole = choices[part.index]
+                    whole.text += part.text
+                    whole.finish_reason = part.finish_reason or whole.finish_reason
+                    if part.logprobs is not None:
+                        for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                            getattr(whole.logprobs, name).extend(getattr(part.logprobs, name))
+        return Completion(id=rid, created=created, model=req.model, usage=usage(runs, len(prompts)), choices=choices)
 
     def _token_prompts(self, req: CompletionRequest) -> list[list[int]]:
         """Each prompt as token ids (text gets the model's BOS when it wants one). Raises 400
@@ -128,16 +132,32 @@ class CompletionService:
         """Chunks of every run as they come (``choices[0].index`` says which prompt; the echoed
         prompt first); a failed run's ``APIError`` ends them, aborting the others."""
         first = runs[0]
+        offsets = [0] * len(runs)  # characters of each choice's text so far
 
-        async def texts(index: int, run: Run) -> AsyncIterator[tuple[str, str | None]]:
+        async def texts(index: int, run: Run) -> AsyncIterator[tuple[str, str | None, list[TokenLogprob]]]:
             if echoes[index]:
-                yield echoes[index], None
+                yield echoes[index], None, []
             async for delta in self.chat.deltas(run):
                 yield delta
 
         try:
-            async for index, (text, finish) in merged([texts(i, run) for i, run in enumerate(runs)]):
-                yield Completion(id=first.id, created=first.created, model=first.model,
-                                 choices=[CompletionChoice(index=index, text=text, finish_reason=finish)])
+            async for i, (text, finish, logprobs) in merged([texts(i, run) for i, run in enumerate(runs)]):
+                choice = CompletionChoice(index=i, text=text, finish_reason=finish)
+                if runs[i].wants_logprobs:
+                    choice.logprobs = self._logprobs(logprobs, offsets[i])
+                offsets[i] += len(text)
+                yield Completion(id=first.id, created=first.created, model=first.model, choices=[choice])
         except APIError as exc:
             yield exc
+
+    def _logprobs(self, logprobs: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+        """The legacy shape for ``logprobs``, the first token starting at ``offset``."""
+        out = CompletionLogprobs()
+        for lp in logprobs:
+            token = self.tokenizer.decode([lp.token_id])
+            out.tokens.append(token)
+            out.token_logprobs.append(lp.logprob)
+            out.top_logprobs.append({self.tokenizer.decode([tid]): v for tid, v in lp.top})
+            out.text_offset.append(offset)
+            offset += len(token)
+        return out

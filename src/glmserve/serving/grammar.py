@@ -159,9 +159,9 @@ def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits
     ``calls`` says. Bounded either way, so a model cannot loop on calls until it runs out of
     tokens. ``forced_name`` (glm4, one function): the prompt already ends with the name line,
     so the output is just the arguments. ``or_text`` (generic): the reply may instead be plain
-    text that does not start with ``{`` or whitespace, or nothing (``tool_choice: auto``). ``params``: each function's field in the request (for
-    errors). Raises a 400 ``APIError`` when a schema cannot be built or the grammar is over
-    ``limits``."""
+    text that does not start with ``{`` or whitespace, or nothing (``tool_choice: auto``).
+    ``params``: each function's field in the request (for errors). Raises a 400 ``APIError``
+    when a schema cannot be built or the grammar is over ``limits``."""
     b = GrammarBuilder()
     rules = []
     for i, fn in enumerate(functions):

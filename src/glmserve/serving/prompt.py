@@ -62,10 +62,11 @@ def build_prompt(
     name) puts them: GLM-4's own message layout (``chat/glm4.py``), glmserve's system message
     for ``generic`` (``chat/generic.py``, which also rewrites tool calls and results in the
     history), else the template's ``tools`` variable; ``plan.forced_prefix`` is appended after
-    the generation prompt. ``images`` (decoded, in conversation order) go through
-    the engine's ``processor``, whose token count (image tokens included) is what must fit
-    (unless ``check_fit`` is false: ``/tokenize`` counts any prompt). Raises ``APIError`` 400 for content the model cannot take, a template that rejects the
-    conversation, or a prompt/``max_tokens`` that does not fit."""
+    the generation prompt. ``images`` (decoded, in conversation order) go through the
+    engine's ``processor``, whose token count (image tokens included) is what must fit (unless
+    ``check_fit`` is false: ``/tokenize`` counts any prompt). Raises ``APIError`` 400 for
+    content the model cannot take, a template that rejects the conversation, or a
+    prompt/``max_tokens`` that does not fit."""
     try:
         messages = to_template_messages(req.messages, vision=processor is not None)
     except UnsupportedContentError as exc:

@@ -133,7 +133,8 @@ def _usage(usage: Usage | None) -> ResponseUsage | None:
     if usage is None:
         return None
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-    return ResponseUsage(input_tokens=usage.prompt_tokens, input_tokens_details=InputTokensDetails(cached_tokens=cached),
+    return ResponseUsage(input_tokens=usage.prompt_tokens,
+                         input_tokens_details=InputTokensDetails(cached_tokens=cached),
                          output_tokens=usage.completion_tokens, output_tokens_details=OutputTokensDetails(),
                          total_tokens=usage.total_tokens)
 

@@ -28,8 +28,8 @@ def choice_sampling(sampling: SamplingParams, i: int) -> SamplingParams:
 
 def check_supported(req: ChatCompletionRequest) -> None:
     """Raise a 400 ``APIError`` for options this server does not implement."""
-    if req.logprobs or req.top_logprobs:
-        raise invalid_request("logprobs are not supported yet", "logprobs", "unsupported_parameter")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid_request("top_logprobs needs logprobs: true", "top_logprobs")
 
 
 MAX_LOGIT_BIAS = 1024  # entries: each one is applied at every step
@@ -95,4 +95,13 @@ def to_sampling_params(
         stop_token_ids=stop_token_ids,
         grammar=grammar,
         logit_bias=bias,
+        logprobs=requested_logprobs(req),
     )
+
+
+def requested_logprobs(req: ChatCompletionRequest) -> int | None:
+    """How many alternatives per token the request wants (None: no logprobs). Chat:
+    ``logprobs: true`` and ``top_logprobs``; completions: ``logprobs`` as that number."""
+    if isinstance(req.logprobs, bool) or req.logprobs is None:
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs

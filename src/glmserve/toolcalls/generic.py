@@ -83,7 +83,9 @@ class GenericParser(HeadDecidedParser):
             self._pos = end
 
     def _decode(self, element: Any) -> tuple[str, dict] | None:
-        if not isinstance(element, dict) or not isinstance(element.get("name"), str) or not self._known(element["name"]):
+        if not isinstance(element, dict) or not isinstance(element.get("name"), str):
+            return None
+        if not self._known(element["name"]):
             return None
         arguments = element.get("arguments", {})
         if isinstance(arguments, str):

@@ -26,12 +26,12 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
-from glmserve.engine.llama_cpp.sampling import SamplerChain
+from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
-from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
 from glmserve.engine.worker import StepWorker
 from glmserve.models import ResolvedModel
 
@@ -230,10 +230,12 @@ class LlamaCppEngine(StepWorker[Sequence]):
             return
         for seq, row in rows:
             token = seq.payload.sampler.sample(self._ctx, row)
+            k = seq.payload.request.sampling.logprobs
+            logprob = None if k is None else token_logprob(self._ctx, row, self.tokenizer.n_vocab, token, k)
             self._scheduler.append_token(seq, token)
-            self._emit(seq, token)
+            self._emit(seq, token, logprob)
 
-    def _emit(self, seq: Sequence, token: int) -> None:
+    def _emit(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         state: _SeqState = seq.payload
         finish = finish_reason(token, state.stop_ids, seq.num_generated, len(seq.tokens),
                                state.request.sampling.max_tokens, self._scheduler.n_ctx)
@@ -241,7 +243,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if finish is not None:
             text += state.decoder.flush()
         self._outputs.add(state.stream, GenerationOutput(seq.request_id, [token], text, finish, None,
-                                                         seq.num_prompt, max(seq.num_cached, 0)))
+                                                         seq.num_prompt, max(seq.num_cached, 0),
+                                                         None if logprob is None else [logprob]))
         if finish is not None:
             self._finish(seq, finish, send=False)
 

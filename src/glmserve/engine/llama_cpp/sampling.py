@@ -20,7 +20,7 @@ import llama_cpp
 import numpy as np
 
 from glmserve.engine.base import GrammarError
-from glmserve.engine.types import SamplingParams
+from glmserve.engine.types import SamplingParams, TokenLogprob
 
 _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 # llama_token_data as numpy sees it: {int32 id; float logit; float p}
@@ -111,3 +111,17 @@ class SamplerChain:
         if self._grammar is not None:
             llama_cpp.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def token_logprob(ctx: ctypes.c_void_p, batch_index: int, n_vocab: int, token: int, k: int) -> TokenLogprob:
+    """``token``'s log-probability in batch row ``batch_index``'s raw logits (log-softmax, no
+    sampling adjustment) and the ``k`` most likely tokens."""
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(n_vocab,))
+    peak = float(logits.max())
+    lse = peak + math.log(float(np.exp(logits - peak, dtype=np.float64).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if k:
+        best = np.argpartition(-logits, k - 1)[:k]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        top = tuple((int(i), float(logits[i]) - lse) for i in best)
+    return TokenLogprob(token, float(logits[token]) - lse, top)

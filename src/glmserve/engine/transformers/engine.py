@@ -32,10 +32,10 @@ from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
 from glmserve.engine.transformers.grammar import GrammarCompiler
 from glmserve.engine.transformers.loader import LoadedModel, load_model
-from glmserve.engine.transformers.sampling import Sampler
+from glmserve.engine.transformers.sampling import Sampler, token_logprob
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.transformers.vision import ImageProcessor
-from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo
+from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
 from glmserve.engine.worker import StepWorker
 from glmserve.models import ResolvedModel
 
@@ -193,7 +193,7 @@ class TransformersEngine(StepWorker[_Seq]):
                 log.exception("prefill of %s failed", seq.request.request_id)
                 self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
                 continue
-            self._emit(seq, self._sample([seq], logits)[0])
+            self._emit(seq, *self._sample([seq], logits)[0])
             if not seq.done:
                 self._batch.add(cache, seq.num_prompt)
                 self._batch_seqs.append(seq)
@@ -230,24 +230,28 @@ class TransformersEngine(StepWorker[_Seq]):
                                  **self._forward_kwargs(seqs))
         self._batch.advance(mask)
         tokens = self._sample(seqs, out.logits[:, -1, :])
-        for seq, token in zip(seqs, tokens):
+        for seq, (token, logprob) in zip(seqs, tokens):
             seq.position += 1
-            self._emit(seq, token)
+            self._emit(seq, token, logprob)
         if any(s.done for s in seqs):
             self._compact()
 
-    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> list[int]:
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> list[tuple[int, TokenLogprob | None]]:
+        """(token, its logprobs when the request asked) per row of ``logits``."""
         logits = logits.float()
         if all(s.sampler.plain_greedy for s in seqs):
-            return logits.argmax(dim=-1).tolist()
-        return [s.sampler.sample(row) for s, row in zip(seqs, logits.cpu())]
+            tokens = logits.argmax(dim=-1).tolist()
+        else:
+            tokens = [s.sampler.sample(row) for s, row in zip(seqs, logits.cpu())]
+        return [(t, None if s.request.sampling.logprobs is None else token_logprob(row, t, s.request.sampling.logprobs))
+                for s, t, row in zip(seqs, tokens, logits)]
 
     def _compact(self) -> None:
         keep = [i for i, s in enumerate(self._batch_seqs) if not s.done]
         self._batch.keep(keep)
         self._batch_seqs = [self._batch_seqs[i] for i in keep]
 
-    def _emit(self, seq: _Seq, token: int) -> None:
+    def _emit(self, seq: _Seq, token: int, logprob: TokenLogprob | None = None) -> None:
         seq.last_token = token
         seq.num_generated += 1
         seq.sampler.accept(token)
@@ -257,7 +261,7 @@ class TransformersEngine(StepWorker[_Seq]):
         if finish is not None:
             text += seq.detok.flush()
         self._outputs.add(seq.stream, GenerationOutput(seq.request.request_id, [token], text, finish, None,
-                                                       seq.num_prompt, 0))
+                                                       seq.num_prompt, 0, None if logprob is None else [logprob]))
         if finish is not None:
             self._finish(seq, finish, send=False)
 

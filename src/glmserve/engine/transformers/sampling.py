@@ -14,7 +14,7 @@ import random
 import torch
 
 from glmserve.engine.transformers.grammar import TokenMask
-from glmserve.engine.types import SamplingParams
+from glmserve.engine.types import SamplingParams, TokenLogprob
 
 
 class Sampler:
@@ -84,3 +84,14 @@ class Sampler:
             logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
         probs = torch.softmax(logits / max(p.temperature, 1e-6), dim=-1)
         return int(torch.multinomial(probs, 1, generator=self._generator))
+
+
+def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """``token``'s log-probability under the raw ``logits`` (1-D; log-softmax, no sampling
+    adjustment) and the ``k`` most likely tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if k:
+        values, ids = torch.topk(logprobs, k)
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(token, float(logprobs[token]), top)

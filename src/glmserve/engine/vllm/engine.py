@@ -50,6 +50,7 @@ from glmserve.engine.types import (
     GenerationRequest,
     ModelInfo,
     SamplingParams,
+    TokenLogprob,
 )
 from glmserve.engine.vllm.args import EngineConfig, engine_args
 from glmserve.models import ResolvedModel
@@ -160,7 +161,7 @@ class VllmEngine:
             stop_token_ids=sorted(stop_token_ids(sp, self.tokenizer.eog_ids)),
             logit_bias=dict(sp.logit_bias) if sp.logit_bias else None,
             structured_outputs=StructuredOutputsParams(grammar=sp.grammar) if sp.grammar else None,
-            detokenize=False, output_kind=RequestOutputKind.DELTA,
+            logprobs=sp.logprobs, detokenize=False, output_kind=RequestOutputKind.DELTA,
         )
         if sp.grammar:
             try:
@@ -193,7 +194,8 @@ class VllmEngine:
                 text = "".join(detok.feed(t) for t in shown)
                 if finish is not None:
                     text += detok.flush()
-                stream.put_nowait(GenerationOutput(request_id, tokens, text, finish, None, n_prompt, n_cached))
+                stream.put_nowait(GenerationOutput(request_id, tokens, text, finish, None, n_prompt, n_cached,
+                                                   _logprobs(tokens, completion.logprobs, params.logprobs)))
                 sent = finish is not None
             if finish is None:
                 finish, error = "error", "vLLM ended the request without a finish reason"
@@ -208,3 +210,16 @@ class VllmEngine:
         if not sent:
             stream.put_nowait(GenerationOutput(request_id, finish_reason=finish, error=error,
                                                num_prompt_tokens=n_prompt, num_cached_tokens=n_cached))
+
+
+def _logprobs(tokens: list[int], per_token, k: int | None) -> list[TokenLogprob] | None:
+    """vLLM's per-token ``{token id: Logprob}`` (the sampled token and the top ``k``, ranked;
+    raw log-probabilities, vLLM's default ``logprobs_mode``) as glmserve's."""
+    if k is None or per_token is None:
+        return None
+    out = []
+    for token, entries in zip(tokens, per_token):
+        ranked = sorted(((tid, e) for tid, e in entries.items() if e.rank is not None and e.rank <= k),
+                        key=lambda item: item[1].rank)
+        out.append(TokenLogprob(token, entries[token].logprob, tuple((tid, e.logprob) for tid, e in ranked[:k])))
+    return out
