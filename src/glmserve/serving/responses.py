@@ -253,6 +253,13 @@ class ResponsesService:
                 added = _call_item(item_id, extra["call_id"], extra["name"], "", "in_progress")
             return out + [event("response.output_item.added", output_index=index, item=added)]
 
+        def text_delta(kind: str, event_type: str, text: str, **extra: Any) -> list[ResponseEvent]:
+            """``text`` added to the open ``kind`` item (opened first if another is open)."""
+            out = open_(kind) if open_item is None or open_item["kind"] != kind else []
+            open_item["text"] += text
+            return out + [event(event_type, item_id=open_item["id"], output_index=len(items), content_index=0,
+                                delta=text, **extra)]
+
         started = shell.model_dump()
         yield event("response.created", response=started)
         yield event("response.in_progress", response=started)
@@ -267,19 +274,11 @@ class ResponsesService:
                 delta = choice.delta
                 finish_reason = choice.finish_reason or finish_reason
                 if delta.reasoning_content:
-                    if open_item is None or open_item["kind"] != "reasoning":
-                        for e in open_("reasoning"):
-                            yield e
-                    open_item["text"] += delta.reasoning_content
-                    yield event("response.reasoning_text.delta", item_id=open_item["id"], output_index=len(items),
-                                content_index=0, delta=delta.reasoning_content)
+                    for e in text_delta("reasoning", "response.reasoning_text.delta", delta.reasoning_content):
+                        yield e
                 if delta.content:
-                    if open_item is None or open_item["kind"] != "message":
-                        for e in open_("message"):
-                            yield e
-                    open_item["text"] += delta.content
-                    yield event("response.output_text.delta", item_id=open_item["id"], output_index=len(items),
-                                content_index=0, delta=delta.content, logprobs=[])
+                    for e in text_delta("message", "response.output_text.delta", delta.content, logprobs=[]):
+                        yield e
                 for call in delta.tool_calls or []:
                     if call.id:  # a new call: its id and name come first
                         for e in open_("function_call", call_id=call.id, name=call.function.name or ""):
