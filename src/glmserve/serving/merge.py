@@ -16,6 +16,11 @@ async def merged(sources: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]
     """``(i, item)`` for every item of ``sources[i]``, in the order they come. An exception in
     one source is raised here once the others are stopped. However this generator ends, every
     source is closed (an engine stream closed early aborts its request)."""
+    if len(sources) == 1:  # the usual case: no task and queue hop per item
+        async with aclosing(sources[0]) as items:
+            async for item in items:
+                yield 0, item
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, source: AsyncIterator[T]) -> None:
