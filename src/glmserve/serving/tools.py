@@ -86,7 +86,7 @@ def _choice(req: ChatCompletionRequest, names: set[str]) -> str:
 
 def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool, limits: SchemaLimits) -> ToolPlan:
     """Raises 400 ``APIError`` for invalid tools/tool_choice/response_format (schemas over
-    ``limits`` included), or for what the model or engine cannot do (no tool-call format, no
+    ``limits`` included), or for what the server or engine cannot do (tool calling off, no
     constrained decoding)."""
     functions = _functions(req, limits)
     choice = _choice(req, {f["name"] for f in functions})
@@ -110,8 +110,8 @@ def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool,
     if choice == "none":
         return plan
     if parser is None:
-        raise invalid_request("the served model has no tool-call format; start glmserve with "
-                              "--tool-call-parser NAME", "tools")
+        raise invalid_request("tool calling is off on this server (--tool-call-parser none); send tool_choice "
+                              "'none' or no tools", "tools")
     plan.offered = [{"type": "function", "function": f} for f in functions]
     plan.functions, plan.choice = functions, choice
     calls = {False: "one", None: "distinct", True: "any"}[req.parallel_tool_calls]
