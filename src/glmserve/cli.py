@@ -13,7 +13,7 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import CliApp, SettingsError
 
-from glmserve.settings import BenchSettings, ChatSettings, ServeSettings
+from glmserve.settings import BenchSettings, ChatSettings, DeploySettings
 
 USAGE = """usage: glmserve COMMAND [flags]
 
@@ -60,26 +60,31 @@ def chat(args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    settings = _parse(ServeSettings, args)
+    settings = _parse(DeploySettings, args)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if settings.on_ray:
+        try:
+            from glmserve.deploy.ray import DeployError, serve_on_ray
+        except ImportError as exc:
+            return _fail(f"{exc.name} is needed for Ray Serve replicas (pip install 'glmserve[ray]')")
+        try:
+            serve_on_ray(settings)
+        except DeployError as exc:
+            return _fail(str(exc))
+        return 0
 
     import uvicorn
 
-    from glmserve.runtime import STARTUP_ERRORS, start_runtime
-    from glmserve.server import create_app
+    from glmserve.runtime import STARTUP_ERRORS, build_app
     from glmserve.server.http_protocol import protocol_with_header_timeout
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        runtime = start_runtime(settings)
+        app = build_app(settings)
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
-    app = create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
-                     shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
-                     client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins)
-    info = runtime.engine.model_info
     logging.getLogger("glmserve").info(
-        "serving %s (n_ctx=%d) on http://%s:%d", runtime.chat.model_name, info.context_length,
-        settings.host, settings.port,
+        "serving %s (n_ctx=%d) on http://%s:%d", app.state.chat.model_name,
+        app.state.engine.model_info.context_length, settings.host, settings.port,
     )
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal into the handler
     # that was installed before it: this one, so that a graceful stop exits with status 0.

@@ -1,12 +1,16 @@
-"""Assemble a serving runtime from settings: engine (started), chat template, chat service.
+"""Assemble a serving runtime from settings: engine (started), chat template, chat service;
+and the HTTP app over it (``build_app``).
 
-Shared by ``glmserve serve`` and any in-process use, so both behave the same.
+Shared by ``glmserve serve``, every Ray Serve replica and any in-process use, so all behave
+the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from glmserve.engine import Engine, EngineError, create_engine
@@ -15,6 +19,9 @@ from glmserve.multimodal import MediaPolicy
 from glmserve.serving.chat import ChatService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError)
 
@@ -64,3 +71,19 @@ def start_runtime(settings: ServeSettings) -> Runtime:
     except BaseException:
         engine.shutdown()
         raise
+
+
+def build_app(settings: ServeSettings, replica_id: str | None = None,
+              deployment_health: Callable[[], Awaitable[dict]] | None = None) -> FastAPI:
+    """Start the engine and return the HTTP app serving it (the app shuts the engine down on
+    exit): the one app that ``glmserve serve`` and each Ray Serve replica run.
+
+    ``replica_id``, ``deployment_health``: see ``server.create_app``. Raises one of
+    ``STARTUP_ERRORS`` as ``start_runtime`` does."""
+    from glmserve.server import create_app
+
+    runtime = start_runtime(settings)
+    return create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
+                      shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
+                      client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
+                      replica_id=replica_id, deployment_health=deployment_health)

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from glmserve.serving.schema_check import SchemaLimits
@@ -201,6 +201,61 @@ class ServeSettings(BaseSettings):
     def lora_adapters(self) -> dict[str, Path]:
         """``--lora`` as {adapter name: path}, in the order given."""
         return {name: Path(path).expanduser() for name, _, path in (item.partition("=") for item in self.lora)}
+
+
+class DeploySettings(ServeSettings):
+    """``glmserve serve``: ``ServeSettings`` plus where the app runs: one process (default) or
+    Ray Serve replicas (``--replicas``, ``--min/max-replicas`` or ``--ray-address``).
+
+    Also the ``args`` of the ``serve run`` builder (``glmserve.deploy.ray:build``)."""
+
+    model_config = _cli_config("glmserve serve")
+
+    replicas: int | None = Field(
+        None, ge=1, le=4096, description="Serve with this many Ray Serve replicas, each with its own engine, "
+        "behind Ray Serve's HTTP proxy on --host/--port (pip install 'glmserve[ray]').",
+    )
+    ray_address: str | None = Field(
+        None, description="Join this Ray cluster (e.g. 10.0.0.1:6379, or auto) instead of starting a local "
+        "Ray instance; implies Ray Serve replicas (1 unless --replicas or --min/max-replicas).",
+    )
+    replica_cpus: float | None = Field(
+        None, ge=0, le=1024, description="Ray Serve: CPUs reserved for each replica (default 1; also its "
+        "--n-threads when that is not given).",
+    )
+    replica_gpus: float | None = Field(
+        None, ge=0, le=1024, description="Ray Serve: GPUs reserved for each replica (default 0; vllm with "
+        "--distributed-executor-backend ray reserves one GPU per worker instead).",
+    )
+    min_replicas: int | None = Field(
+        None, ge=1, le=4096, description="Ray Serve autoscaling: fewest replicas (with --max-replicas).",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, le=4096, description="Ray Serve autoscaling: most replicas (with --min-replicas); "
+        "replicas are added while requests per replica stay above --max-num-seqs.",
+    )
+
+    @model_validator(mode="after")
+    def _check_ray(self) -> DeploySettings:
+        autoscale = (self.min_replicas, self.max_replicas)
+        if (autoscale[0] is None) != (autoscale[1] is None):
+            raise ValueError("--min-replicas and --max-replicas go together")
+        if autoscale[0] is not None:
+            if self.replicas is not None:
+                raise ValueError("give --replicas (a fixed count) or --min/max-replicas (autoscaling), not both")
+            if autoscale[0] > autoscale[1]:
+                raise ValueError("--min-replicas is larger than --max-replicas")
+        if not self.on_ray:
+            for name in ("replica_cpus", "replica_gpus"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"--{name.replace('_', '-')} needs Ray Serve replicas (--replicas, "
+                                     "--min/max-replicas or --ray-address)")
+        return self
+
+    @property
+    def on_ray(self) -> bool:
+        """Whether the app runs as Ray Serve replicas."""
+        return any(v is not None for v in (self.replicas, self.min_replicas, self.ray_address))
 
 
 class BenchSettings(BaseSettings):

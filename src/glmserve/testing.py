@@ -58,6 +58,21 @@ class RemoteServer:
         self.stop()
         raise RuntimeError(f"server did not become healthy:\n{self.log()}")
 
+    def wait_for_replicas(self, count: int, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Behind Ray Serve (``--replicas``): until ``/health`` reports the deployment healthy
+        with ``count`` running replicas (raises ``RuntimeError`` with the last state)."""
+        deadline = time.monotonic() + timeout
+        state: object = None
+        while time.monotonic() < deadline:
+            try:
+                state = httpx.get(f"{self.url}/health", timeout=10).json().get("deployment")
+                if state == {"status": "HEALTHY", "replicas": {"RUNNING": count}}:
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"the deployment did not reach {count} running replicas: {state}")
+
     def log(self) -> str:
         return Path(self._log.name).read_text(errors="replace")
 

@@ -80,3 +80,16 @@ def test_errors(llm):
     assert info.value.status_code == 400 and info.value.code == "context_length_exceeded"
     with pytest.raises(pydantic.ValidationError):
         llm.chat([{"role": "user", "content": "hi"}], temperature=7)
+
+
+def test_engine_health_follows_its_worker():
+    """``Engine.check_health`` (Ray Serve's replica health check, ``/health``): fine while the
+    worker thread runs, an ``EngineError`` once it is gone."""
+    from glmserve.engine import EngineError
+
+    model = LLM(n_threads=1)
+    engine = model._runtime.engine
+    engine.check_health()
+    model.close()
+    with pytest.raises(EngineError, match="worker thread"):
+        engine.check_health()

@@ -52,3 +52,12 @@ def test_help_lists_flags():
     assert proc.returncode == 0
     for flag in ("--model", "--host", "--port", "--n-ctx", "--n-threads", "--served-model-name", "--api-key"):
         assert flag in proc.stdout
+
+
+def test_ray_flags_without_replicas():
+    _assert_one_line_failure(_serve("--replica-cpus", "2"), "needs Ray Serve replicas")
+
+
+def test_ray_replicas_refuse_a_missing_model_before_starting_ray(tmp_path):
+    _assert_one_line_failure(_serve("--replicas", "2", "--model", str(tmp_path / "nope.gguf")), "no such file")
+

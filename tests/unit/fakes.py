@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from glmserve.engine.base import EngineError
 from glmserve.engine.types import EngineStats, GenerationOutput, GenerationRequest, ModelInfo
 
 SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001, "[gMASK]": 1002, "<sop>": 1003, "<|system|>": 1004,
@@ -56,6 +57,7 @@ class FakeEngine:
                                     bos_token="", eos_token="", grammar=grammar)
         self.aborted: list[str] = []
         self.requests: list[GenerationRequest] = []
+        self.broken = False  # check_health fails, as when an engine's worker died
 
     def prompt_text(self, request: GenerationRequest) -> str:
         names = {v: k for k, v in SPECIAL.items()}
@@ -70,6 +72,10 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(0, 0)
+
+    def check_health(self) -> None:
+        if self.broken:
+            raise EngineError("the engine's worker thread is not running")
 
     def generate(self, request: GenerationRequest, loop=None) -> AsyncIterator[GenerationOutput]:
         self.requests.append(request)

@@ -151,3 +151,26 @@ def test_template_rejection_is_400(engine):
         resp = client.post("/v1/chat/completions", json=_body())
     assert resp.status_code == 400
     assert "roles must alternate" in resp.json()["error"]["message"]
+
+
+def test_health_reports_a_broken_engine(engine, http):
+    assert http.get("/health").json() == {"status": "ok"}
+    engine.broken = True
+    response = http.get("/health")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "engine_unhealthy"
+    assert "worker thread" in response.json()["error"]["message"]
+
+
+def test_replica_header_and_deployment_health(engine):
+    async def deployment() -> dict:
+        return {"replicas": {"RUNNING": 2}}
+
+    service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
+    with TestClient(create_app(engine, service, replica_id="r1", deployment_health=deployment)) as client:
+        health = client.get("/health")
+        assert health.json() == {"status": "ok", "replica": "r1", "deployment": {"replicas": {"RUNNING": 2}}}
+        models = client.get("/v1/models")
+        assert models.headers["x-glmserve-replica"] == "r1" and models.headers["x-request-id"]
+    with TestClient(create_app(engine, service)) as client:
+        assert "x-glmserve-replica" not in client.get("/v1/models").headers

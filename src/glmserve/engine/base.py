@@ -83,4 +83,8 @@ class Engine(Protocol):
     def stats(self) -> EngineStats:
         """The engine's load now (any thread; for ``/metrics``)."""
 
+    def check_health(self) -> None:
+        """Raise ``EngineError`` when the engine can no longer serve: its worker thread or
+        engine core has died (any thread; Ray Serve's replica health check)."""
+
     def shutdown(self) -> None: ...

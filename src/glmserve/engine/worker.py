@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
+from glmserve.engine.base import EngineError
 from glmserve.engine.inbox import AbortSet, Inbox
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream
@@ -105,6 +106,10 @@ class StepWorker(Generic[S]):
     def stats(self) -> EngineStats:
         running, waiting = self._admission.split()
         return EngineStats(running, waiting, self._kv_cache_usage())
+
+    def check_health(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineError("the engine's worker thread is not running")
 
     def _kv_cache_usage(self) -> float | None:
         """The share of KV cache cells in use, if the engine knows it (any thread)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -27,7 +27,8 @@ from glmserve.serving.tokenize import TokenizeService
 def create_app(
     engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
     max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
-    allowed_origins: Sequence[str] = (),
+    allowed_origins: Sequence[str] = (), replica_id: str | None = None,
+    deployment_health: Callable[[], Awaitable[dict]] | None = None,
 ) -> FastAPI:
     """The app serving ``engine`` (already started); shuts the engine down on exit.
 
@@ -35,7 +36,8 @@ def create_app(
     ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
     ``max_request_bytes`` get a 413, bodies that stall for ``client_body_timeout`` seconds a
     408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
-    response carries ``x-request-id``."""
+    response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
+    ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +47,9 @@ def create_app(
     app = FastAPI(title="glmserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.api_key = api_key
+    app.state.engine = engine
+    app.state.replica_id = replica_id
+    app.state.deployment_health = deployment_health
     app.state.shutdown_timeout = shutdown_timeout
     app.state.chat = chat_service
     app.state.tokenize = TokenizeService(chat_service)
@@ -64,7 +69,7 @@ def create_app(
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])
-    app.add_middleware(RequestId)
+    app.add_middleware(RequestId, replica_id=replica_id)
     app.include_router(health.router)
     protected = [Depends(require_api_key)]
     needs_key = error_responses(401)

@@ -3,7 +3,8 @@ SDK exposes it as ``_request_id``).
 
 The client's own ``X-Request-Id`` is echoed when it is a sane token (1-128 visible ASCII
 characters); otherwise the server makes one, ``req_<32 hex digits>``. The id is in
-``scope["state"]["request_id"]`` for the app and its logs.
+``scope["state"]["request_id"]`` for the app and its logs. A Ray Serve replica also names
+itself in ``x-glmserve-replica`` (the header says which replica served the response).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import uuid
 
 HEADER = b"x-request-id"
+REPLICA_HEADER = b"x-glmserve-replica"
 _SANE = re.compile(rb"^[\x21-\x7e]{1,128}$")
 
 
@@ -20,8 +22,9 @@ def new_request_id() -> str:
 
 
 class RequestId:
-    def __init__(self, app) -> None:
+    def __init__(self, app, replica_id: str | None = None) -> None:
         self.app = app
+        self.extra = [(REPLICA_HEADER, replica_id.encode())] if replica_id else []
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -33,7 +36,7 @@ class RequestId:
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != HEADER]
-                message = {**message, "headers": [*headers, (HEADER, rid)]}
+                message = {**message, "headers": [*headers, (HEADER, rid), *self.extra]}
             await send(message)
 
         await self.app(scope, receive, send_with_id)

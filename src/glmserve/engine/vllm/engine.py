@@ -151,6 +151,11 @@ class VllmEngine:
         running, waiting = self._admission.split()
         return EngineStats(running, waiting)
 
+    def check_health(self) -> None:
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineError("vLLM's engine core is not running")
+
     def _sampling_params(self, sp: SamplingParams) -> VllmSamplingParams:
         """glmserve's ``SamplingParams`` as vLLM's, field for field. Raises ``GrammarError`` for
         a grammar xgrammar does not accept."""
