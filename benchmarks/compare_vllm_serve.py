@@ -17,19 +17,14 @@ leave it in .pytest_cache/d/smollm2-135m-instruct-hf).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import statistics
 import sys
 from pathlib import Path
 
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
-from glmserve.bench.runner import run_all
-from glmserve.settings import BenchSettings
 from glmserve.testing import RemoteServer
+from rounds import bench_round, medians, save, table  # benchmarks/rounds.py
 
-RESULTS = Path(__file__).parent / "results"
 DEFAULT_FOLDER = Path(__file__).parent.parent / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
 NAME = "model"
 
@@ -42,24 +37,6 @@ def vllm_server(args, env: dict[str, str]) -> RemoteServer:
         "--served-model-name", NAME, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
         "--max-model-len", str(args.n_ctx), "--disable-log-stats", "--structured-outputs-config.backend", "xgrammar",
         *(["--enforce-eager"] if args.enforce_eager else [])])
-
-
-def run_round(url: str, label: str, args, seed: int) -> list[Summary]:
-    out = []
-    for c in args.concurrency:
-        settings = BenchSettings(url=url, model=NAME, label=label, concurrency=[c], num_requests=max(8, 4 * c),
-                                 input_len=args.input_len, output_len=args.output_len, ignore_eos=True, seed=seed)
-        out += asyncio.run(run_all(settings))[1]
-    return out
-
-
-def medians(rounds: list[list[Summary]], c: int) -> dict[str, float]:
-    at = [s for summaries in rounds for s in summaries if s.concurrency == c]
-    return {"output_tok_s": statistics.median(s.output_throughput for s in at),
-            "ttft_p50_ms": statistics.median(s.ttft_ms["p50"] for s in at),
-            "tpot_p50_ms": statistics.median(s.tpot_ms["p50"] for s in at),
-            "failed": sum(s.failed for s in at),
-            "rounds": [round(s.output_throughput, 1) for s in at]}
 
 
 def main() -> None:
@@ -90,18 +67,13 @@ def main() -> None:
         for r in range(args.rounds):
             order = [("glmserve --engine vllm", ours.url), ("vllm serve", theirs.url)]
             for label, url in order if r % 2 == 0 else order[::-1]:
-                rows[label].append(run_round(url, label, args, seed=r))
+                rows[label].append(bench_round(url, NAME, label, args.concurrency, args.input_len,
+                                                    args.output_len, seed=r))
     finally:
         ours.stop()
         theirs.stop()
-    lines = ["| concurrency | system | output tok/s (median) | per round | TTFT p50 ms | TPOT p50 ms | failed |",
-             "|---:|---|---:|---|---:|---:|---:|"]
     stats = {label: {c: medians(rounds, c) for c in args.concurrency} for label, rounds in rows.items()}
-    for c in args.concurrency:
-        for label in rows:
-            m = stats[label][c]
-            lines.append(f"| {c} | {label} | {m['output_tok_s']:.1f} | {m['rounds']} | {m['ttft_p50_ms']:.0f} | "
-                         f"{m['tpot_p50_ms']:.1f} | {m['failed']} |")
+    lines = table(stats, args.concurrency)
     ratios = []
     for c in args.concurrency:
         o, t = stats["glmserve --engine vllm"][c], stats["vllm serve"][c]
@@ -113,12 +85,7 @@ def main() -> None:
         f"max_num_seqs {args.max_num_seqs} | max_model_len {args.n_ctx} | input ~{args.input_len} tokens, output "
         f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} "
         "alternating rounds, medians", "", *lines, "", *ratios])
-    print(report)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "compare_vllm_serve.md").write_text(
-        "# glmserve --engine vllm vs vLLM's own server\n\n`python benchmarks/compare_vllm_serve.py`\n\n" + report + "\n")
-    (RESULTS / "compare_vllm_serve.json").write_text(json.dumps(stats, indent=2))
-
+    save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats)
 
 if __name__ == "__main__":
     main()

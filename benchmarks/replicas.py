@@ -17,18 +17,12 @@ and stops it: two local Ray instances cannot share the machine, so the systems n
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import statistics
-from pathlib import Path
 
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
-from glmserve.bench.runner import run_all
-from glmserve.settings import BenchSettings
 from glmserve.testing import DEFAULT_MODEL, RemoteServer
+from rounds import bench_round, medians, save, table  # benchmarks/rounds.py
 
-RESULTS = Path(__file__).parent / "results"
 SYSTEMS = {
     "single": (),
     "ray x1": ("--replicas", "1", "--replica-cpus", "1"),
@@ -45,25 +39,6 @@ def start(name: str, args) -> RemoteServer:
     return srv
 
 
-def run_round(url: str, label: str, args, seed: int) -> list[Summary]:
-    out = []
-    for c in args.concurrency:
-        settings = BenchSettings(url=url, model=DEFAULT_MODEL, label=label, concurrency=[c],
-                                 num_requests=max(8, 4 * c), input_len=args.input_len, output_len=args.output_len,
-                                 ignore_eos=True, seed=seed * 1000 + c)
-        out += asyncio.run(run_all(settings))[1]
-    return out
-
-
-def medians(rounds: list[list[Summary]], c: int) -> dict:
-    at = [s for summaries in rounds for s in summaries if s.concurrency == c]
-    return {"output_tok_s": statistics.median(s.output_throughput for s in at),
-            "ttft_p50_ms": statistics.median(s.ttft_ms["p50"] for s in at),
-            "tpot_p50_ms": statistics.median(s.tpot_ms["p50"] for s in at),
-            "failed": sum(s.failed for s in at),
-            "rounds": [round(s.output_throughput, 1) for s in at]}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
@@ -78,17 +53,12 @@ def main() -> None:
         for name in names[r % len(names):] + names[:r % len(names)]:
             srv = start(name, args)
             try:
-                rows[name].append(run_round(srv.url, name, args, seed=r))
+                rows[name].append(bench_round(srv.url, DEFAULT_MODEL, name, args.concurrency, args.input_len,
+                                                   args.output_len, seed=r))
             finally:
                 srv.stop()
     stats = {name: {c: medians(rounds, c) for c in args.concurrency} for name, rounds in rows.items()}
-    lines = ["| concurrency | system | output tok/s (median) | per round | TTFT p50 ms | TPOT p50 ms | failed |",
-             "|---:|---|---:|---|---:|---:|---:|"]
-    for c in args.concurrency:
-        for name in SYSTEMS:
-            m = stats[name][c]
-            lines.append(f"| {c} | {name} | {m['output_tok_s']:.1f} | {m['rounds']} | {m['ttft_p50_ms']:.0f} | "
-                         f"{m['tpot_p50_ms']:.1f} | {m['failed']} |")
+    lines = table(stats, args.concurrency)
     ratios = []
     for c in args.concurrency:
         one, two, single = stats["ray x1"][c], stats["ray x2"][c], stats["single"][c]
@@ -100,12 +70,7 @@ def main() -> None:
         f"{args.max_num_seqs} per replica | input ~{args.input_len} tokens, output {args.output_len} (ignore_eos, "
         f"greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} alternating rounds, medians",
         "", *lines, "", *ratios])
-    print(report)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "replicas.md").write_text(
-        "# Ray Serve replicas vs one server\n\n`python benchmarks/replicas.py`\n\n" + report + "\n")
-    (RESULTS / "replicas.json").write_text(json.dumps(stats, indent=2))
-
+    save("replicas", "Ray Serve replicas vs one server", report, stats)
 
 if __name__ == "__main__":
     main()

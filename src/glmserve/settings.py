@@ -232,7 +232,7 @@ class DeploySettings(ServeSettings):
     )
     max_replicas: int | None = Field(
         None, ge=1, le=4096, description="Ray Serve autoscaling: most replicas (with --min-replicas); "
-        "replicas are added while requests per replica stay above --max-num-seqs.",
+        "replicas are added while requests wait for one (running plus waiting per replica above --max-num-seqs).",
     )
 
     @model_validator(mode="after")

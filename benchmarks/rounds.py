@@ -1,0 +1,61 @@
+"""What the serving benchmarks share: one round of ``glmserve bench`` at each concurrency,
+medians over alternating rounds, and the table they print."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from pathlib import Path
+
+from glmserve.bench.metrics import Summary
+from glmserve.bench.runner import run_all
+from glmserve.settings import BenchSettings
+
+TABLE_HEAD = ["| concurrency | system | output tok/s (median) | per round | TTFT p50 ms | TPOT p50 ms | failed |",
+              "|---:|---|---:|---|---:|---:|---:|"]
+
+
+def bench_round(url: str, model: str, label: str, concurrency: list[int], input_len: int, output_len: int,
+                seed: int) -> list[Summary]:
+    """``glmserve bench`` against ``url`` at each concurrency c: max(8, 4 c) streaming greedy
+    requests of ``output_len`` tokens (ignore_eos), prompts of about ``input_len`` tokens drawn
+    from ``seed`` (and c, so that no two levels share prompts)."""
+    out = []
+    for c in concurrency:
+        settings = BenchSettings(url=url, model=model, label=label, concurrency=[c], num_requests=max(8, 4 * c),
+                                 input_len=input_len, output_len=output_len, ignore_eos=True, seed=seed * 1000 + c)
+        out += asyncio.run(run_all(settings))[1]
+    return out
+
+
+def medians(rounds: list[list[Summary]], c: int) -> dict:
+    """Medians over the rounds at concurrency ``c``: output tok/s, TTFT and TPOT p50 (ms);
+    failed requests summed; each round's tok/s."""
+    at = [s for summaries in rounds for s in summaries if s.concurrency == c]
+    return {"output_tok_s": statistics.median(s.output_throughput for s in at),
+            "ttft_p50_ms": statistics.median(s.ttft_ms["p50"] for s in at),
+            "tpot_p50_ms": statistics.median(s.tpot_ms["p50"] for s in at),
+            "failed": sum(s.failed for s in at),
+            "rounds": [round(s.output_throughput, 1) for s in at]}
+
+
+def table(stats: dict[str, dict[int, dict]], concurrency: list[int]) -> list[str]:
+    """Markdown rows of ``stats`` ({system: {c: medians}}), by concurrency, then system."""
+    lines = list(TABLE_HEAD)
+    for c in concurrency:
+        for label, by_c in stats.items():
+            m = by_c[c]
+            lines.append(f"| {c} | {label} | {m['output_tok_s']:.1f} | {m['rounds']} | {m['ttft_p50_ms']:.0f} | "
+                         f"{m['tpot_p50_ms']:.1f} | {m['failed']} |")
+    return lines
+
+
+def save(name: str, title: str, report: str, stats: dict) -> None:
+    """Print ``report`` and keep it in ``results/NAME.md`` (under ``title``, with the command
+    that made it) and ``stats`` in ``results/NAME.json``."""
+    print(report)
+    results = Path(__file__).parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"{name}.md").write_text(f"# {title}\n\n`python benchmarks/{name}.py`\n\n{report}\n")
+    (results / f"{name}.json").write_text(json.dumps(stats, indent=2))
