@@ -115,6 +115,12 @@ class ServeSettings(BaseSettings):
         "(chunked prefill). Below 64, llama.cpp's CPU backend computes every batch the same way, so a "
         "request's output does not depend on what it is batched with. vllm: default 8192 when not set.",
     )
+    kv_layout: Literal["split", "unified"] = Field(
+        "split", description="llama_cpp: KV cache layout. split: one stream of n_ctx cells per sequence "
+        "(max-num-seqs x n-ctx cells; faster decoding of many sequences, as llama-server -np N); unified: "
+        "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
+        "is full). Either way every request may use the whole n-ctx.",
+    )
     max_queue: int = Field(
         64, ge=0, le=1 << 16,
         description="Requests that may wait for a free sequence; beyond that the server answers 429.",

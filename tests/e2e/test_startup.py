@@ -44,6 +44,9 @@ def test_flag_the_engine_does_not_use():
     _assert_one_line_failure(_serve("--dtype", "float32"), "--dtype", "llama_cpp")
     _assert_one_line_failure(_serve("--engine", "transformers", "--max-num-batched-tokens", "32"),
                              "--max-num-batched-tokens", "transformers")
+    _assert_one_line_failure(_serve("--engine", "transformers", "--kv-layout", "unified"),
+                             "--kv-layout", "transformers")
+    _assert_one_line_failure(_serve("--kv-layout", "paged"), "kv_layout")
 
 
 def test_help_lists_flags():

@@ -1,5 +1,6 @@
 """The continuous-batching scheduler alone: admission, chunked-prefill budget, KV accounting,
-prefix reuse, preemption. No model involved."""
+prefix reuse, preemption, both KV layouts (the unified one unless a test says split). No model
+involved."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from glmserve.engine.scheduler import AdmissionControl, KVOp, Scheduler, Sequence, SeqStatus
+from glmserve.engine.scheduler import SPLIT_COPY_MIN_TOKENS, AdmissionControl, KVOp, Scheduler, Sequence, SeqStatus
 
 
 def seq(name: str, tokens) -> Sequence:
@@ -264,3 +265,77 @@ def test_prefix_cache_is_reused_only_within_its_group():
     s.add(same)
     run_step(s)
     assert same.num_cached == 20
+
+
+# ---- split layout: one stream of n_ctx cells per slot ---------------------------------------
+
+
+def test_split_every_sequence_has_the_whole_context_and_is_never_preempted():
+    s = Scheduler(max_num_seqs=3, n_ctx=12, max_num_batched_tokens=64, kv_layout="split")
+    assert s.kv_capacity == 36
+    seqs = [seq(f"r{i}", range(i * 100, i * 100 + 10)) for i in range(3)]
+    for x in seqs:
+        s.add(x)
+    for _ in range(3):  # 10 + 2 decoded = 12 cells each: the unified layout would have preempted
+        out = run_step(s)
+        assert not out.preempted and len(out.chunks) == 3
+    assert [x.num_computed for x in seqs] == [12, 12, 12] and s.kv_used == 36
+    assert all(x.status is SeqStatus.RUNNING for x in seqs)
+
+
+def test_split_new_request_takes_the_lowest_free_slot_on_a_tie():
+    s = Scheduler(max_num_seqs=4, n_ctx=100, max_num_batched_tokens=64, kv_layout="split")
+    xs = [seq(f"r{i}", range(i * 10 + 1, i * 10 + 6)) for i in range(3)]
+    for x in xs:
+        s.add(x)
+    run_step(s)
+    s.finish(xs[1])  # slots 0 and 2 run; slot 1 holds an unrelated cache, slot 3 is empty
+    new = seq("new", range(500, 505))
+    s.add(new)
+    run_step(s)
+    assert new.slot == 1  # running sequences keep neighbouring slot ids
+
+
+def test_split_copies_a_long_prefix_as_a_whole_stream_then_trims_it():
+    s = Scheduler(max_num_seqs=2, n_ctx=1000, max_num_batched_tokens=500, kv_layout="split")
+    system = list(range(1000, 1000 + SPLIT_COPY_MIN_TOKENS + 10))
+    a = seq("a", system + [1])
+    s.add(a)
+    run_step(s)  # a's prompt is decoded; it keeps running
+    b = seq("b", system + [2, 3])
+    s.add(b)
+    out = run_step(s)
+    n = len(system)
+    assert b.slot == 1 and b.num_cached == n
+    assert out.kv_ops == [KVOp("cp", 1, 0, -1, src=a.slot), KVOp("rm", 1, n)]
+    assert [(c.seq.request_id, c.start, c.length) for c in out.chunks][-1] == ("b", n, 2)
+
+
+def test_split_short_prefix_is_recomputed_rather_than_copied():
+    s = Scheduler(max_num_seqs=2, n_ctx=1000, max_num_batched_tokens=500, kv_layout="split")
+    system = list(range(1000, 1000 + SPLIT_COPY_MIN_TOKENS - 1))
+    a = seq("a", system + [1])
+    s.add(a)
+    run_step(s)
+    b = seq("b", system + [2])
+    s.add(b)
+    out = run_step(s)
+    assert b.num_cached == 0 and out.kv_ops == []
+
+
+def test_split_idle_cache_is_reused_in_place():
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=64, kv_layout="split")
+    first = seq("first", range(30))
+    s.add(first)
+    run_step(s)
+    s.finish(first)
+    second = seq("second", list(range(20)) + [99])
+    s.add(second)
+    out = run_step(s)
+    assert second.slot == first.slot and second.num_cached == 20
+    assert out.kv_ops == [KVOp("rm", first.slot, 20)]
+
+
+def test_unknown_kv_layout_is_refused():
+    with pytest.raises(ValueError, match="kv_layout"):
+        Scheduler(max_num_seqs=1, n_ctx=8, max_num_batched_tokens=8, kv_layout="paged")

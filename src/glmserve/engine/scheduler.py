@@ -4,20 +4,29 @@ No llama.cpp or torch imports (nano-vllm's split): the scheduler decides, the en
 Each engine step is ``schedule()`` -> the engine applies the returned KV operations and decodes
 the returned chunks in one batch -> ``append_token`` / ``finish`` for what came out.
 
-Model of the KV cache (llama.cpp's unified cache): ``n_ctx`` cells shared by ``max_num_seqs``
-slots (sequence ids). No slot owns a fixed slice: a long request may use what short ones
-leave free. A slot that finished keeps its tokens' KV as a cache until the cells are needed, so a
-new request whose prompt starts with those tokens (the same system prompt, the earlier turns of
-a chat) reuses them instead of recomputing; a prefix held by another slot is copied
-(``seq_cp``: in a unified cache the cells are shared, not duplicated). Accounting is
-conservative: shared cells are counted once per slot, so the real cache is never fuller than
-the count.
+Two models of llama.cpp's KV cache (``kv_layout``), over ``max_num_seqs`` slots (sequence ids):
+
+- ``"split"`` (llama.cpp's non-unified cache, as ``llama-server -np N``): each slot has its own
+  stream of ``n_ctx`` cells, so every request may use the whole context and none ever waits for
+  cells or is preempted. Attention of a sequence reads only its own stream, which makes a decode
+  step of many sequences cheaper than in one shared pool. Memory: ``max_num_seqs x n_ctx`` cells.
+- ``"unified"``: ``n_ctx`` cells shared by all slots. No slot owns a fixed slice: a long
+  request may use what short ones leave free, at the cost of preemption when the pool is full.
+  Accounting is conservative: cells shared by ``seq_cp`` are counted once per slot, so the real
+  cache is never fuller than the count.
+
+A slot that finished keeps its tokens' KV as a cache until the cells are needed, so a new request
+whose prompt starts with those tokens (the same system prompt, the earlier turns of a chat)
+reuses them instead of recomputing; a prefix held by another slot is copied (``seq_cp``: in a
+unified cache the cells are shared, not duplicated; across split streams llama.cpp copies the
+whole stream, and the copy's cells past the prefix are then dropped, so a copy is made only when
+it saves ``SPLIT_COPY_MIN_TOKENS`` of prefill).
 
 Per step: every running sequence gets its next token (decode) or its next prompt chunk
 (chunked prefill), within ``max_num_batched_tokens``; then waiting requests are admitted in
 arrival order while a slot, the budget and KV cells for their whole remaining prompt are free.
-When a running sequence needs a cell and none is free, idle caches are evicted first, then
-the newest running sequence is preempted: its cells are freed and it waits at the head of the
+(Unified layout) When a running sequence needs a cell and none is free, idle caches are evicted
+first, then the newest running sequence is preempted: its cells are freed and it waits at the head of the
 queue, to be recomputed from its tokens (prompt + what it generated) later.
 
 Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
@@ -35,6 +44,13 @@ from enum import Enum
 from typing import Any, Literal
 
 from glmserve.engine.base import EngineOverloaded
+
+KVLayout = Literal["split", "unified"]
+
+# Split layout: llama.cpp copies a whole stream (n_ctx cells, every layer) to share a prefix;
+# for SmolLM2-135M at n_ctx 4096 (90 MiB) that is about 20 ms here, the prefill time of a few
+# dozen tokens. A copy is made only when it saves at least this many tokens of prefill.
+SPLIT_COPY_MIN_TOKENS = 64
 
 
 class SeqStatus(Enum):
@@ -83,7 +99,8 @@ class Slot:
 @dataclass(slots=True, frozen=True)
 class KVOp:
     """``rm``: drop ``slot``'s cells at positions >= ``p0``. ``cp``: make positions
-    ``[0, p1)`` of ``src`` visible to ``slot`` too."""
+    ``[0, p1)`` of ``src`` visible to ``slot`` too (``p1`` -1: all of them, replacing what
+    ``slot`` held; the split layout copies whole streams)."""
 
     kind: Literal["rm", "cp"]
     slot: int
@@ -127,11 +144,17 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
 class Scheduler:
     """See module docstring. Not thread-safe: the engine thread owns it."""
 
-    def __init__(self, max_num_seqs: int, n_ctx: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, max_num_seqs: int, n_ctx: int, max_num_batched_tokens: int,
+                 kv_layout: KVLayout = "unified") -> None:
         if max_num_seqs < 1 or n_ctx < 2 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs >= 1, n_ctx >= 2 and max_num_batched_tokens >= 1 required")
+        if kv_layout not in ("split", "unified"):
+            raise ValueError(f"kv_layout must be split or unified, not {kv_layout!r}")
         self.max_num_seqs = max_num_seqs
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx  # the most tokens one sequence may hold
+        self.kv_layout = kv_layout
+        self.split = kv_layout == "split"
+        self.kv_capacity = n_ctx * max_num_seqs if self.split else n_ctx  # cells in the whole cache
         self.max_num_batched_tokens = max_num_batched_tokens
         self.slots = [Slot(i) for i in range(max_num_seqs)]
         self.waiting: deque[Sequence] = deque()
@@ -148,7 +171,8 @@ class Scheduler:
 
     @property
     def kv_free(self) -> int:
-        return self.n_ctx - self.kv_used
+        """Unified layout: cells no slot holds (split: every slot has ``n_ctx`` of its own)."""
+        return self.kv_capacity - self.kv_used
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -211,8 +235,9 @@ class Scheduler:
 
     def _make_room(self, n: int, out: SchedulerOutput, protect: Sequence) -> bool:
         """Free ``n`` cells for ``protect``: evict idle caches, then preempt the newest running
-        sequences. False if ``protect`` itself had to be preempted."""
-        while self.kv_free < n:
+        sequences. False if ``protect`` itself had to be preempted. A split stream always has
+        room: a sequence never holds more than ``n_ctx`` tokens."""
+        while not self.split and self.kv_free < n:
             if self._evict_idle(out):
                 continue
             victim = self.running[-1]
@@ -249,7 +274,10 @@ class Scheduler:
         match are dropped), as llama-server picks slots; only when a running slot holds a
         strictly longer prefix is it copied in. Reuse in place keeps each sequence's cells in
         position order, which keeps results independent of batching (llama.cpp sums attention
-        over cells in index order)."""
+        over cells in index order).
+
+        Split layout: ties go to the lowest slot id, so that running sequences keep neighbouring
+        ids; llama.cpp decodes consecutive streams in one micro-batch."""
         limit = len(seq.tokens) - 1  # the last known token is always decoded, for its logits
         matches = {
             s.id: common_prefix(s.tokens[: min(s.n_kv, self._committed[s.id])], seq.tokens, limit)
@@ -258,18 +286,27 @@ class Scheduler:
         }
         free = [s for s in self.slots if s.seq is None]
         # the free slot with the longest own prefix; else an empty one; else the least recently used
-        own = max(free, key=lambda s: (matches[s.id], s.n_kv == 0, -s.last_used))
+        if self.split:
+            own = max(free, key=lambda s: (matches[s.id], -s.id))
+        else:
+            own = max(free, key=lambda s: (matches[s.id], s.n_kv == 0, -s.last_used))
         src = max(self.slots, key=lambda s: (matches[s.id], s.id == own.id))
+        if self.split and matches[src.id] - matches[own.id] < SPLIT_COPY_MIN_TOKENS:
+            src = own
         n_reuse = matches[src.id]
-        # the slot's old cells give way to the reused prefix plus the rest of the prompt
-        need = len(seq.tokens) - own.n_kv
-        while self.kv_free < need and self._evict_idle(out, keep=(own.id, src.id)):
-            pass
-        if self.kv_free < need:
-            return False
+        if not self.split:
+            # the slot's old cells give way to the reused prefix plus the rest of the prompt
+            need = len(seq.tokens) - own.n_kv
+            while self.kv_free < need and self._evict_idle(out, keep=(own.id, src.id)):
+                pass
+            if self.kv_free < need:
+                return False
         if src.id == own.id:
             if own.n_kv > n_reuse:
                 out.kv_ops.append(KVOp("rm", own.id, n_reuse))
+        elif self.split:  # llama.cpp copies whole streams: copy, then drop what is past the prefix
+            out.kv_ops.append(KVOp("cp", own.id, 0, -1, src=src.id))
+            out.kv_ops.append(KVOp("rm", own.id, n_reuse))
         else:
             if own.n_kv:
                 out.kv_ops.append(KVOp("rm", own.id, 0))

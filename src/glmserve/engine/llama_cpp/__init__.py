@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset({"n_threads", "max_num_batched_tokens"})
+SETTINGS = frozenset({"n_threads", "max_num_batched_tokens", "kv_layout"})
 
 
 def build(settings: ServeSettings) -> LlamaCppEngine:
@@ -28,6 +28,7 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_queue=settings.max_queue,
             lora=settings.lora_adapters(),
+            kv_layout=settings.kv_layout,
         ),
     )
 

@@ -10,10 +10,15 @@ from glmserve.engine.scheduler import Chunk, KVOp, Sequence
 
 
 class BatchDecoder:
-    """Owns a ``llama_batch`` of ``capacity`` tokens for context ``ctx``. ``free()`` releases it."""
+    """Owns a ``llama_batch`` of ``capacity`` tokens for context ``ctx``. ``free()`` releases it.
 
-    def __init__(self, ctx, capacity: int) -> None:
+    ``by_slot``: put the chunks in slot order. With a split (non-unified) KV cache llama.cpp
+    builds a micro-batch from sequences whose ids follow each other in batch order
+    (``split_equal``), so slot order lets one micro-batch hold every running sequence."""
+
+    def __init__(self, ctx, capacity: int, by_slot: bool = False) -> None:
         self._ctx = ctx
+        self._by_slot = by_slot
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
         self.capacity = capacity
@@ -34,6 +39,8 @@ class BatchDecoder:
         total = sum(chunk.length for chunk in chunks)
         if total > self.capacity:
             raise RuntimeError(f"batch of {total} tokens exceeds capacity {self.capacity}")
+        if self._by_slot:
+            chunks = sorted(chunks, key=lambda chunk: chunk.seq.slot)
         batch = self._batch
         token, pos, n_seq_id, seq_id, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
         rows: list[tuple[Sequence, int]] = []

@@ -1,7 +1,9 @@
 """The ``llama_cpp`` engine: GGUF models on the CPU, continuously batched.
 
-One llama.cpp context with a unified KV cache of ``n_ctx`` cells shared by ``max_num_seqs``
-sequences. A worker thread runs engine steps (nano-vllm's shape): ``Scheduler.schedule()``,
+One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``) is split
+by default: one stream of ``n_ctx`` cells per sequence (llama.cpp's non-unified cache, as
+``llama-server -np N`` but with the whole context for each sequence), or unified: ``n_ctx``
+cells shared by all sequences, for when memory is tight. A worker thread runs engine steps (nano-vllm's shape): ``Scheduler.schedule()``,
 then one ``llama_decode`` of a batch holding the next token of every running sequence plus
 prompt chunks of new ones, then sampling with each sequence's own llama.cpp sampler chain and
 post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop). Requests
@@ -29,7 +31,7 @@ from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
-from glmserve.engine.scheduler import Scheduler, Sequence, SeqStatus
+from glmserve.engine.scheduler import KVLayout, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
 from glmserve.engine.worker import StepWorker
@@ -46,6 +48,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 63
     max_queue: int = 64
     lora: dict | None = None  # adapter name -> GGUF LoRA file
+    kv_layout: KVLayout = "split"
 
 
 @dataclass(slots=True)
@@ -90,25 +93,32 @@ class LlamaCppEngine(StepWorker[Sequence]):
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load {path}: {exc}") from exc
         self._load_adapters()
+        split = cfg.kv_layout == "split"
+        wanted = cfg.n_ctx or self._model.n_ctx_train()
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = cfg.n_ctx or self._model.n_ctx_train()
+        # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
+        params.n_ctx = wanted * cfg.max_num_seqs if split else wanted
         params.n_batch = cfg.max_num_batched_tokens
         params.n_ubatch = min(cfg.max_num_batched_tokens, 512)
         params.n_seq_max = cfg.max_num_seqs
         params.n_threads = params.n_threads_batch = cfg.n_threads
-        params.kv_unified = True  # one pool of cells for all sequences, no per-slot slices
+        params.kv_unified = not split
         params.no_perf = True
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
         if not self._ctx:
             self._model.close()
-            raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={params.n_ctx})")
-        allocated = llama_cpp.llama_n_ctx(self._ctx)
-        n_ctx = min(cfg.n_ctx, allocated) if cfg.n_ctx else allocated
-        if n_ctx != allocated:  # llama.cpp pads the KV cache to a multiple of 256 cells
-            log.info("n_ctx %d: llama.cpp allocated %d KV cells; requests use at most %d", n_ctx, allocated, n_ctx)
-        self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens)
-        self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens)
+            raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={wanted}, "
+                              f"kv_layout={cfg.kv_layout}, max_num_seqs={cfg.max_num_seqs})")
+        per_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # llama.cpp pads streams to 256 cells
+        n_ctx = min(wanted, per_seq)
+        cells = llama_cpp.llama_n_ctx(self._ctx)
+        self.kv_cache_bytes = cells * self._kv_bytes_per_cell()
+        log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (f16 K and V); "
+                 "each request may use n_ctx=%d", cfg.kv_layout, cells, per_seq if split else cells,
+                 cfg.max_num_seqs, self.kv_cache_bytes / 2**20, n_ctx)
+        self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens, by_slot=split)
+        self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout)
         self.tokenizer = LlamaCppTokenizer(self._model)
         self.model_info = ModelInfo(
             id=self._resolved.name,
@@ -120,6 +130,16 @@ class LlamaCppEngine(StepWorker[Sequence]):
             lora_adapters=tuple(self._adapters),
         )
         self._start_worker("llama-cpp-engine")
+
+    def _kv_bytes_per_cell(self) -> int:
+        """Bytes of one KV cell over all layers: K and V (f16, llama.cpp's default type) of
+        every KV head (``head_count_kv`` x ``key_length``, which defaults to n_embd / n_head)."""
+        model = self._model.model
+        n_head = llama_cpp.llama_model_n_head(model)
+        arch = self._model.metadata().get("general.architecture", "")
+        head_dim = int(self._model.metadata().get(f"{arch}.attention.key_length", 0) or
+                       llama_cpp.llama_model_n_embd(model) // max(n_head, 1))
+        return 2 * 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model) * head_dim
 
     def _load_adapters(self) -> None:
         """Load every ``--lora`` GGUF adapter; llama.cpp checks architecture and tensor shapes
@@ -193,7 +213,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
 
     def _kv_cache_usage(self) -> float | None:
         scheduler = self._scheduler
-        return scheduler.kv_used / scheduler.n_ctx if scheduler is not None else None
+        return scheduler.kv_used / scheduler.kv_capacity if scheduler is not None else None
 
     def _has_work(self) -> bool:
         return self._scheduler.has_work()
