@@ -1,9 +1,9 @@
 """Cost of llama.cpp's unified KV cache at the decode step, measured directly at the llama.cpp level.
 
 8 sequences are prefilled with ``--prompt-len`` tokens each, then an 8-token decode step (one
-token per sequence) is timed, with the KV cache unified (one pool shared by all sequences, what
-glmserve uses) and split per sequence (llama-server's default, fixed slices). Same model,
-threads and context. Prints a table.
+token per sequence) is timed, with the KV cache unified (one pool shared by all sequences:
+``glmserve --kv-layout unified``) and split in one stream per sequence (``--kv-layout split``,
+glmserve's and llama-server's default). Same model, threads and context. Prints a table.
 
     python benchmarks/kv_unified_cost.py [--threads 2] [--prompt-len 160] [--steps 40]
 """
@@ -75,8 +75,8 @@ def main() -> None:
           f"8 sequences x {args.prompt_len} cached tokens | decode step of 8 tokens: median of {args.steps} steps, "
           f"{args.rounds} alternating rounds\n")
     print("| KV cache | decode step ms (median of rounds) | unified / split per round |\n|---|---:|---:|")
-    print(f"| split per sequence (llama-server default) | {split:.1f} | |")
-    print(f"| unified (glmserve) | {unified:.1f} | median {statistics.median(ratios):.2f}, "
+    print(f"| split, one stream per sequence (glmserve and llama-server default) | {split:.1f} | |")
+    print(f"| unified (glmserve --kv-layout unified) | {unified:.1f} | median {statistics.median(ratios):.2f}, "
           f"range {ratios[0]:.2f}-{ratios[-1]:.2f} |")
 
 

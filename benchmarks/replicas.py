@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.testing import DEFAULT_MODEL, RemoteServer
-from rounds import bench_round, medians, save, table  # benchmarks/rounds.py
+from rounds import alternate, medians, save, table  # benchmarks/rounds.py
 
 SYSTEMS = {
     "single": (),
@@ -47,16 +46,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    rows: dict[str, list[list[Summary]]] = {name: [] for name in SYSTEMS}
-    names = list(SYSTEMS)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            srv = start(name, args)
-            try:
-                rows[name].append(bench_round(srv.url, DEFAULT_MODEL, name, args.concurrency, args.input_len,
-                                                   args.output_len, seed=r))
-            finally:
-                srv.stop()
+    rows = alternate(list(SYSTEMS), lambda name: start(name, args), args.rounds, args.concurrency,
+                     args.input_len, args.output_len, DEFAULT_MODEL)
     stats = {name: {c: medians(rounds, c) for c in args.concurrency} for name, rounds in rows.items()}
     lines = table(stats, args.concurrency)
     ratios = []

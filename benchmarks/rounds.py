@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from glmserve.bench.metrics import Summary
@@ -27,6 +28,26 @@ def bench_round(url: str, model: str, label: str, concurrency: list[int], input_
                                  input_len=input_len, output_len=output_len, ignore_eos=True, seed=seed * 1000 + c)
         out += asyncio.run(run_all(settings))[1]
     return out
+
+
+def alternate(names: list[str], start: Callable[[str], object], rounds: int, concurrency: list[int],
+              input_len: int, output_len: int, model: str,
+              after: Callable[[str, object], None] | None = None) -> dict[str, list[list[Summary]]]:
+    """``rounds`` rounds; each starts every system in ``names`` in turn (``start(name)`` returns
+    a server with ``url`` and ``stop()``; the order rotates every round), runs ``bench_round`` on
+    it with the round's prompts, calls ``after(name, server)`` if given, and stops it, so the
+    systems never share the machine. Returns {name: [each round's summaries]}."""
+    rows: dict[str, list[list[Summary]]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            server = start(name)
+            try:
+                rows[name].append(bench_round(server.url, model, name, concurrency, input_len, output_len, seed=r))
+                if after is not None:
+                    after(name, server)
+            finally:
+                server.stop()
+    return rows
 
 
 def medians(rounds: list[list[Summary]], c: int) -> dict:
@@ -51,11 +72,13 @@ def table(stats: dict[str, dict[int, dict]], concurrency: list[int]) -> list[str
     return lines
 
 
-def save(name: str, title: str, report: str, stats: dict) -> None:
+def save(name: str, title: str, report: str, stats: dict, command: str | None = None) -> None:
     """Print ``report`` and keep it in ``results/NAME.md`` (under ``title``, with the command
-    that made it) and ``stats`` in ``results/NAME.json``."""
+    that made it: ``command``, default ``python benchmarks/NAME.py``) and ``stats`` in
+    ``results/NAME.json``."""
     print(report)
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    (results / f"{name}.md").write_text(f"# {title}\n\n`python benchmarks/{name}.py`\n\n{report}\n")
+    command = command or f"python benchmarks/{name}.py"
+    (results / f"{name}.md").write_text(f"# {title}\n\n`{command}`\n\n{report}\n")
     (results / f"{name}.json").write_text(json.dumps(stats, indent=2))

@@ -49,6 +49,12 @@ def test_flag_the_engine_does_not_use():
     _assert_one_line_failure(_serve("--kv-layout", "paged"), "kv_layout")
 
 
+def test_kv_cache_larger_than_memory_is_refused():
+    # 256 sequences x 1M tokens x 22.5 KiB: far beyond any machine's memory
+    _assert_one_line_failure(_serve("--max-num-seqs", "256", "--n-ctx", str(1 << 20)), "KV cache",
+                             "--kv-layout unified")
+
+
 def test_help_lists_flags():
     proc = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--help"], capture_output=True,
                           text=True, timeout=60)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from glmserve.engine.base import EngineError
@@ -84,9 +84,31 @@ class StepWorker(Generic[S]):
         self._outputs = OutputBatch()
         self._thread: threading.Thread | None = None
 
-    def _start_worker(self, name: str) -> None:
-        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+    def _start_worker(self, name: str, setup: Callable[[], None] | None = None) -> None:
+        """Start the worker thread. ``setup``, if given, runs first on that thread (e.g. loading
+        a model whose library keeps per-thread state); this waits for it and re-raises what it
+        raised, after which the thread has ended."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            if setup is not None:
+                try:
+                    setup()
+                except BaseException as exc:  # handed to the starting thread
+                    failure.append(exc)
+                    ready.set()
+                    return
+            ready.set()
+            self._worker()
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
         self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise failure[0]
 
     def _stop_worker(self) -> None:
         """Abort what is still running and stop the worker thread (waits up to 60 s)."""

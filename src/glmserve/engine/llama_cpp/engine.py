@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._load_adapters()
         split = cfg.kv_layout == "split"
         wanted = cfg.n_ctx or self._model.n_ctx_train()
+        self._check_kv_fits(wanted * cfg.max_num_seqs if split else wanted)
         params = llama_cpp.llama_context_default_params()
         # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
         params.n_ctx = wanted * cfg.max_num_seqs if split else wanted
@@ -130,6 +132,22 @@ class LlamaCppEngine(StepWorker[Sequence]):
             lora_adapters=tuple(self._adapters),
         )
         self._start_worker("llama-cpp-engine")
+
+    def _check_kv_fits(self, cells: int) -> None:
+        """Raise ``EngineError`` (the model is closed first) when a KV cache of ``cells`` would
+        take more than 3/4 of this machine's memory: llama.cpp writes every cell at start, so
+        such a cache would end in the kernel's OOM killer rather than an error."""
+        need = cells * self._kv_bytes_per_cell()
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if need > total * 3 // 4:
+            self._model.close()
+            self._model = None
+            cfg = self.config
+            raise EngineError(
+                f"the KV cache ({cfg.kv_layout}: {cells} cells, {need / 2**30:.1f} GiB) would not fit in this "
+                f"machine's memory ({total / 2**30:.1f} GiB); lower --n-ctx or --max-num-seqs"
+                + (", or use --kv-layout unified (n_ctx cells shared by all sequences)" if cfg.kv_layout == "split"
+                   else ""))
 
     def _kv_bytes_per_cell(self) -> int:
         """Bytes of one KV cell over all layers: K and V (f16, llama.cpp's default type) of

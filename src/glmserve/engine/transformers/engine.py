@@ -95,8 +95,16 @@ class TransformersEngine(StepWorker[_Seq]):
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
+        """Load the model and start the worker. Both happen on the worker thread: PyTorch's CPU
+        kernels run on an OpenMP thread team per calling thread, and when a second thread's team
+        exists (the loader's), libgomp stops its workers from spin-waiting between parallel
+        regions because its threads then outnumber the CPUs: measured here, a bfloat16 decode
+        step took 62 ms instead of 31 ms. Raises ``EngineError``."""
+        self._start_worker("transformers-engine", setup=self._load)
+
+    def _load(self) -> None:
         cfg = self.config
-        torch.set_num_threads(cfg.n_threads)
+        torch.set_num_threads(cfg.n_threads)  # OpenMP's thread count is per thread
         if self._loaded is None:
             self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.lora)
         loaded = self._loaded
@@ -118,7 +126,6 @@ class TransformersEngine(StepWorker[_Seq]):
         )
         log.info("loaded %s on %s (%s), context %d tokens%s", self._resolved.path, loaded.device,
                  self._model_dtype(), context, f", adapters {', '.join(loaded.adapters)}" if loaded.adapters else "")
-        self._start_worker("transformers-engine")
 
     def _model_dtype(self) -> torch.dtype:
         return next(self._loaded.model.parameters()).dtype
