@@ -86,4 +86,4 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     return create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
-                      replica_id=replica_id, deployment_health=deployment_health)
+                      replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui)

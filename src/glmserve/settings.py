@@ -147,6 +147,10 @@ class ServeSettings(BaseSettings):
         [], description="Browser origin allowed to call the API from another site (CORS), repeatable, e.g. "
         "http://localhost:3000; '*' allows any. Default: no CORS headers.",
     )
+    ui: bool = Field(
+        True, description="Serve the web chat page at / (--no-ui: off). The page itself needs no API key; it "
+        "asks for one when the server has --api-key.",
+    )
     max_schema_depth: int = Field(
         32, ge=2, le=256, description="Deepest nesting of a client JSON schema (response_format, tool parameters)."
     )

@@ -17,6 +17,15 @@ class ModelCard(BaseModel):
     parent: str | None = None
     root: str | None = None
     tool_call_parser: str | None = None
+    # extension (Ollama's name and values): what the model can be sent; the web page shows its
+    # image button for "vision"
+    capabilities: list[Literal["completion", "tools", "vision"]] = ["completion"]
+
+
+def model_capabilities(vision: bool, tool_call_parser: str | None) -> list[str]:
+    """A model card's ``capabilities``: always ``completion``; ``tools`` with a tool-call
+    format; ``vision`` when the engine takes images."""
+    return ["completion", *(["tools"] if tool_call_parser else []), *(["vision"] if vision else [])]
 
 
 class ModelList(BaseModel):

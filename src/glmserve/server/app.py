@@ -11,13 +11,14 @@ from starlette.middleware.cors import CORSMiddleware
 
 from glmserve import __version__
 from glmserve.engine.base import Engine
-from glmserve.protocol.models import ModelCard
+from glmserve.protocol.models import ModelCard, model_capabilities
 from glmserve.server.auth import require_api_key
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
 from glmserve.server.routes import chat, completions, docs, health, metrics, models, responses, tokenize
+from glmserve.server.routes.ui import install_ui
 from glmserve.serving.chat import ChatService
 from glmserve.serving.completions import CompletionService
 from glmserve.serving.responses import ResponsesService
@@ -28,7 +29,7 @@ def create_app(
     engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
     max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
-    deployment_health: Callable[[], Awaitable[dict]] | None = None,
+    deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True,
 ) -> FastAPI:
     """The app serving ``engine`` (already started); shuts the engine down on exit.
 
@@ -37,7 +38,8 @@ def create_app(
     ``max_request_bytes`` get a 413, bodies that stall for ``client_body_timeout`` seconds a
     408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
     response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
-    ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``."""
+    ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
+    ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -59,7 +61,8 @@ def create_app(
     app.state.model_cards = [
         ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
                   root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
-                  tool_call_parser=chat_service.tool_parser)
+                  tool_call_parser=chat_service.tool_parser,
+                  capabilities=model_capabilities(info.vision, chat_service.tool_parser))
         for name in (chat_service.model_name, *info.lora_adapters)
     ]
     install_error_handlers(app)
@@ -82,4 +85,6 @@ def create_app(
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     app.include_router(metrics.router, dependencies=protected, responses=needs_key)
+    if ui:
+        install_ui(app)
     return app
