@@ -12,7 +12,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.glmserve-installed
 
-.PHONY: install serve test bench clean
+.PHONY: install browser serve test bench clean
 
 install: $(STAMP)
 
@@ -29,7 +29,14 @@ $(STAMP): pyproject.toml
 serve: install
 	$(BIN)/glmserve serve --host $(HOST) --port $(PORT)
 
-test: install
+# The web page's tests drive Debian's chromium (a test tool's own browser download does not work
+# offline): installed here when missing, as root or through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
+
+test: install browser
 	$(BIN)/python -m pytest tests
 
 bench: install

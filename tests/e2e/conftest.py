@@ -15,3 +15,12 @@ def smollm2_hf(request) -> Path:
     from tests.hf_models import smollm2_folder
 
     return smollm2_folder(Path(request.config.cache.mkdir("smollm2-135m-instruct-hf")))
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium for the web page's tests (``tests/e2e/browser.py``)."""
+    pytest.importorskip("playwright")
+    from tests.e2e.browser import launch
+
+    yield from launch()
