@@ -463,3 +463,48 @@ def test_stream_parser_across_chunk_boundaries(ui_server, context):
     }""")
     assert result["events"] == [{"a": 1}, {"b": "é中"}, {"c": 3}]
     assert result["error"] == ["ApiError", "replica failed", "x"]
+
+
+def _sse(*chunks: dict) -> str:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "glm-4.5"}
+    return "".join(f"data: {json.dumps({**base, **c})}\r\n\r\n" for c in chunks) + "data: [DONE]\r\n\r\n"
+
+
+def test_reasoning_and_a_streamed_tool_call(ui_server, context):
+    """GLM-4.5's reasoning and tool calls as the server streams them (OpenAI's deltas; the
+    answer is played back by the browser, as no small model writes them on demand): reasoning
+    collapsed above the answer, the call shown as a call, stored in OpenAI's message shape."""
+    def delta(**d):
+        return {"choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    body = _sse(delta(role="assistant", content=""), delta(reasoning_content="The user wants "),
+                delta(reasoning_content="the weather."), delta(content="Let me check."),
+                delta(tool_calls=[call]), delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}]),
+                delta(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}]),
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+                {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 21, "total_tokens": 30}})
+    ui = Page(context, ui_server.url)
+    page = ui.page
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=body))
+    ui.ask("Weather in Paris?")
+    ui.wait_replies(1)
+    reply = ui.assistant()
+    reasoning = reply.locator("details.reasoning")
+    expect(reasoning).to_be_visible()
+    assert reasoning.get_attribute("open") is None  # collapsed
+    expect(reasoning.locator(".reasoning-text")).to_have_text("The user wants the weather.")
+    reasoning.locator("summary").click()
+    expect(reasoning.locator(".reasoning-text")).to_be_visible()
+    expect(reply.locator(".content")).to_have_text("Let me check.")
+    expect(reply.locator(".tool-name")).to_have_text("Tool call: get_weather")
+    expect(reply.locator(".tool-call pre")).to_have_text('{\n  "city": "Paris"\n}')
+    expect(reply.locator(".meta")).to_have_text(re.compile(r"^glm-4\.5 · 21 tokens"))
+    screenshot(page, "09-reasoning-tool-call")
+    (stored,) = page.evaluate("JSON.parse(localStorage.getItem('glmserve.conversations'))")
+    assert stored["messages"][-1] == {
+        "role": "assistant", "content": "Let me check.", "reasoning_content": "The user wants the weather.",
+        "tool_calls": [{"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    assert ui.errors == []
