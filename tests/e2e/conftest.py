@@ -18,6 +18,17 @@ def smollm2_hf(request) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gguf_adapter(smollm2_hf, tmp_path_factory) -> Path:
+    """A GGUF LoRA adapter for the bundled model (llama_cpp's ``--lora``) that changes its output."""
+    pytest.importorskip("peft")
+    from tests.hf_models import gguf_lora, lora_adapter
+
+    root = tmp_path_factory.mktemp("gguf-lora")
+    adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
+    return gguf_lora(adapter, root / "tuned.gguf")
+
+
+@pytest.fixture(scope="session")
 def browser():
     """Headless Chromium for the web page's tests (``tests/e2e/browser.py``)."""
     pytest.importorskip("playwright")

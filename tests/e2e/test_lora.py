@@ -104,15 +104,6 @@ def test_adapter_that_does_not_fit_stops_startup(smollm2_hf, tmp_path, case):
 # ---- llama_cpp: GGUF LoRA adapters ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gguf_adapter(smollm2_hf, tmp_path_factory):
-    from tests.hf_models import gguf_lora, lora_adapter
-
-    root = tmp_path_factory.mktemp("gguf-lora")
-    adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
-    return gguf_lora(adapter, root / "tuned.gguf")
-
-
 @pytest.fixture
 def gguf_server(gguf_adapter):
     """A fresh server per test: see the README's "known limit" on batching and cache reuse."""

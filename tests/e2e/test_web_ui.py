@@ -9,6 +9,7 @@ to ``build/screenshots/``."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -328,13 +329,8 @@ def test_phone_screen_and_keyboard(ui_server, browser):
 
 
 @pytest.fixture(scope="module")
-def adapter_server(smollm2_hf, tmp_path_factory):
-    pytest.importorskip("peft")
-    from tests.hf_models import gguf_lora, lora_adapter
-
-    root = tmp_path_factory.mktemp("ui-lora")
-    adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
-    server = RemoteServer("--lora", f"tuned={gguf_lora(adapter, root / 'tuned.gguf')}")
+def adapter_server(gguf_adapter):
+    server = RemoteServer("--lora", f"tuned={gguf_adapter}")
     yield server
     server.stop()
 
@@ -424,6 +420,16 @@ def test_image_attached_for_a_vision_model(vision_server, context):
     ui.settings(max_tokens="4")
     page.set_input_files("#attach-file", files=[{"name": "red.png", "mimeType": "image/png",
                                                  "buffer": encode("PNG", size=(40, 30))}])
+    expect(page.locator("#attachments img")).to_have_count(1)
+    # a pasted image joins it; removed again with its button
+    page.evaluate("""b64 => {
+        const png = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const data = new DataTransfer();
+        data.items.add(new File([png], 'pasted.png', { type: 'image/png' }));
+        document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', { clipboardData: data, bubbles: true }));
+    }""", base64.b64encode(encode("PNG", size=(20, 20))).decode())
+    expect(page.locator("#attachments img")).to_have_count(2)
+    page.click("#attachments button[aria-label='Remove image 2']")
     expect(page.locator("#attachments img")).to_have_count(1)
     ui.ask("What is in this picture?")
     ui.wait_replies(1)
