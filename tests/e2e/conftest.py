@@ -26,12 +26,3 @@ def gguf_adapter(smollm2_hf, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gguf-lora")
     adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
     return gguf_lora(adapter, root / "tuned.gguf")
-
-
-@pytest.fixture(scope="session")
-def browser():
-    """Headless Chromium for the web page's tests (``tests/e2e/browser.py``)."""
-    pytest.importorskip("playwright")
-    from tests.e2e.browser import launch
-
-    yield from launch()

@@ -32,6 +32,15 @@ XSS = "<img src='x' onerror='window.__xss=1'><script>window.__xss=2</script>"
 
 
 @pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for this module only: Playwright's sync API runs an asyncio loop on
+    the main thread while it is open, and later tests call ``asyncio.run``."""
+    from tests.e2e.browser import launch
+
+    yield from launch()
+
+
+@pytest.fixture(scope="module")
 def ui_server():
     server = RemoteServer()
     yield server
