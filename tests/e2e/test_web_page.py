@@ -35,6 +35,8 @@ def test_page_and_every_file_it_loads(server):
     assert "script-src 'self'" in csp and "default-src 'none'" in csp and "connect-src 'self'" in csp
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
     assert page.headers["x-content-type-options"] == "nosniff"
+    head = httpx.head(f"{server.url}/")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-type"].startswith("text/html")
     assets = _assets(page.text)
     assert "/ui/app.js" in assets and "/ui/app.css" in assets
     # the modules the page imports, and the modules they import, all come from this server

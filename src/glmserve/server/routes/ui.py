@@ -34,7 +34,7 @@ SECURITY_HEADERS = {
 router = APIRouter()
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
 async def index() -> FileResponse:
     return FileResponse(WEB_ROOT / "index.html", media_type="text/html", headers=SECURITY_HEADERS)
 
