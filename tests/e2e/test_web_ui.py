@@ -523,3 +523,24 @@ def test_reasoning_and_a_streamed_tool_call(ui_server, context):
         "tool_calls": [{"id": "call_1", "type": "function",
                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
     assert ui.errors == []
+
+
+def test_settings_refuse_bad_values(ui_server, context):
+    ui = Page(context, ui_server.url)
+    page = ui.page
+    page.click("#settings-button")
+    for field, value, message in (("#set-extra", "{nope", "Other request fields: not JSON"),
+                                  ("#set-extra", "[1]", "Other request fields: expected a JSON object")):
+        page.fill(field, value)
+        page.click("#settings-save")
+        expect(page.locator("#settings-error")).to_contain_text(message)
+        expect(page.locator("#settings")).to_be_visible()
+    # out of range: the browser's own form validation holds the dialog open
+    page.fill("#set-extra", "")
+    page.fill("#set-temperature", "3")
+    page.click("#settings-save")
+    expect(page.locator("#settings")).to_be_visible()
+    assert page.eval_on_selector("#set-temperature", "e => e.validity.rangeOverflow") is True
+    page.click("#settings-cancel")
+    assert page.evaluate("localStorage.getItem('glmserve.settings')") is None
+    assert ui.errors == []

@@ -3,6 +3,8 @@
 // aborts the generation); everything is kept in this browser (store.js).
 
 import { Api } from "./api.js";
+import { Attachments } from "./attachments.js";
+import { fillSettingsForm, readSettingsForm } from "./settings-form.js";
 import * as store from "./store.js";
 import { conversationItem, editView, messageView } from "./views.js";
 
@@ -10,12 +12,9 @@ const $ = (id) => document.getElementById(id);
 const ui = Object.fromEntries([
   "sidebar", "scrim", "conversations", "new-chat", "import-button", "import-file", "export-button", "open-sidebar",
   "close-sidebar", "model", "title", "settings-button", "banner", "messages", "composer", "attachments",
-  "attach-button", "attach-file", "input", "send", "stop", "settings", "settings-form", "set-system",
-  "set-temperature", "set-top-p", "set-max-tokens", "set-extra", "settings-error", "settings-cancel", "forget-key",
-  "key-dialog", "key-form", "key-input", "key-error",
+  "attach-button", "attach-file", "input", "send", "stop", "settings", "settings-form", "settings-error",
+  "settings-cancel", "forget-key", "key-dialog", "key-form", "key-input", "key-error",
 ].map((id) => [id.replace(/-(\w)/g, (_, c) => c.toUpperCase()), $(id)]));
-
-const MAX_IMAGE_BYTES = 20 * 1024 * 1024; // the server's default --max-image-bytes
 
 const state = {
   conversations: store.loadConversations(),
@@ -25,9 +24,9 @@ const state = {
   apiKey: store.loadApiKey(),
   needsKey: false,
   generation: null, // the AbortController of the reply being streamed
-  attachments: [], // data URLs of the images to send with the next message
 };
 const api = new Api(() => state.apiKey);
+const attachments = new Attachments(ui.attachments, (message) => showBanner(message));
 
 // ---- banner, storage ------------------------------------------------------------------------
 
@@ -342,18 +341,16 @@ function userContent(text, images) {
 
 async function send() {
   const text = ui.input.value;
-  if (state.generation || (!text.trim() && !state.attachments.length)) return;
+  if (state.generation || (!text.trim() && !attachments.count)) return;
   if (!state.current) {
     state.current = store.newConversation(state.settings.system);
     state.conversations.unshift(state.current);
   }
   const conv = state.current;
-  conv.messages.push({ role: "user", content: userContent(text, state.attachments) });
+  conv.messages.push({ role: "user", content: userContent(text, attachments.take()) });
   if (conv.title === "New chat") conv.title = store.titleFrom(text || "Image");
   ui.input.value = "";
   autosize();
-  state.attachments = [];
-  renderAttachments();
   persist(conv);
   renderList();
   renderConversation();
@@ -388,99 +385,28 @@ function startEdit(index) {
   view.querySelector(".actions").replaceChildren();
 }
 
-// ---- images ---------------------------------------------------------------------------------
+// ---- images and settings ------------------------------------------------------------------
 
 function updateAttachButton() {
   ui.attachButton.hidden = !takesImages();
 }
 
-function renderAttachments() {
-  ui.attachments.replaceChildren(...state.attachments.map((url, i) => {
-    const item = document.createElement("span");
-    item.className = "attachment";
-    const img = document.createElement("img");
-    img.src = url;
-    img.alt = `image ${i + 1}`;
-    const remove = document.createElement("button");
-    remove.type = "button";
-    remove.textContent = "\u00d7";
-    remove.setAttribute("aria-label", `Remove image ${i + 1}`);
-    remove.addEventListener("click", () => {
-      state.attachments.splice(i, 1);
-      renderAttachments();
-    });
-    item.append(img, remove);
-    return item;
-  }));
+function addImages(files) {
+  if (!takesImages()) showBanner(`${ui.model.value || "This model"} does not take images.`);
+  else attachments.add(files);
 }
-
-function readAsDataUrl(file) {
-  return new Promise((resolve, reject) => {
-    const reader = new FileReader();
-    reader.onload = () => resolve(reader.result);
-    reader.onerror = () => reject(reader.error);
-    reader.readAsDataURL(file);
-  });
-}
-
-async function addImages(files) {
-  if (!takesImages()) {
-    showBanner(`${ui.model.value || "This model"} does not take images.`);
-    return;
-  }
-  for (const file of files) {
-    if (!file.type.startsWith("image/")) continue;
-    if (file.size > MAX_IMAGE_BYTES) {
-      showBanner(`${file.name} is larger than ${MAX_IMAGE_BYTES / 1024 / 1024} MB.`);
-      continue;
-    }
-    state.attachments.push(await readAsDataUrl(file));
-  }
-  renderAttachments();
-}
-
-// ---- settings -------------------------------------------------------------------------------
 
 function openSettings() {
-  const s = state.settings;
-  ui.setSystem.value = s.system;
-  ui.setTemperature.value = s.temperature ?? "";
-  ui.setTopP.value = s.top_p ?? "";
-  ui.setMaxTokens.value = s.max_tokens ?? "";
-  ui.setExtra.value = Object.keys(s.extra).length ? JSON.stringify(s.extra, null, 2) : "";
+  fillSettingsForm(state.settings);
   ui.settingsError.textContent = "";
   ui.forgetKey.hidden = !state.apiKey;
   ui.settings.showModal();
 }
 
-function readSettings() {
-  const number = (input, name) => {
-    if (input.value.trim() === "") return null;
-    if (!input.checkValidity() || Number.isNaN(input.valueAsNumber)) throw new Error(`${name}: ${input.validationMessage || "not a number"}`);
-    return input.valueAsNumber;
-  };
-  let extra = {};
-  if (ui.setExtra.value.trim()) {
-    try {
-      extra = JSON.parse(ui.setExtra.value);
-    } catch (err) {
-      throw new Error(`Other request fields: not JSON (${err.message})`);
-    }
-    if (!extra || typeof extra !== "object" || Array.isArray(extra)) throw new Error("Other request fields: expected a JSON object");
-  }
-  return {
-    system: ui.setSystem.value,
-    temperature: number(ui.setTemperature, "temperature"),
-    top_p: number(ui.setTopP, "top_p"),
-    max_tokens: number(ui.setMaxTokens, "max_tokens"),
-    extra,
-  };
-}
-
 ui.settingsForm.addEventListener("submit", (event) => {
   event.preventDefault();
   try {
-    state.settings = readSettings();
+    state.settings = readSettingsForm();
   } catch (err) {
     ui.settingsError.textContent = err.message;
     return;
