@@ -154,3 +154,43 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM") -> Path:
     getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def tiny_glm45_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400) -> Path:
+    """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and GLM-4.6's chat template
+    (``fixtures/glm/glm-4.6.jinja``), trained here (a few seconds on a CPU) until greedy
+    decoding of ``messages``' prompt writes ``reply`` (GLM-4.5+'s ``<think>...</think>``
+    layout, say) and then ``<|user|>``: a GLM-4.5-shaped model whose answer is known."""
+    import transformers
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4.6.jinja").read_text())
+    stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+    config = transformers.Glm4Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=1024, eos_token_id=stop, pad_token_id=stop[0])
+    torch.manual_seed(0)
+    model = transformers.Glm4ForCausalLM(config)
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                              add_special_tokens=False)
+    target = tokenizer.encode(reply, add_special_tokens=False) + [stop[1]]
+    ids = torch.tensor([prompt + target])
+    labels = torch.tensor([[-100] * len(prompt) + target])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 1e-3:
+            break
+    model.eval()
+    with torch.no_grad():
+        written = model.generate(torch.tensor([prompt]), max_new_tokens=len(target), do_sample=False)[0, len(prompt):]
+    if written.tolist() != target:
+        raise RuntimeError(f"the tiny GLM did not learn its reply: {tokenizer.decode(written)!r}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -67,7 +67,8 @@ def start_runtime(settings: ServeSettings) -> Runtime:
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
         return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings),
-                                           settings.schema_limits(), settings.max_n))
+                                           settings.schema_limits(), settings.max_n,
+                                           settings.default_chat_template_kwargs))
     except BaseException:
         engine.shutdown()
         raise

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from glmserve.chat.template import RESERVED_TEMPLATE_VARIABLES
 from glmserve.serving.schema_check import SchemaLimits
 
 
@@ -173,6 +174,10 @@ class ServeSettings(BaseSettings):
     chat_template: str | None = Field(
         None, description="Jinja2 chat template file to use instead of the model's own."
     )
+    default_chat_template_kwargs: dict[str, Any] = Field(
+        {}, description="Chat template variables (a JSON object) every request gets unless it sets them in "
+        "chat_template_kwargs, e.g. '{\"enable_thinking\": false}' for GLM-4.5+ without thinking.",
+    )
     tool_call_parser: Literal["auto", "none", "glm4", "glm45", "hermes", "generic"] = Field(
         "auto", description="Tool-call format: auto = detected from the chat template (generic when it has "
                             "none: tools described in a system message, calls as JSON); none = no tool calling."
@@ -192,6 +197,14 @@ class ServeSettings(BaseSettings):
             if name in names:
                 raise ValueError(f"LoRA adapter name {name!r} given twice")
             names.add(name)
+        return value
+
+    @field_validator("default_chat_template_kwargs")
+    @classmethod
+    def _check_template_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & RESERVED_TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by the server, not a chat template keyword")
         return value
 
     @field_validator("engine_arg")

@@ -5,7 +5,8 @@ images keeps its parts as a list, ``{"type": "text", "text": ...}`` and ``{"type
 order (Hugging Face's multimodal template convention); ``developer`` becomes ``system``
 (templates know only the classic roles); assistant ``tool_calls`` are passed in the OpenAI
 shape with ``arguments`` parsed to an object where it is JSON (what Hugging Face templates
-iterate over).
+iterate over), and their ``reasoning_content`` as is (GLM-4.5+ templates write it back as
+``<think>...</think>`` in the turn since the last user message).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def to_template_messages(messages: list[ChatMessageParam], vision: bool = False)
         if isinstance(msg, AssistantMessage):
             if item["content"] is None:
                 item["content"] = ""
+            if msg.reasoning_content is not None:  # GLM-4.5+ templates replay it in the current turn
+                item["reasoning_content"] = msg.reasoning_content
             if msg.tool_calls:
                 item["tool_calls"] = [
                     {

@@ -19,6 +19,10 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
+# the variables the server itself renders a template with: not for ``chat_template_kwargs``
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (its ``raise_exception``) or failed to render.
 

@@ -4,7 +4,9 @@ Source: the OpenAI API reference for ``POST /v1/chat/completions`` and its strea
 object. Unknown request fields are tolerated (``extra="allow"``); wrong types and out-of-range
 values fail validation, which the HTTP layer answers with a 400.
 Extensions beyond OpenAI (the common ones vLLM and llama.cpp accept): ``top_k``, ``min_p``,
-``repetition_penalty``, ``ignore_eos``.
+``repetition_penalty``, ``ignore_eos``, ``chat_template_kwargs`` (extra variables for the chat
+template, e.g. GLM-4.5's ``enable_thinking``); in responses vLLM's ``stop_reason`` (the stop
+string that ended the choice, absent otherwise).
 """
 
 from __future__ import annotations
@@ -144,6 +146,9 @@ class ChatCompletionRequest(_Lenient):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning switch; on a model with a thinking switch, "none" and "minimal" turn it off
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
 
 # ---- response ----------------------------------------------------------------------------
@@ -201,6 +206,7 @@ class Choice(BaseModel):
     message: ChatMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -236,6 +242,7 @@ class ChunkChoice(BaseModel):
     delta: DeltaMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | None = None
 
 
 class ChatCompletionChunk(BaseModel):

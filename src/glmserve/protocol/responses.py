@@ -32,6 +32,12 @@ class TextConfig(_Lenient):
     format: TextFormat | None = None
 
 
+class ReasoningConfig(_Lenient):
+    """``reasoning``: ``effort`` drives the model's thinking switch (``none``/``minimal``: off)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+
 class ResponsesRequest(_Lenient):
     """``input``: a string (one user message) or a list of items: messages (``{"role",
     "content"}``, content a string or ``input_text``/``output_text``/``input_image`` parts),
@@ -44,6 +50,7 @@ class ResponsesRequest(_Lenient):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)

@@ -12,15 +12,16 @@ from starlette.middleware.cors import CORSMiddleware
 from glmserve import __version__
 from glmserve.engine.base import Engine
 from glmserve.protocol.models import ModelCard, model_capabilities
-from glmserve.server.auth import require_api_key
+from glmserve.server.auth import require_anthropic_key, require_api_key
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import chat, completions, docs, health, metrics, models, responses, tokenize
+from glmserve.server.routes import chat, completions, docs, health, messages, metrics, models, responses, tokenize
 from glmserve.server.routes.ui import install_ui
 from glmserve.serving.chat import ChatService
 from glmserve.serving.completions import CompletionService
+from glmserve.serving.messages import MessagesService
 from glmserve.serving.responses import ResponsesService
 from glmserve.serving.tokenize import TokenizeService
 
@@ -57,6 +58,7 @@ def create_app(
     app.state.tokenize = TokenizeService(chat_service)
     app.state.completions = CompletionService(chat_service)
     app.state.responses = ResponsesService(chat_service)
+    app.state.messages = MessagesService(chat_service)
     info, created = engine.model_info, int(time.time())
     app.state.model_cards = [
         ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
@@ -83,6 +85,8 @@ def create_app(
     app.include_router(chat.router, dependencies=protected, responses=needs_key)
     app.include_router(completions.router, dependencies=protected, responses=needs_key)
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
+    app.include_router(messages.router, dependencies=[Depends(require_anthropic_key)],
+                       responses=error_responses(401, anthropic=True))
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     app.include_router(metrics.router, dependencies=protected, responses=needs_key)
     if ui:

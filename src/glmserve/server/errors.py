@@ -1,6 +1,10 @@
-"""Map every failure to the OpenAI error shape with the right status (llama-cpp-python's
-``server/errors.py`` pattern): ``APIError`` as it says, validation errors (FastAPI's 422) as
-400, unknown routes 404, anything unexpected 500 (logged, server unharmed)."""
+"""Map every failure to the error shape of the API that was called, with the right status
+(llama-cpp-python's ``server/errors.py`` pattern): ``APIError`` as it says, validation errors
+(FastAPI's 422) as 400, unknown routes 404, anything unexpected 500 (logged, server unharmed).
+
+Under ``/v1/messages`` (Anthropic's API) the body is Anthropic's envelope
+(``protocol/anthropic.py``: ``{"type": "error", "error": {"type", "message"}}``, 503 as 529);
+everywhere else OpenAI's."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from glmserve.protocol import anthropic
 from glmserve.protocol.errors import APIError, invalid_request, server_error
 
 log = logging.getLogger("glmserve")
@@ -25,8 +30,24 @@ class _ASCIIJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def error_response(exc: APIError) -> JSONResponse:
-    return _ASCIIJSONResponse(exc.body().model_dump(), status_code=exc.status_code, headers=exc.headers)
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def is_anthropic_route(path: str) -> bool:
+    """Whether ``path`` belongs to Anthropic's API (``/v1/messages`` and below)."""
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def error_content(exc: APIError, path: str) -> tuple[int, dict]:
+    """``(status, body)`` of ``exc`` in the error dialect of the API ``path`` belongs to."""
+    if is_anthropic_route(path):
+        return anthropic.error_status(exc), anthropic.error_body(exc)
+    return exc.status_code, exc.body().model_dump()
+
+
+def error_response(exc: APIError, path: str = "") -> JSONResponse:
+    status, body = error_content(exc, path)
+    return _ASCIIJSONResponse(body, status_code=status, headers=exc.headers)
 
 
 _UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url"}
@@ -77,12 +98,12 @@ def validation_error(exc: RequestValidationError) -> APIError:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(exc))
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -91,12 +112,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # no such route: said as OpenAI says it
         if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
             message = f"Invalid URL ({request.method} {request.url.path})"
-        return error_response(APIError(exc.status_code, message, kind, headers=exc.headers))
+        return error_response(APIError(exc.status_code, message, kind, headers=exc.headers), request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        response = error_response(server_error(f"internal error: {type(exc).__name__}"))
+        response = error_response(server_error(f"internal error: {type(exc).__name__}"), request.url.path)
         # this handler runs outside the app's middleware, so the request id is added here
         request_id = request.scope.get("state", {}).get("request_id")
         if request_id:

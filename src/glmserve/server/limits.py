@@ -4,7 +4,8 @@ A body over ``max_bytes`` gets a 413, whether it declares its length or is sent 
 it is buffered. A body that stops arriving (a ``Content-Length`` that promises more than is
 sent, a client that trickles) gets a 408 once no part of it came for ``timeout_s`` seconds
 (nginx's ``client_body_timeout``: the time between two reads, not for the whole body). Both
-answer with an OpenAI error body and close the request.
+answer with the called API's error body (OpenAI's, or Anthropic's under ``/v1/messages``) and
+close the request.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import json
 
 from glmserve.protocol.errors import APIError
+from glmserve.server.errors import error_content
 
 
 class BodyLimits:
@@ -22,9 +24,10 @@ class BodyLimits:
         self.timeout_s = timeout_s
 
     @staticmethod
-    async def _reject(send, error: APIError) -> None:
-        body = json.dumps(error.body().model_dump()).encode()
-        await send({"type": "http.response.start", "status": error.status_code,
+    async def _reject(send, error: APIError, path: str) -> None:
+        status, content = error_content(error, path)
+        body = json.dumps(content).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
@@ -42,7 +45,7 @@ class BodyLimits:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send, self._too_large())
+            return await self._reject(send, self._too_large(), scope.get("path", ""))
         seen = 0
         body_done = False
         rejected = False
@@ -57,14 +60,14 @@ class BodyLimits:
                 message = await asyncio.wait_for(receive(), self.timeout_s)
             except TimeoutError:
                 rejected = True
-                await self._reject(send, self._too_slow())
+                await self._reject(send, self._too_slow(), scope.get("path", ""))
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     rejected = True
-                    await self._reject(send, self._too_large())
+                    await self._reject(send, self._too_large(), scope.get("path", ""))
                     return {"type": "http.disconnect"}
             return message
 

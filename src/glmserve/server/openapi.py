@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from glmserve.protocol.anthropic import ErrorEnvelope
 from glmserve.protocol.errors import ErrorResponse
 
 ERROR_STATUSES = {
@@ -22,12 +23,15 @@ ERROR_STATUSES = {
     413: "Request body over `--max-request-bytes`",
     429: "Server at capacity; retry after `Retry-After` seconds",
     500: "The engine failed this request",
+    529: "The server is shutting down or its engine cannot serve (Anthropic's overloaded_error)",
 }
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """FastAPI ``responses=`` entries for ``statuses``, each with the OpenAI error body."""
-    return {status: {"model": ErrorResponse, "description": ERROR_STATUSES[status]} for status in statuses}
+def error_responses(*statuses: int, anthropic: bool = False) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` entries for ``statuses``, each with the OpenAI error body
+    (``anthropic``: Anthropic's)."""
+    model = ErrorEnvelope if anthropic else ErrorResponse
+    return {status: {"model": model, "description": ERROR_STATUSES[status]} for status in statuses}
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -1,25 +1,34 @@
-"""Server-Sent Events for chat streams, with a graceful end on server shutdown.
+"""Server-Sent Events for chat streams, with a graceful end on server shutdown, in two
+dialects (``SSEDialect``):
 
-Each item becomes one ``data:`` line (chunks without their null fields, error bodies whole),
-followed by OpenAI's ``data: [DONE]`` unless the stream ended with an error.
+- OpenAI's (``OPENAI``): each item is one ``data:`` line (chunks without their null fields,
+  error bodies whole), followed by ``data: [DONE]`` unless the stream ended with an error;
+  keep-alive pings are SSE comments.
+- Anthropic's (``ANTHROPIC``): each event is ``event: <type>`` plus its whole object as
+  ``data:``; no ``[DONE]`` (``message_stop`` ends it); keep-alive pings are ``ping`` events.
+
 On SIGTERM sse-starlette sets a shutdown event for every open stream. A stream then keeps
 going until ``grace_s`` has passed; if it has not finished by then, its source is closed
-(aborting the engine request) and it ends with an OpenAI error event
-(``server_shutting_down``) and no ``[DONE]``, instead of a cut connection.
+(aborting the engine request) and it ends with the dialect's error event
+(``server_shutting_down``; Anthropic's ``overloaded_error``) instead of a cut connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
+from glmserve.protocol import anthropic
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.server.cancellation import with_cancellation
 from glmserve.serving.chat import StreamItem
@@ -28,20 +37,47 @@ PING_INTERVAL_S = 15
 DONE = "[DONE]"
 
 
-def shutdown_error_event() -> str:
-    error = APIError(503, "the server is shutting down; the request was aborted", "server_error", None,
-                     "server_shutting_down")
-    return error.body().model_dump_json()
+SHUTTING_DOWN = APIError(503, "the server is shutting down; the request was aborted", "server_error", None,
+                         "server_shutting_down")
 
 
-def payload(item: StreamItem) -> str:
+@dataclass(frozen=True, slots=True)
+class SSEDialect:
+    """How one API writes its streams and bodies. ``payload``: an item as SSE data (a string)
+    or an event (a dict with ``event`` and ``data``); ``ends``: whether an item (an error) ends
+    the stream; ``done``: sent after the last item (None: nothing); ``error``: the event for an
+    error raised by the server itself (shutdown); ``ping``: the keep-alive event (None: an SSE
+    comment); ``dump``: a whole (non-streamed) reply as JSON-ready data."""
+
+    payload: Callable[[Any], str | dict]
+    ends: Callable[[Any], bool]
+    done: str | None
+    error: Callable[[APIError], str | dict]
+    ping: Callable[[], ServerSentEvent] | None
+    dump: Callable[[BaseModel], Any]
+
+
+def _openai_payload(item: StreamItem) -> str:
     if isinstance(item, ErrorResponse):
         return item.model_dump_json()
     return item.model_dump_json(exclude_none=True)
 
 
+def _anthropic_event(kind: str, data: dict) -> dict:
+    return {"event": kind, "data": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}
+
+
+OPENAI = SSEDialect(
+    payload=_openai_payload, ends=lambda item: isinstance(item, ErrorResponse), done=DONE,
+    error=lambda exc: exc.body().model_dump_json(), ping=None, dump=lambda m: m.model_dump(exclude_none=True))
+ANTHROPIC = SSEDialect(
+    payload=lambda event: _anthropic_event(event.type, event.model_dump()), ends=lambda event: event.type == "error",
+    done=None, error=lambda exc: _anthropic_event("error", anthropic.error_body(exc)),
+    ping=lambda: ServerSentEvent(event="ping", data='{"type":"ping"}'), dump=lambda m: m.model_dump())
+
+
 async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: anyio.Event,
-                                grace_s: float) -> AsyncIterator[str]:
+                                grace_s: float, dialect: SSEDialect = OPENAI) -> AsyncIterator[str | dict]:
     """Payloads of ``source`` until it ends (then ``[DONE]``), or until ``grace_s`` after
     ``shutdown`` is set (then an error event).
 
@@ -64,15 +100,16 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
                 deadline = loop.time() + grace_s
                 done, _ = await asyncio.wait({step}, timeout=grace_s)
             if step not in done:
-                yield shutdown_error_event()
+                yield dialect.error(SHUTTING_DOWN)
                 return
             try:
                 item = step.result()
             except StopAsyncIteration:
-                yield DONE
+                if dialect.done is not None:
+                    yield dialect.done
                 return
-            yield payload(item)
-            if isinstance(item, ErrorResponse):
+            yield dialect.payload(item)
+            if dialect.ends(item):
                 return
     finally:
         with anyio.CancelScope(shield=True):
@@ -83,26 +120,30 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
             await source.aclose()
 
 
-def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float) -> EventSourceResponse:
+def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float,
+                 dialect: SSEDialect = OPENAI) -> EventSourceResponse:
     """An SSE response of ``source``'s items. ``source`` is closed when the response ends, also
     when the client left before the stream was first read (``background``)."""
     shutdown = anyio.Event()
     grace = max(0.0, shutdown_timeout_s - 1.0)
     return EventSourceResponse(
-        stream_until_shutdown(source, shutdown, grace),
+        stream_until_shutdown(source, shutdown, grace, dialect),
         ping=PING_INTERVAL_S,
+        ping_message_factory=dialect.ping,
         shutdown_event=shutdown,
         shutdown_grace_period=grace + 0.5,
         background=BackgroundTask(source.aclose),
     )
 
 
-async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None], request: Request) -> Response:
+async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None], request: Request,
+                  dialect: SSEDialect = OPENAI) -> Response:
     """The HTTP response for a handler's ``result`` (awaited under ``with_cancellation``): a
-    whole object as JSON without its null fields, a stream as SSE; 499 when the client left."""
+    whole object as JSON (OpenAI's: without its null fields), a stream as SSE in ``dialect``;
+    499 when the client left."""
     result = await with_cancellation(result, request)
     if result is None:  # client went away; nobody reads this
         return Response(status_code=499)
     if isinstance(result, BaseModel):
-        return JSONResponse(result.model_dump(exclude_none=True))
-    return event_stream(result, request.app.state.shutdown_timeout)
+        return JSONResponse(dialect.dump(result))
+    return event_stream(result, request.app.state.shutdown_timeout, dialect)

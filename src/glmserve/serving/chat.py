@@ -12,8 +12,11 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
-from glmserve.chat import ChatTemplate, image_urls
+from pydantic import ValidationError
+
+from glmserve.chat import RESERVED_TEMPLATE_VARIABLES, ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
@@ -72,6 +75,7 @@ class Run:
     index: int = 0  # the choice this run answers
     completion_tokens: int = 0
     cached_tokens: int = 0
+    stop_reason: str | None = None  # the stop string that ended the run, if one did
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
@@ -103,11 +107,13 @@ class ChatService:
 
     def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
                  tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
-                 schema_limits: SchemaLimits | None = None, max_n: int = 1) -> None:
+                 schema_limits: SchemaLimits | None = None, max_n: int = 1,
+                 default_template_kwargs: dict[str, Any] | None = None) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
-        ``max_n``: the largest ``n`` a request may ask for.
+        ``max_n``: the largest ``n`` a request may ask for; ``default_template_kwargs``: chat
+        template variables every request gets unless it sets them (``--default-chat-template-kwargs``).
         Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
         self.engine = engine
         self.model_name = served_model_name
@@ -117,6 +123,7 @@ class ChatService:
         self.template = template
         self.tool_parser = tool_parser
         self.max_n = max_n
+        self.default_template_kwargs = dict(default_template_kwargs or {})
         self.context_length = engine.model_info.context_length
         stop_ids = list(end_of_turn_token_ids(template, engine.tokenizer))
         for marker in PARSERS[tool_parser].end_of_turn if tool_parser else ():
@@ -126,19 +133,24 @@ class ChatService:
         self.stop_token_ids = tuple(stop_ids)
         self.metrics = ServingMetrics(engine, served_model_name)
 
-    async def create(self, req: ChatCompletionRequest) -> ChatCompletion | AsyncIterator[StreamItem]:
+    async def create(self, req: ChatCompletionRequest, *,
+                     max_tokens_ceiling: bool = False) -> ChatCompletion | AsyncIterator[StreamItem]:
+        """``max_tokens_ceiling``: a ``max_tokens`` larger than what the prompt leaves of the
+        context is lowered to fit (Anthropic clients send one ceiling whatever the model)
+        instead of refused with a 400."""
         self.check_model(req.model)
         check_supported(req)  # before any image is fetched
         check_n(req.n, self.max_n)
         bias = logit_bias(req, self.engine.tokenizer.n_vocab)
         images = await self._load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
-        runs = await asyncio.to_thread(self._prepare, req, images, bias)
+        runs = await asyncio.to_thread(self._prepare, req, images, bias, max_tokens_ceiling)
         # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
         await self.admit_all(runs, "response_format" if req.response_format else "tools")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ChunkStream(self._stream(runs, include_usage), *(run.outputs for run in runs))
+            return ChunkStream(self._stream(runs, include_usage), *(run.outputs for run in runs),
+                               prompt_tokens=len(runs[0].request.prompt_token_ids))
         return await self._complete(runs)
 
     def check_model(self, model: str) -> None:
@@ -164,15 +176,33 @@ class ChatService:
         images. Raises ``APIError`` 400 as ``create`` would for the messages and tools."""
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
-                            tool_format=self.tool_parser, check_fit=False).token_ids
+                            tool_format=self.tool_parser, check_fit=False,
+                            template_kwargs=self.template_kwargs(req)).token_ids
 
-    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None) -> list[Run]:
+    def template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any]:
+        """The chat template's extra variables for ``req``: ``--default-chat-template-kwargs``,
+        then ``reasoning_effort`` as ``enable_thinking`` (``none``/``minimal``: off), then the
+        request's ``chat_template_kwargs``. A variable the template does not use is harmless
+        (as in vLLM). Raises 400 for a name the server sets itself (``messages``, ``tools``...)."""
+        kwargs = dict(self.default_template_kwargs)
+        if req.reasoning_effort is not None:
+            kwargs["enable_thinking"] = req.reasoning_effort not in ("none", "minimal")
+        for name, value in (req.chat_template_kwargs or {}).items():
+            if name in RESERVED_TEMPLATE_VARIABLES:
+                raise invalid_request(f"chat_template_kwargs cannot set {name!r}: the server sets it",
+                                      f"chat_template_kwargs.{name}")
+            kwargs[name] = value
+        return kwargs
+
+    def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None,
+                 max_tokens_ceiling: bool = False) -> list[Run]:
         """The request's ``n`` runs, sharing one prompt (the engines' prefix caches share its KV)."""
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         prompt = build_prompt(
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
             plan=plan, tool_format=self.tool_parser, images=images,
             processor=self.engine.multimodal if self.engine.model_info.vision else None,
+            template_kwargs=self.template_kwargs(req), max_tokens_ceiling=max_tokens_ceiling,
         )
         parse = self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active)
         sampling = to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias)
@@ -243,7 +273,7 @@ class ChatService:
                         raise server_error(f"generation failed: {out.error}")
                     text, stopped = matcher.feed(out.text)
                     if stopped:
-                        reason = "stop"
+                        reason, run.stop_reason = "stop", matcher.matched
                         yield text, "stop", pending
                         return
                     if out.finished:
@@ -295,7 +325,7 @@ class ChatService:
                      for c in out.tool_calls]
             message = ChatMessage(content=out.content, tool_calls=calls or None,
                                   reasoning_content=out.reasoning_content)
-            choices.append(Choice(index=i, message=message, finish_reason=finish,
+            choices.append(Choice(index=i, message=message, finish_reason=finish, stop_reason=runs[i].stop_reason,
                                   logprobs=self._logprobs(logprobs[i]) if runs[i].wants_logprobs else None))
         first = runs[0]
         return ChatCompletion(id=first.id, created=first.created, model=first.model, choices=choices,
@@ -319,7 +349,8 @@ class ChatService:
             id=run.id,
             created=run.created,
             model=run.model,
-            choices=[ChunkChoice(index=run.index, delta=delta, finish_reason=finish_reason)],
+            choices=[ChunkChoice(index=run.index, delta=delta, finish_reason=finish_reason,
+                                 stop_reason=run.stop_reason if finish_reason else None)],
         )
 
     def _event_chunks(self, run: Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
@@ -361,12 +392,14 @@ class ChatService:
 class ChunkStream:
     """The stream ``ChatService.create`` returns: iterates the chunk generator; ``aclose()``
     closes it and aborts the engine requests, also when iteration never began (closing a
-    generator that never started runs none of its code)."""
+    generator that never started runs none of its code). ``prompt_tokens``: the prompt's
+    length, known before the first chunk (0 where not given)."""
 
-    __slots__ = ("_chunks", "_outputs")
+    __slots__ = ("_chunks", "_outputs", "prompt_tokens")
 
-    def __init__(self, chunks: AsyncIterator[StreamItem], *outputs: AsyncIterator[GenerationOutput]) -> None:
-        self._chunks, self._outputs = chunks, outputs
+    def __init__(self, chunks: AsyncIterator[StreamItem], *outputs: AsyncIterator[GenerationOutput],
+                 prompt_tokens: int = 0) -> None:
+        self._chunks, self._outputs, self.prompt_tokens = chunks, outputs, prompt_tokens
 
     def __aiter__(self) -> ChunkStream:
         return self
@@ -380,6 +413,18 @@ class ChunkStream:
         finally:
             for outputs in self._outputs:
                 await outputs.aclose()
+
+
+def chat_request(body: dict[str, Any], param: str) -> ChatCompletionRequest:
+    """``body`` (another API's request mapped onto chat fields; None values dropped) as a chat
+    request. Raises a 400 naming ``param`` and the chat field when it does not validate."""
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        raise invalid_request(f"{param} cannot be served as chat messages: {where}: {error.get('msg')}",
+                              param) from exc
 
 
 def _call_id() -> str:

@@ -56,6 +56,8 @@ def build_prompt(
     images: list[Any] | None = None,
     processor: MultimodalProcessor | None = None,
     check_fit: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+    max_tokens_ceiling: bool = False,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
     context). ``plan``'s offered tools go where ``tool_format`` (a ``toolcalls.PARSERS``
@@ -64,7 +66,9 @@ def build_prompt(
     history), else the template's ``tools`` variable; ``plan.forced_prefix`` is appended after
     the generation prompt. ``images`` (decoded, in conversation order) go through the
     engine's ``processor``, whose token count (image tokens included) is what must fit (unless
-    ``check_fit`` is false: ``/tokenize`` counts any prompt). Raises ``APIError`` 400 for
+    ``check_fit`` is false: ``/tokenize`` counts any prompt). ``template_kwargs``: extra
+    template variables (``enable_thinking``...); ``max_tokens_ceiling``: lower a ``max_tokens``
+    that does not fit to what the prompt leaves instead of refusing it. Raises ``APIError`` 400 for
     content the model cannot take, a template that rejects the conversation, or a
     prompt/``max_tokens`` that does not fit."""
     try:
@@ -72,14 +76,15 @@ def build_prompt(
     except UnsupportedContentError as exc:
         raise invalid_request(str(exc), exc.param) from exc
     plan = plan or ToolPlan()
+    kwargs = template_kwargs or {}
     try:
         if tool_format == "glm4":
-            text = template.render(to_glm4_items(messages, plan.offered), add_generation_prompt=True)
+            text = template.render(to_glm4_items(messages, plan.offered), add_generation_prompt=True, **kwargs)
         elif tool_format == "generic":
             text = template.render(to_generic_messages(messages, plan.functions if plan.offered else None, plan.choice),
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, **kwargs)
         else:
-            text = template.render(messages, tools=plan.offered, add_generation_prompt=True)
+            text = template.render(messages, tools=plan.offered, add_generation_prompt=True, **kwargs)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += plan.forced_prefix
@@ -96,6 +101,8 @@ def build_prompt(
     n_prompt = len(token_ids)
     if not check_fit:
         return Prompt(text, token_ids, max_tokens or 0, multimodal)
+    if max_tokens_ceiling and max_tokens is not None:
+        max_tokens = min(max_tokens, max(1, context_length - n_prompt))  # the prompt alone is checked below
     return Prompt(text, token_ids, fit_max_tokens(n_prompt, max_tokens, context_length, "messages"), multimodal)
 
 

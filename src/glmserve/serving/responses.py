@@ -24,8 +24,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import ValidationError
-
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, StreamOptions, Usage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
 from glmserve.protocol.responses import (
@@ -37,7 +35,7 @@ from glmserve.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from glmserve.serving.chat import ChatService, ChunkStream
+from glmserve.serving.chat import ChatService, ChunkStream, chat_request
 
 
 def _id(prefix: str) -> str:
@@ -111,7 +109,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     body: dict[str, Any] = {"model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
                             "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
                             "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
-                            "top_p": req.top_p}
+                            "top_p": req.top_p, "reasoning_effort": req.reasoning.effort if req.reasoning else None}
     fmt = req.text.format if req.text else None
     if fmt is not None and fmt.type == "json_object":
         body["response_format"] = {"type": "json_object"}
@@ -120,13 +118,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
             raise invalid_request("text.format json_schema needs a schema", "text.format.schema")
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name or "output",
                                                                           "schema": fmt.schema_}}
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error.get("loc", ()))
-        raise invalid_request(f"input cannot be served as chat messages: {where}: {error.get('msg')}",
-                              "input") from exc
+    return chat_request(body, "input")
 
 
 def _usage(usage: Usage | None) -> ResponseUsage | None:
@@ -183,7 +175,7 @@ class ResponsesService:
                                 completion.usage)
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
         chunks = await self.chat.create(stream_req)
-        return ChunkStream(self._events(shell, chunks), chunks)
+        return ChunkStream(self._events(shell, chunks), chunks, prompt_tokens=chunks.prompt_tokens)
 
     @staticmethod
     def _items(completion: ChatCompletion) -> list[dict]:

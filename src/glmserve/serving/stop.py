@@ -13,15 +13,18 @@ class StopStringMatcher:
     """Feed text deltas, get back what may be sent now.
 
     ``feed(delta) -> (text_to_send, stopped)``; after ``stopped`` is True nothing more is
-    accepted. ``flush()`` returns the held-back tail once generation ends for another reason.
+    accepted, and ``matched`` is the stop string found (the first in the text; of two starting
+    at the same place, the one listed first). ``flush()`` returns the held-back tail once
+    generation ends for another reason.
     """
 
-    __slots__ = ("_stops", "_held", "stopped")
+    __slots__ = ("_stops", "_held", "stopped", "matched")
 
     def __init__(self, stops: list[str]) -> None:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None
 
     def feed(self, delta: str) -> tuple[str, bool]:
         if self.stopped:
@@ -29,8 +32,9 @@ class StopStringMatcher:
         if not self._stops:
             return delta, False
         text = self._held + delta
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, n, s) for n, s in enumerate(self._stops) if (i := text.find(s)) >= 0]
+        if found:
+            cut, _, self.matched = min(found)
             self._held = ""
             self.stopped = True
             return text[:cut], True

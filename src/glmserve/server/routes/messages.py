@@ -1,0 +1,28 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API;
+errors in Anthropic's envelope, ``server/errors.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request, Response
+
+from glmserve.protocol.anthropic import CountTokensRequest, CountTokensResponse, Message, MessagesRequest
+from glmserve.server.openapi import error_responses
+from glmserve.server.sse import ANTHROPIC, respond
+
+router = APIRouter()
+
+
+@router.post("/v1/messages", responses={
+    200: {"model": Message, "description": "The message; with `stream: true`, server-sent events "
+          "(`message_start` ... `message_stop`)", "content": {"text/event-stream": {}}},
+    **error_responses(400, 404, 408, 413, 429, 500, 529, anthropic=True),
+})
+async def create_message(body: MessagesRequest, request: Request) -> Response:
+    return await respond(request.app.state.messages.create(body), request, ANTHROPIC)
+
+
+@router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, anthropic=True))
+async def count_tokens(body: CountTokensRequest, request: Request) -> CountTokensResponse:
+    return await asyncio.to_thread(request.app.state.messages.count_tokens, body)

@@ -1,0 +1,341 @@
+"""``/v1/messages`` (Anthropic's Messages API) on top of the chat handler, as vLLM's
+``entrypoints/anthropic`` does it: request blocks become chat messages, the chat completion
+(or its chunks) becomes the ``message`` object (or Anthropic's stream events). Same template,
+tool-call parsers, constrained decoding, limits, admission and aborts as ``/v1/chat/completions``.
+
+Request mapping:
+
+- ``system`` (a string or text blocks, joined by newlines) is the first system message; a
+  ``system`` turn inside ``messages`` stays a system message where it stands.
+- user ``text`` and ``image`` blocks (``base64`` or ``url`` sources, through the media policy)
+  become content parts; each ``tool_result`` becomes a ``tool`` message (its text; ``is_error``
+  prefixes ``Error: ``), in block order.
+- assistant ``text`` blocks are its content, ``thinking`` blocks its ``reasoning_content`` (what
+  the GLM-4.5+ template replays), ``tool_use`` blocks its ``tool_calls``;
+  ``redacted_thinking`` (opaque to any other model) is dropped.
+- ``tools`` are function tools (``input_schema`` -> ``parameters``); ``tool_choice`` ``auto`` /
+  ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` / the named function / ``none``, and
+  ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
+- ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking``; ``adaptive``
+  leaves the model's default. ``max_tokens`` is a ceiling (Claude Code always sends 32000).
+
+Reply: ``thinking`` (GLM-4.5's ``<think>`` text), ``text`` and ``tool_use`` blocks; ``stop_reason``
+``tool_use`` / ``max_tokens`` / ``stop_sequence`` (with ``stop_sequence`` set) / ``end_turn``.
+Usage in Anthropic's terms: ``input_tokens`` are the prompt tokens not read from the prefix cache,
+``cache_read_input_tokens`` those that were (their sum is ``count_tokens``' ``input_tokens``).
+
+Stream (Anthropic's "Streaming messages"): ``message_start``, ``ping``, then per block
+``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
+``input_json_delta``) / ``content_block_stop`` (one block at a time, never interleaved), then
+``message_delta`` (stop reason, final usage) and ``message_stop``; a failure after the start is
+an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from glmserve.protocol.anthropic import (
+    CountTokensRequest,
+    CountTokensResponse,
+    Message,
+    MessagesRequest,
+    MessageStreamEvent,
+    Usage,
+)
+from glmserve.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, StreamOptions
+from glmserve.protocol.chat import Usage as ChatUsage
+from glmserve.protocol.errors import ErrorResponse, invalid_request
+from glmserve.serving.chat import ChatService, ChunkStream, chat_request
+
+_STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _kind(block: Any, param: str) -> str:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise invalid_request("a content block must be an object with a 'type'", param)
+    return block["type"]
+
+
+def _text(block: dict, param: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise invalid_request("a text block needs 'text' (a string)", f"{param}.text")
+    return text
+
+
+def _texts(content: str | list, param: str) -> str:
+    """Text-only content (a string or ``text`` blocks) as one string, blocks joined by newlines.
+    Raises 400 naming the first block that is not text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_request("content must be a string or a list of blocks", param)
+    out = []
+    for j, block in enumerate(content):
+        if _kind(block, f"{param}.{j}") != "text":
+            raise invalid_request(f"only text blocks are accepted here, not {block['type']!r}", f"{param}.{j}.type")
+        out.append(_text(block, f"{param}.{j}"))
+    return "\n".join(out)
+
+
+def _image_part(block: dict, param: str) -> dict:
+    """An ``image`` block as an OpenAI ``image_url`` part (base64 data as a data URL)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("media_type"), str) and isinstance(source.get("data"), str):
+        url = f"data:{source['media_type']};base64,{source['data']}"
+    elif kind == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise invalid_request("an image block needs a source of type 'base64' (media_type, data) or 'url' (url)",
+                              f"{param}.source")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_messages(content: list, param: str) -> list[dict]:
+    """A user turn's blocks as chat messages: ``tool`` messages for ``tool_result`` blocks and
+    user messages for the text and images between them, in block order."""
+    out: list[dict] = []
+    parts: list[dict] = []
+    for j, block in enumerate(content):
+        where = f"{param}.{j}"
+        kind = _kind(block, where)
+        if kind == "text":
+            parts.append({"type": "text", "text": _text(block, where)})
+        elif kind == "image":
+            parts.append(_image_part(block, where))
+        elif kind == "tool_result":
+            if parts:
+                out.append({"role": "user", "content": parts})
+                parts = []
+            if not isinstance(block.get("tool_use_id"), str):
+                raise invalid_request("a tool_result block needs 'tool_use_id'", f"{where}.tool_use_id")
+            text = _texts(block.get("content", ""), f"{where}.content")
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                        "content": f"Error: {text}" if block.get("is_error") else text})
+        else:
+            raise invalid_request(f"content blocks of type {kind!r} are not supported in user messages "
+                                  "(text, image and tool_result are)", f"{where}.type")
+    if parts:
+        out.append({"role": "user", "content": parts})
+    return out
+
+
+def _assistant_message(content: list, param: str) -> dict:
+    texts, thinking, calls = [], [], []
+    for j, block in enumerate(content):
+        where = f"{param}.{j}"
+        kind = _kind(block, where)
+        if kind == "text":
+            texts.append(_text(block, where))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise invalid_request("a thinking block needs 'thinking' (a string)", f"{where}.thinking")
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue  # encrypted reasoning of another model: nothing this one can read
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise invalid_request("a tool_use block needs 'id' and 'name'", where)
+            if not isinstance(block.get("input", {}), dict):
+                raise invalid_request("a tool_use block's 'input' must be an object", f"{where}.input")
+            calls.append({"id": block["id"], "type": "function", "function": {
+                "name": block["name"], "arguments": json.dumps(block.get("input", {}), ensure_ascii=False)}})
+        else:
+            raise invalid_request(f"content blocks of type {kind!r} are not supported in assistant messages "
+                                  "(text, thinking, redacted_thinking and tool_use are)", f"{where}.type")
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+    if thinking:
+        message["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def to_chat_messages(req: CountTokensRequest) -> list[dict]:
+    """``system`` and ``messages`` as chat messages. Raises 400 naming the block it cannot map."""
+    out = [{"role": "system", "content": _texts(req.system, "system")}] if req.system else []
+    for i, msg in enumerate(req.messages):
+        param = f"messages.{i}.content"
+        if msg.role == "system":
+            out.append({"role": "system", "content": _texts(msg.content, param)})
+        elif isinstance(msg.content, str):
+            out.append({"role": msg.role, "content": msg.content})
+        elif msg.role == "user":
+            out += _user_messages(msg.content, param)
+        else:
+            out.append(_assistant_message(msg.content, param))
+    return out
+
+
+def _tool_choice(req: CountTokensRequest) -> tuple[Any, bool | None]:
+    """``(tool_choice, parallel_tool_calls)`` in chat terms."""
+    choice = req.tool_choice
+    if choice is None:
+        return None, None
+    parallel = False if choice.disable_parallel_tool_use else None
+    if choice.type == "tool":
+        if not choice.name:
+            raise invalid_request("tool_choice of type 'tool' needs 'name'", "tool_choice.name")
+        return {"type": "function", "function": {"name": choice.name}}, parallel
+    return _CHOICES[choice.type], parallel
+
+
+def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request that answers ``req`` (a Messages or count_tokens request). Raises 400
+    for what cannot be served: a server tool, a block type without a chat equivalent."""
+    tools = []
+    for i, tool in enumerate(req.tools or []):
+        if tool.type not in (None, "custom"):
+            raise invalid_request(f"server tools ({tool.type!r}) are not available on this server; only client "
+                                  "tools (name, description, input_schema) are", f"tools.{i}.type")
+        tools.append({"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                                       "parameters": tool.input_schema}})
+    choice, parallel = _tool_choice(req)
+    if choice is not None and not tools and choice != "none":
+        raise invalid_request(f"tool_choice {req.tool_choice.type!r} needs tools", "tool_choice")
+    thinking = req.thinking.type if req.thinking else "adaptive"
+    body: dict[str, Any] = {
+        "model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
+        "tool_choice": choice if tools else None, "parallel_tool_calls": parallel,
+        "chat_template_kwargs": {"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else None,
+    }
+    if isinstance(req, MessagesRequest):
+        body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
+                    top_p=req.top_p, top_k=req.top_k or None)
+    return chat_request(body, "messages")
+
+
+def _usage(usage: ChatUsage | None) -> Usage:
+    if usage is None:
+        return Usage(input_tokens=0, output_tokens=0)
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    return Usage(input_tokens=usage.prompt_tokens - cached, cache_read_input_tokens=cached,
+                 output_tokens=usage.completion_tokens)
+
+
+def _stop(finish_reason: str | None, stop_string: str | None) -> tuple[str | None, str | None]:
+    """``(stop_reason, stop_sequence)`` for a chat choice's finish."""
+    if finish_reason == "stop" and stop_string is not None:
+        return "stop_sequence", stop_string
+    return _STOP_REASONS.get(finish_reason or "stop", "end_turn"), None
+
+
+def _input(arguments: str) -> dict:
+    """A tool call's arguments (JSON text) as a ``tool_use`` block's ``input`` object (the
+    parsers give JSON objects; anything else is kept under ``arguments``)."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+class MessagesService:
+    """Serve ``/v1/messages`` and ``/v1/messages/count_tokens`` over a ``ChatService``.
+    ``create(req)`` returns a ``Message`` or, for ``stream=True``, an async iterator of
+    ``MessageStreamEvent``s. Client errors raise ``APIError`` before anything is generated."""
+
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+
+    def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse:
+        """The prompt's length in tokens (template and tools included; image tokens are not
+        counted). Raises ``APIError`` as ``create`` would for the messages."""
+        chat_req = to_chat_request(req)
+        self.chat.check_model(chat_req.model)
+        return CountTokensResponse(input_tokens=len(self.chat.prompt_token_ids(chat_req)))
+
+    async def create(self, req: MessagesRequest) -> Message | AsyncIterator[MessageStreamEvent]:
+        chat_req = to_chat_request(req)
+        if not req.stream:
+            completion = await self.chat.create(chat_req, max_tokens_ceiling=True)
+            choice = completion.choices[0]
+            reply = choice.message
+            content = [{"type": "thinking", "thinking": reply.reasoning_content, "signature": ""}] \
+                if reply.reasoning_content else []
+            if reply.content:
+                content.append({"type": "text", "text": reply.content})
+            content += [{"type": "tool_use", "id": _id("toolu"), "name": c.function.name,
+                         "input": _input(c.function.arguments)} for c in reply.tool_calls or []]
+            stop_reason, stop_sequence = _stop(choice.finish_reason, choice.stop_reason)
+            return Message(id=_id("msg"), model=req.model, content=content, stop_reason=stop_reason,
+                           stop_sequence=stop_sequence, usage=_usage(completion.usage))
+        stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
+        chunks = await self.chat.create(stream_req, max_tokens_ceiling=True)
+        return ChunkStream(self._events(req.model, chunks), chunks, prompt_tokens=chunks.prompt_tokens)
+
+    @staticmethod
+    async def _events(model: str, chunks: ChunkStream) -> AsyncIterator[MessageStreamEvent]:
+        """Anthropic's events for ``chunks``: one state machine opens and closes blocks, so a
+        block is closed before the next one opens."""
+        index = -1
+        open_kind: str | None = None
+        finish_reason, stop_string, usage = None, None, None
+
+        def event(kind: str, **fields: Any) -> MessageStreamEvent:
+            return MessageStreamEvent(type=kind, **fields)
+
+        def close() -> list[MessageStreamEvent]:
+            nonlocal open_kind
+            if open_kind is None:
+                return []
+            open_kind = None
+            return [event("content_block_stop", index=index)]
+
+        def open_(kind: str, block: dict) -> list[MessageStreamEvent]:
+            nonlocal index, open_kind
+            out = close()
+            index, open_kind = index + 1, kind
+            return out + [event("content_block_start", index=index, content_block=block)]
+
+        def delta(kind: str, block: dict, fields: dict) -> list[MessageStreamEvent]:
+            out = open_(kind, block) if open_kind != kind else []
+            return out + [event("content_block_delta", index=index, delta=fields)]
+
+        start = Message(id=_id("msg"), model=model, usage=Usage(input_tokens=chunks.prompt_tokens, output_tokens=0))
+        yield event("message_start", message=start.model_dump())
+        yield event("ping")
+        async for chunk in chunks:
+            if isinstance(chunk, ErrorResponse):
+                for e in close():
+                    yield e
+                kind = "rate_limit_error" if chunk.error.type == "rate_limit_error" else "api_error"
+                yield event("error", error={"type": kind, "message": chunk.error.message})
+                return
+            assert isinstance(chunk, ChatCompletionChunk)
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                d = choice.delta
+                finish_reason = choice.finish_reason or finish_reason
+                stop_string = choice.stop_reason or stop_string
+                if d.reasoning_content:
+                    for e in delta("thinking", {"type": "thinking", "thinking": "", "signature": ""},
+                                   {"type": "thinking_delta", "thinking": d.reasoning_content}):
+                        yield e
+                if d.content:
+                    for e in delta("text", {"type": "text", "text": ""}, {"type": "text_delta", "text": d.content}):
+                        yield e
+                for call in d.tool_calls or []:
+                    if call.id:  # a new call: its id and name come first
+                        for e in open_("tool_use", {"type": "tool_use", "id": _id("toolu"),
+                                                    "name": call.function.name or "", "input": {}}):
+                            yield e
+                    elif call.function.arguments and open_kind == "tool_use":
+                        yield event("content_block_delta", index=index,
+                                    delta={"type": "input_json_delta", "partial_json": call.function.arguments})
+        for e in close():
+            yield e
+        stop_reason, stop_sequence = _stop(finish_reason, stop_string)
+        yield event("message_delta", delta={"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    usage=_usage(usage).model_dump())
+        yield event("message_stop")
