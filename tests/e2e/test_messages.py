@@ -19,6 +19,8 @@ from tests.conftest import DEFAULT_MODEL, RemoteServer
 from tests.e2e.test_tools import TEMPLATE
 
 SYSTEM = "You are a helpful AI assistant."
+# Anthropic's SDK (2.x) has no sampling arguments of its own: they travel in the body
+GREEDY = {"temperature": 0}
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {"name": "get_weather", "description": "Current weather in a city", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -55,7 +57,7 @@ def _text(message) -> str:
 
 def test_plain_paris_with_a_system_prompt(messages_server):
     message = sdk(messages_server).messages.create(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK,
-                                                   temperature=0)
+                                                   extra_body=GREEDY)
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
     assert message.model == DEFAULT_MODEL and "Paris" in _text(message)
     assert message.stop_reason in ("end_turn", "max_tokens") and message.stop_sequence is None
@@ -64,8 +66,8 @@ def test_plain_paris_with_a_system_prompt(messages_server):
 
 def test_stream_equals_plain_and_follows_the_event_sequence(messages_server):
     client = sdk(messages_server)
-    plain = client.messages.create(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK, temperature=0)
-    with client.messages.create(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK, temperature=0,
+    plain = client.messages.create(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK, extra_body=GREEDY)
+    with client.messages.create(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK, extra_body=GREEDY,
                                 stream=True) as stream:
         events = list(stream)
     kinds = [e.type for e in events]
@@ -77,7 +79,7 @@ def test_stream_equals_plain_and_follows_the_event_sequence(messages_server):
     assert events[-2].usage.output_tokens == plain.usage.output_tokens
     # the SDK's own accumulator builds the same message
     with client.messages.stream(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK,
-                                temperature=0) as stream:
+                                extra_body=GREEDY) as stream:
         final = stream.get_final_message()
     assert _text(final) == _text(plain) and final.stop_reason == plain.stop_reason
 
@@ -91,7 +93,7 @@ def _calls(message) -> list:
 def test_tool_choice_any_and_tool_give_schema_valid_input(request, which, choice):
     server = request.getfixturevalue("messages_server" if which == "default" else "hermes_server")
     message = sdk(server).messages.create(model=DEFAULT_MODEL, max_tokens=120, system=SYSTEM, messages=WEATHER_ASK,
-                                          tools=TOOLS, tool_choice=choice, temperature=0)
+                                          tools=TOOLS, tool_choice=choice, extra_body=GREEDY)
     calls = _calls(message)
     assert calls and message.stop_reason == "tool_use"
     for call in calls:
@@ -100,14 +102,14 @@ def test_tool_choice_any_and_tool_give_schema_valid_input(request, which, choice
     if choice["type"] == "tool":
         assert [c.name for c in calls] == ["get_weather"]
     one = sdk(server).messages.create(model=DEFAULT_MODEL, max_tokens=120, messages=WEATHER_ASK, tools=TOOLS,
-                                      tool_choice={**choice, "disable_parallel_tool_use": True}, temperature=0)
+                                      tool_choice={**choice, "disable_parallel_tool_use": True}, extra_body=GREEDY)
     assert len(_calls(one)) == 1
 
 
 def test_tool_round_trip(hermes_server):
     """tool_use -> tool_result -> the final text, streamed tool input equal to the whole one."""
     client = sdk(hermes_server)
-    kw = dict(model=DEFAULT_MODEL, max_tokens=120, system=SYSTEM, tools=[WEATHER], temperature=0)
+    kw = dict(model=DEFAULT_MODEL, max_tokens=120, system=SYSTEM, tools=[WEATHER], extra_body=GREEDY)
     first = client.messages.create(messages=WEATHER_ASK, tool_choice={"type": "tool", "name": "get_weather"}, **kw)
     (call,) = _calls(first)
     with client.messages.stream(messages=WEATHER_ASK, tool_choice={"type": "tool", "name": "get_weather"},
@@ -120,6 +122,15 @@ def test_tool_round_trip(hermes_server):
     final = client.messages.create(messages=history, tool_choice={"type": "none"}, **kw)
     assert final.stop_reason in ("end_turn", "max_tokens") and _text(final).strip()
     assert not _calls(final)
+
+
+def test_output_config_format_gives_schema_valid_json(messages_server):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+              "required": ["city", "country"], "additionalProperties": False}
+    message = sdk(messages_server).messages.create(
+        model=DEFAULT_MODEL, max_tokens=80, messages=ASK, extra_body=GREEDY,
+        output_config={"format": {"type": "json_schema", "schema": schema}})
+    jsonschema.validate(json.loads(_text(message)), schema)
 
 
 def test_count_tokens_equals_the_prompt_in_usage(hermes_server):
@@ -135,11 +146,12 @@ def test_prefix_cache_over_a_three_turn_tool_conversation(hermes_server):
     """Each turn resends the conversation: the prompt of turn N+1 extends turn N's, so all of
     turn N's prompt is read from the prefix cache (cache_read_input_tokens)."""
     client = sdk(hermes_server)
-    kw = dict(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, tools=TOOLS, temperature=0)
+    kw = dict(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, tools=TOOLS, extra_body=GREEDY)
     history = list(WEATHER_ASK)
     prompts, cached = [], []
     for turn in range(3):
-        choice = {"type": "tool", "name": "get_weather" if turn == 0 else "get_time"} if turn < 2 else {"type": "none"}
+        # tool_choice none would take the tools out of the prompt (OpenAI's "not offered"): auto last
+        choice = {"type": "tool", "name": "get_weather" if turn == 0 else "get_time"} if turn < 2 else {"type": "auto"}
         message = client.messages.create(messages=history, tool_choice=choice, **kw)
         prompts.append(message.usage.input_tokens + message.usage.cache_read_input_tokens)
         cached.append(message.usage.cache_read_input_tokens)
@@ -171,7 +183,7 @@ THOUGHT_REPLY = f"\n<think>{THOUGHT}</think>\n{ANSWER}"
 
 def test_glm45_reasoning_comes_back_as_thinking_blocks(thinker):
     client = sdk(thinker)
-    kw = dict(model="tiny-glm45", max_tokens=100, system=SYSTEM, messages=ASK, temperature=0,
+    kw = dict(model="tiny-glm45", max_tokens=100, system=SYSTEM, messages=ASK, extra_body=GREEDY,
               thinking={"type": "enabled", "budget_tokens": 1024})
     message = client.messages.create(**kw)
     assert [b.type for b in message.content] == ["thinking", "text"]
@@ -205,9 +217,9 @@ def test_image_blocks_reach_a_vision_model(smollm2_hf, tmp_path_factory):
         image = {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": data}}
         text = {"type": "text", "text": "What is in this picture?"}
         without = client.messages.create(model="tiny-llava", max_tokens=4, messages=[
-            {"role": "user", "content": [text]}], temperature=0)
+            {"role": "user", "content": [text]}], extra_body=GREEDY)
         with_image = client.messages.create(model="tiny-llava", max_tokens=4, messages=[
-            {"role": "user", "content": [image, text]}], temperature=0)
+            {"role": "user", "content": [image, text]}], extra_body=GREEDY)
         assert with_image.usage.input_tokens - without.usage.input_tokens == IMAGE_TOKENS
         assert with_image.usage.output_tokens > 0
         with pytest.raises(anthropic.BadRequestError) as refused:  # a URL on loopback: refused by the media policy
@@ -246,8 +258,10 @@ def test_bad_requests_get_anthropic_errors(messages_server, case, body, names):
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert names in error["error"]["message"]
     if "max_tokens" in body:  # the SDK itself requires it: and it raises its own error type
+        rest = {k: v for k, v in body.items() if k not in ("max_tokens", "messages")}
         with pytest.raises(anthropic.BadRequestError):
-            sdk(messages_server).messages.create(model=DEFAULT_MODEL, **body)
+            sdk(messages_server).messages.create(model=DEFAULT_MODEL, max_tokens=body["max_tokens"],
+                                                 messages=body["messages"], extra_body=rest)
 
 
 def test_unknown_model_malformed_json_and_unknown_route(messages_server):

@@ -46,6 +46,20 @@ class ThinkingConfig(_Lenient):
     budget_tokens: int | None = Field(None, ge=1)
 
 
+class OutputFormat(_Lenient):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Lenient):
+    """``format``: Anthropic's structured outputs (the reply is a JSON document of the schema,
+    enforced as ``response_format`` is); ``effort`` is accepted and has no effect (GLM's thinking
+    switch is on or off: see ``thinking``)."""
+
+    format: OutputFormat | None = None
+    effort: str | None = None
+
+
 class MessageParam(_Lenient):
     """One turn. ``system`` here is a mid-conversation system message (Claude Code's
     ``mid-conversation-system`` beta); ``content`` is a string or a list of blocks (``text``,
@@ -78,6 +92,7 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
     stream: bool = False
 
 

@@ -18,6 +18,7 @@ Request mapping:
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
 - ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking``; ``adaptive``
   leaves the model's default. ``max_tokens`` is a ceiling (Claude Code always sends 32000).
+  ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``.
 
 Reply: ``thinking`` (GLM-4.5's ``<think>`` text), ``text`` and ``tool_use`` blocks; ``stop_reason``
 ``tool_use`` / ``max_tokens`` / ``stop_sequence`` (with ``stop_sequence`` set) / ``end_turn``.
@@ -212,6 +213,9 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k or None)
+        fmt = req.output_config.format if req.output_config else None
+        if fmt is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
     return chat_request(body, "messages")
 
 
