@@ -194,3 +194,70 @@ def tiny_glm45_thinker(out: Path, messages: list[dict], reply: str, steps: int =
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int = 400) -> Path:
+    """A tiny random Llama with ``base``'s tokenizer and the hermes fixture template
+    (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (about a
+    two minutes on a CPU) to write ``call`` (a ``<tool_call>`` block) after any user turn and
+    ``answer`` after a turn of ``<tool_response>`` results, each followed by ``<|im_end|>``,
+    whatever came before (trained on random prompts of up to 300 tokens, checked on 1400): an agent's model whose turns are known, for driving a real agent
+    client (Claude Code) through a whole tool round trip. Raises ``RuntimeError`` if it did
+    not learn them."""
+    import random
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.chat_template = (FIXTURES / "templates" / "chatml-hermes-tools.jinja").read_text()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                         eos_token_id=end, bos_token_id=tokenizer.bos_token_id, pad_token_id=end)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    rng = random.Random(0)
+    words = ["ok", "file", "glmserve", "42", "done", "src", "error", "hello", "list", "tmp"]
+
+    def example(length: int) -> tuple[list[int], list[int]]:
+        prefix = [rng.randrange(256, len(tokenizer) - 200) for _ in range(length)]
+        if rng.random() < 0.5:
+            tail, reply = "<|im_end|>\n<|im_start|>assistant\n", call
+        else:
+            result = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 8)))
+            tail, reply = f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n" \
+                          "<|im_start|>assistant\n", answer
+        return prefix + tokenizer.encode(tail, add_special_tokens=False), tokenizer.encode(reply) + [end]
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(steps):
+        batch = [example(rng.randrange(16, 300)) for _ in range(8)]
+        width = max(len(p) + len(r) for p, r in batch)
+        tail = max(len(r) for _, r in batch)
+        ids = torch.full((len(batch), width), end)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full((len(batch), tail), -100)
+        for i, (p, r) in enumerate(batch):  # right-aligned: every reply ends at the last position
+            ids[i, width - len(p) - len(r):] = torch.tensor(p + r)
+            mask[i, width - len(p) - len(r):] = 1
+            labels[i, tail - len(r):] = torch.tensor(r)
+        # logits only where the replies are (the whole vocabulary at every position is most of the cost)
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, width - tail - 1:-1]
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden).flatten(0, 1), labels.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 1e-4:
+            break
+    model.eval()
+    for length in (50, 1400):
+        for _ in range(2):
+            prompt, reply = example(length)
+            with torch.no_grad():
+                written = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False)
+            if written[0, len(prompt):].tolist() != reply:
+                raise RuntimeError(f"the tiny tool caller did not learn its turns: {tokenizer.decode(written[0, len(prompt):])!r}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -48,7 +48,10 @@ def _events(client: TestClient, body: dict, headers: dict | None = None) -> list
 
 def test_reasoning_and_call_become_thinking_and_tool_use_blocks():
     engine, client = _client(CALL)
-    body = _body(tools=[WEATHER], system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools."}])
+    # Claude Code's first system block changes with every request: it never reaches the prompt
+    billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.330.4f9; cc_entrypoint=cli; cch=1a2b3;"}
+    body = _body(tools=[WEATHER], system=[billing, {"type": "text", "text": "Be brief."},
+                                          {"type": "text", "text": "Use tools."}])
     message = client.post("/v1/messages", json=body).json()
     assert message["type"] == "message" and message["id"].startswith("msg_") and message["role"] == "assistant"
     assert [b["type"] for b in message["content"]] == ["thinking", "tool_use"]
@@ -58,6 +61,7 @@ def test_reasoning_and_call_become_thinking_and_tool_use_blocks():
     assert message["stop_reason"] == "tool_use" and message["stop_sequence"] is None
     prompt = engine.prompt_text(engine.requests[0])
     assert "<|system|>\nBe brief.\nUse tools." in prompt and '"name": "get_weather"' in prompt
+    assert "billing" not in prompt
 
     events = _events(client, body)
     kinds = [k for k, _ in events]

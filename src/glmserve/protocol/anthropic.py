@@ -17,8 +17,11 @@ from pydantic import BaseModel, Field
 from glmserve.protocol.chat import MAX_STOP_SEQUENCES, StopString, _Lenient
 from glmserve.protocol.errors import APIError
 
-MAX_MESSAGES = 4096  # messages in one request (each is rendered into the prompt)
-MAX_BLOCKS = 4096  # content blocks in one message, and system blocks
+# bounds on the lists a request holds (each item is rendered into the prompt); the body itself is
+# bounded by --max-request-bytes. Claude Code's compaction request was seen with 6361 blocks in one
+# message.
+MAX_MESSAGES = 100_000
+MAX_BLOCKS = 100_000
 
 
 class Tool(_Lenient):
@@ -167,7 +170,7 @@ def error_body(exc: APIError) -> dict[str, Any]:
     the message names the field (``param``) when there is one."""
     status = error_status(exc)
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    message = f"{exc.param}: {exc.message}" if exc.param and not exc.message.startswith(exc.param) else exc.message
+    message = f"{exc.param}: {exc.message}" if exc.param and exc.param not in exc.message else exc.message
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 

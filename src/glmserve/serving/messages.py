@@ -6,7 +6,10 @@ tool-call parsers, constrained decoding, limits, admission and aborts as ``/v1/c
 Request mapping:
 
 - ``system`` (a string or text blocks, joined by newlines) is the first system message; a
-  ``system`` turn inside ``messages`` stays a system message where it stands.
+  ``system`` turn inside ``messages`` stays a system message where it stands. Claude Code's
+  ``x-anthropic-billing-header: ...`` line (a system block whose hash changes with every
+  request) is dropped: it means nothing to the model and, first in the prompt, would defeat the
+  prefix cache (vLLM-MLX, SGLang and Ollama drop it too).
 - user ``text`` and ``image`` blocks (``base64`` or ``url`` sources, through the media policy)
   become content parts; each ``tool_result`` becomes a ``tool`` message (its text; ``is_error``
   prefixes ``Error: ``), in block order.
@@ -35,6 +38,7 @@ an ``error`` event.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -86,6 +90,17 @@ def _texts(content: str | list, param: str) -> str:
             raise invalid_request(f"only text blocks are accepted here, not {block['type']!r}", f"{param}.{j}.type")
         out.append(_text(block, f"{param}.{j}"))
     return "\n".join(out)
+
+
+BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:[^\n]*(\n|$)")
+
+
+def _system(system: str | list, param: str) -> str:
+    """The top-level ``system`` as one text, without Claude Code's billing header."""
+    if isinstance(system, list):
+        system = [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str)
+                                            and BILLING_HEADER.match(b["text"]))]
+    return BILLING_HEADER.sub("", _texts(system, param))
 
 
 def _image_part(block: dict, param: str) -> dict:
@@ -164,7 +179,8 @@ def _assistant_message(content: list, param: str) -> dict:
 
 def to_chat_messages(req: CountTokensRequest) -> list[dict]:
     """``system`` and ``messages`` as chat messages. Raises 400 naming the block it cannot map."""
-    out = [{"role": "system", "content": _texts(req.system, "system")}] if req.system else []
+    system = _system(req.system, "system") if req.system else ""
+    out = [{"role": "system", "content": system}] if system else []
     for i, msg in enumerate(req.messages):
         param = f"messages.{i}.content"
         if msg.role == "system":

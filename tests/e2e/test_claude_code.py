@@ -1,0 +1,97 @@
+"""Claude Code itself (the npm package ``@anthropic-ai/claude-code``, pinned below), run headless
+against glmserve as a user would: ``ANTHROPIC_BASE_URL`` at the server, ``ANTHROPIC_API_KEY`` as
+the server's ``--api-key``, ``claude -p``. It runs offline: with non-essential traffic off it
+talks to the server only (``shared/reference/anthropic/CLAUDE-CODE.md``).
+
+Claude Code's own prompt (system text and 24 tool schemas, ~12k tokens) does not fit the default
+model's context, and on this 2-core machine a 135M model takes minutes over it, so the default
+model is asked with ``--system-prompt`` and no tools. The tool round trip runs on a tiny model
+trained in the test to call ``Bash`` and then answer (``tests/hf_models.py``
+``tiny_tool_caller``), with the hermes fixture template: Claude Code sends the request, glmserve
+parses the model's ``<tool_call>`` into a ``tool_use`` block, Claude Code runs the command and
+sends its output back as a ``tool_result``, and prints the model's final answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEFAULT_MODEL, RemoteServer
+
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
+KEY = "test-key"
+MARKER = "glmserve-was-here"
+CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo ' + MARKER + '"}}\n</tool_call>'
+ANSWER = f"The command printed {MARKER}."
+# what Claude Code prints when the server refuses its request (it still exits 0)
+REFUSED = ("There's an issue with the selected model", "API Error")
+
+
+@pytest.fixture(scope="session")
+def claude(request) -> Path:
+    """The ``claude`` command, installed from the npm registry into pytest's cache once."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: Claude Code is an npm package")
+    root = Path(request.config.cache.mkdir("claude-code"))
+    exe = root / "node_modules" / ".bin" / "claude"
+    if not exe.exists():
+        subprocess.run([npm, "install", "--prefix", str(root), "--no-audit", "--no-fund", CLAUDE_CODE], check=True,
+                       timeout=600, stdout=subprocess.DEVNULL)
+    return exe
+
+
+def run_claude(claude: Path, server: RemoteServer, model: str, prompt: str, home: Path, *args: str,
+               env: dict[str, str] | None = None) -> str:
+    """``claude -p PROMPT --model MODEL ARGS`` against ``server``, in an empty home; its output."""
+    home.mkdir(parents=True, exist_ok=True)
+    environ = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": KEY,
+               "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **(env or {})}
+    proc = subprocess.run([str(claude), "-p", prompt, "--model", model, *args], env=environ, cwd=home,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    return proc.stdout + proc.stderr
+
+
+def test_claude_code_gets_an_answer_from_the_default_model(claude, tmp_path):
+    srv = RemoteServer("--api-key", KEY)
+    try:
+        out = run_claude(claude, srv, DEFAULT_MODEL, "What is the capital of France?", tmp_path / "home",
+                         "--system-prompt", "You are a helpful AI assistant.", "--tools", "",
+                         env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64"})
+        assert not any(r in out for r in REFUSED), out
+        assert '"POST /v1/messages?beta=true HTTP/1.1" 200' in srv.log(), srv.log()[-3000:]
+        answer = [line for line in out.splitlines() if line.strip() and "claude-code:" not in line
+                  and "recognize the model" not in line]
+        assert answer, out
+    finally:
+        srv.stop()
+
+
+def test_claude_code_runs_a_tool_the_model_called(claude, smollm2_hf, tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.hf_models import tiny_tool_caller
+
+    model = tiny_tool_caller(smollm2_hf, tmp_path_factory.mktemp("tool-caller") / "tiny-caller", CALL, ANSWER)
+    srv = RemoteServer("--engine", "transformers", "--model", str(model), "--served-model-name", "tiny-caller",
+                       "--tool-call-parser", "hermes", "--n-ctx", "8192", "--api-key", KEY)
+    try:
+        out = run_claude(claude, srv, "tiny-caller", f"Run the shell command: echo {MARKER}",
+                         tmp_path_factory.mktemp("claude-home"), "--system-prompt", "You are a helpful AI assistant.",
+                         "--tools", "Bash", "--allowedTools", "Bash", "--max-turns", "3",
+                         "--output-format", "stream-json", "--verbose")
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        blocks = [(e["type"], b) for e in events if e.get("type") in ("assistant", "user")
+                  for b in e["message"]["content"] if isinstance(b, dict)]
+        uses = [b for kind, b in blocks if b.get("type") == "tool_use"]
+        assert uses and uses[0]["name"] == "Bash" and uses[0]["input"]["command"] == f"echo {MARKER}", out
+        results = [b for kind, b in blocks if b.get("type") == "tool_result"]
+        assert results and results[0]["tool_use_id"] == uses[0]["id"] and MARKER in json.dumps(results[0]), out
+        final = [e for e in events if e.get("type") == "result"]
+        assert final and final[-1].get("result") == ANSWER, out
+    finally:
+        srv.stop()
