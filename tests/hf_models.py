@@ -201,9 +201,10 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
     (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (about a
     two minutes on a CPU) to write ``call`` (a ``<tool_call>`` block) after any user turn and
     ``answer`` after a turn of ``<tool_response>`` results, each followed by ``<|im_end|>``,
-    whatever came before (trained on random prompts of up to 300 tokens, checked on 1400): an agent's model whose turns are known, for driving a real agent
+    whatever the words (trained on prompts laid out as an agent's, with random words): an agent's model whose turns are known, for driving a real agent
     client (Claude Code) through a whole tool round trip. Raises ``RuntimeError`` if it did
     not learn them."""
+    import json
     import random
 
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -217,22 +218,34 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     rng = random.Random(0)
-    words = ["ok", "file", "glmserve", "42", "done", "src", "error", "hello", "list", "tmp"]
+    call_json = json.loads(call.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0])
+
+    def text(n: int) -> str:  # n random tokens' text: words, JSON punctuation, code
+        return tokenizer.decode([rng.randrange(256, len(tokenizer) - 200) for _ in range(n)])
 
     def example(length: int) -> tuple[list[int], list[int]]:
-        prefix = [rng.randrange(256, len(tokenizer) - 200) for _ in range(length)]
+        """A prompt laid out as an agent's (system text, a tool whose name and argument are the
+        call's, a user turn, for the answer also the call and its result) with random words."""
+        fn = {"name": call_json["name"], "description": text(rng.randrange(8, length)), "parameters": {
+            "type": "object", "properties": {k: {"type": "string", "description": text(rng.randrange(2, 30))}
+                                             for k in call_json["arguments"]},
+            "required": list(call_json["arguments"])}}
+        messages = [{"role": "system", "content": text(rng.randrange(2, length))},
+                    {"role": "user", "content": text(rng.randrange(2, 60))}]
+        reply = call
         if rng.random() < 0.5:
-            tail, reply = "<|im_end|>\n<|im_start|>assistant\n", call
-        else:
-            result = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 8)))
-            tail, reply = f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n" \
-                          "<|im_start|>assistant\n", answer
-        return prefix + tokenizer.encode(tail, add_special_tokens=False), tokenizer.encode(reply) + [end]
+            messages += [{"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": call_json["name"], "arguments": call_json["arguments"]}}]},
+                {"role": "tool", "content": text(rng.randrange(1, 30))}]
+            reply = answer
+        prompt = tokenizer.apply_chat_template(messages, tools=[{"type": "function", "function": fn}],
+                                               add_generation_prompt=True, tokenize=False)
+        return tokenizer.encode(prompt, add_special_tokens=False), tokenizer.encode(reply) + [end]
 
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for step in range(steps):
-        batch = [example(rng.randrange(16, 300)) for _ in range(8)]
+        batch = [example(rng.randrange(16, 200)) for _ in range(8)]
         width = max(len(p) + len(r) for p, r in batch)
         tail = max(len(r) for _, r in batch)
         ids = torch.full((len(batch), width), end)
@@ -251,7 +264,7 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
         if loss.item() < 1e-4:
             break
     model.eval()
-    for length in (50, 1400):
+    for length in (50, 700):
         for _ in range(2):
             prompt, reply = example(length)
             with torch.no_grad():

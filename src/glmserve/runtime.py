@@ -68,7 +68,8 @@ def start_runtime(settings: ServeSettings) -> Runtime:
             settings.tool_call_parser, settings.tool_call_parser)
         return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings),
                                            settings.schema_limits(), settings.max_n,
-                                           settings.default_chat_template_kwargs))
+                                           settings.default_chat_template_kwargs,
+                                           settings.override_generation_config))
     except BaseException:
         engine.shutdown()
         raise

@@ -10,10 +10,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from glmserve.chat.template import RESERVED_TEMPLATE_VARIABLES
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.serving.sampling import GENERATION_DEFAULTS
 from glmserve.serving.schema_check import SchemaLimits
 
 
@@ -178,6 +180,11 @@ class ServeSettings(BaseSettings):
         {}, description="Chat template variables (a JSON object) every request gets unless it sets them in "
         "chat_template_kwargs, e.g. '{\"enable_thinking\": false}' for GLM-4.5+ without thinking.",
     )
+    override_generation_config: dict[str, float] = Field(
+        {}, description="Sampling defaults (a JSON object) for requests that leave them out, as vLLM's flag: "
+        "temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; e.g. "
+        "'{\"temperature\": 0.6}' for clients that send none (Claude Code).",
+    )
     tool_call_parser: Literal["auto", "none", "glm4", "glm45", "hermes", "generic"] = Field(
         "auto", description="Tool-call format: auto = detected from the chat template (generic when it has "
                             "none: tools described in a system message, calls as JSON); none = no tool calling."
@@ -205,6 +212,18 @@ class ServeSettings(BaseSettings):
         taken = sorted(set(value) & RESERVED_TEMPLATE_VARIABLES)
         if taken:
             raise ValueError(f"{', '.join(taken)}: set by the server, not a chat template keyword")
+        return value
+
+    @field_validator("override_generation_config")
+    @classmethod
+    def _check_generation_config(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - GENERATION_DEFAULTS)
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a sampling field (one of {', '.join(sorted(GENERATION_DEFAULTS))})")
+        try:  # within the bounds a request's own values have
+            ChatCompletionRequest.model_validate({"model": "-", "messages": [{"role": "user", "content": "-"}], **value})
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
         return value
 
     @field_validator("engine_arg")

@@ -58,11 +58,12 @@ def run_claude(claude: Path, server: RemoteServer, model: str, prompt: str, home
 
 
 def test_claude_code_gets_an_answer_from_the_default_model(claude, tmp_path):
-    srv = RemoteServer("--api-key", KEY)
+    # Claude Code sends no temperature: greedy by the server's default, so the reply is short and the
+    # same every run (sampled, a 135M model can write to the end of the context)
+    srv = RemoteServer("--api-key", KEY, "--override-generation-config", '{"temperature": 0}')
     try:
         out = run_claude(claude, srv, DEFAULT_MODEL, "What is the capital of France?", tmp_path / "home",
-                         "--system-prompt", "You are a helpful AI assistant.", "--tools", "",
-                         env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64"})
+                         "--system-prompt", "You are a helpful AI assistant.", "--tools", "")
         assert not any(r in out for r in REFUSED), out
         assert '"POST /v1/messages?beta=true HTTP/1.1" 200' in srv.log(), srv.log()[-3000:]
         answer = [line for line in out.splitlines() if line.strip() and "claude-code:" not in line
@@ -78,7 +79,8 @@ def test_claude_code_runs_a_tool_the_model_called(claude, smollm2_hf, tmp_path_f
 
     model = tiny_tool_caller(smollm2_hf, tmp_path_factory.mktemp("tool-caller") / "tiny-caller", CALL, ANSWER)
     srv = RemoteServer("--engine", "transformers", "--model", str(model), "--served-model-name", "tiny-caller",
-                       "--tool-call-parser", "hermes", "--n-ctx", "8192", "--api-key", KEY)
+                       "--tool-call-parser", "hermes", "--n-ctx", "8192", "--api-key", KEY,
+                       "--override-generation-config", '{"temperature": 0}')
     try:
         out = run_claude(claude, srv, "tiny-caller", f"Run the shell command: echo {MARKER}",
                          tmp_path_factory.mktemp("claude-home"), "--system-prompt", "You are a helpful AI assistant.",

@@ -53,6 +53,7 @@ from glmserve.serving.sampling import (
     requested_max_tokens,
     stop_strings,
     to_sampling_params,
+    with_defaults,
 )
 from glmserve.serving.stop import StopStringMatcher
 
@@ -108,12 +109,15 @@ class ChatService:
     def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
                  tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
                  schema_limits: SchemaLimits | None = None, max_n: int = 1,
-                 default_template_kwargs: dict[str, Any] | None = None) -> None:
+                 default_template_kwargs: dict[str, Any] | None = None,
+                 generation_defaults: dict[str, float] | None = None) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
         ``max_n``: the largest ``n`` a request may ask for; ``default_template_kwargs``: chat
-        template variables every request gets unless it sets them (``--default-chat-template-kwargs``).
+        template variables every request gets unless it sets them (``--default-chat-template-kwargs``);
+        ``generation_defaults``: sampling fields for requests that leave them out
+        (``--override-generation-config``).
         Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
         self.engine = engine
         self.model_name = served_model_name
@@ -124,6 +128,7 @@ class ChatService:
         self.tool_parser = tool_parser
         self.max_n = max_n
         self.default_template_kwargs = dict(default_template_kwargs or {})
+        self.generation_defaults = dict(generation_defaults or {})
         self.context_length = engine.model_info.context_length
         stop_ids = list(end_of_turn_token_ids(template, engine.tokenizer))
         for marker in PARSERS[tool_parser].end_of_turn if tool_parser else ():
@@ -139,6 +144,7 @@ class ChatService:
         context is lowered to fit (Anthropic clients send one ceiling whatever the model)
         instead of refused with a 400."""
         self.check_model(req.model)
+        req = with_defaults(req, self.generation_defaults)
         check_supported(req)  # before any image is fetched
         check_n(req.n, self.max_n)
         bias = logit_bias(req, self.engine.tokenizer.n_vocab)

@@ -21,7 +21,14 @@ from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.serving.chat import ChatService, ChunkStream, Run, usage
 from glmserve.serving.merge import merged
 from glmserve.serving.prompt import fit_max_tokens
-from glmserve.serving.sampling import check_n, choice_sampling, logit_bias, stop_strings, to_sampling_params
+from glmserve.serving.sampling import (
+    check_n,
+    choice_sampling,
+    logit_bias,
+    stop_strings,
+    to_sampling_params,
+    with_defaults,
+)
 
 
 def check_supported(req: CompletionRequest) -> None:
@@ -49,6 +56,7 @@ class CompletionService:
 
     async def create(self, req: CompletionRequest) -> Completion | AsyncIterator[Completion | ErrorResponse]:
         self.chat.check_model(req.model)
+        req = with_defaults(req, self.chat.generation_defaults)
         check_supported(req)
         check_n(req.n, self.chat.max_n)
         bias = logit_bias(req, self.tokenizer.n_vocab)

@@ -12,6 +12,18 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 
 
+# the request fields --override-generation-config may give defaults for (vLLM's flag)
+GENERATION_DEFAULTS = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                                 "frequency_penalty"})
+
+
+def with_defaults(req, defaults: dict[str, float]):
+    """``req`` (a chat or completions request) with ``defaults`` for the sampling fields it did
+    not set (``--override-generation-config``, as vLLM applies a model's generation config)."""
+    missing = {k: v for k, v in defaults.items() if k not in req.model_fields_set}
+    return req.model_copy(update=missing) if missing else req
+
+
 def check_n(n: int, max_n: int) -> None:
     """Raise a 400 ``APIError`` when ``n`` is over ``max_n`` (``--max-n``)."""
     if n > max_n:
