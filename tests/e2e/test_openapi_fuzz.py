@@ -27,7 +27,7 @@ def fuzzed_server():
 # every operation of the spec; test_every_operation_is_fuzzed keeps the list complete
 OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions",
               "POST /tokenize", "POST /detokenize", "GET /metrics", "POST /v1/completions",
-              "POST /v1/responses"]
+              "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_every_operation_is_fuzzed(api_schema):
 
 # invalid requests can be made only where a request has inputs
 WITH_INPUTS = ["POST /v1/chat/completions", "POST /tokenize", "POST /detokenize", "POST /v1/completions",
-               "POST /v1/responses"]
+               "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens"]
 
 
 @pytest.mark.parametrize(("label", "mode"), [(op, GenerationMode.POSITIVE) for op in OPERATIONS]
