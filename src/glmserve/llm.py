@@ -23,7 +23,7 @@ from typing import Any
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.runtime import start_runtime
-from glmserve.serving.chat import StreamItem
+from glmserve.serving.chunks import StreamItem
 from glmserve.settings import ServeSettings
 
 

@@ -31,7 +31,7 @@ from starlette.background import BackgroundTask
 from glmserve.protocol import anthropic
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.server.cancellation import with_cancellation
-from glmserve.serving.chat import StreamItem
+from glmserve.serving.chunks import StreamItem
 
 PING_INTERVAL_S = 15
 DONE = "[DONE]"

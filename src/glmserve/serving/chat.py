@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,19 +31,19 @@ from glmserve.protocol.chat import (
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
-    PromptTokensDetails,
     TokenLogprobEntry,
     ToolCall,
     TopLogprob,
-    Usage,
 )
-from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request, model_not_found, overloaded, server_error
+from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.serving.chunks import ChunkStream, StreamItem
+from glmserve.serving.run import Run, usage
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
-from glmserve.toolcalls import PARSERS, DeltaEvent, ToolCallParser, assemble
+from glmserve.toolcalls import PARSERS, DeltaEvent, assemble
 from glmserve.serving.sampling import (
     check_n,
     check_supported,
@@ -57,44 +56,6 @@ from glmserve.serving.sampling import (
 )
 from glmserve.serving.stop import StopStringMatcher
 
-StreamItem = ChatCompletionChunk | ErrorResponse
-
-
-@dataclass(slots=True)
-class Run:
-    """One admitted request and what it has produced so far (chat and text completions)."""
-
-    id: str
-    created: int
-    request: GenerationRequest
-    stops: list[str]
-    outputs: AsyncIterator[GenerationOutput] | None
-    parser: ToolCallParser | None = None
-    forced_prefix: str = ""
-    max_calls: int | None = None
-    model: str = ""  # the requested model id: the base model or a LoRA adapter
-    index: int = 0  # the choice this run answers
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    stop_reason: str | None = None  # the stop string that ended the run, if one did
-    arrival: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return self.request.sampling.logprobs is not None
-
-
-
-def usage(runs: list[Run], prompts: int = 1) -> Usage:
-    """Usage of ``runs``, the choices of ``prompts`` prompts (``n`` per prompt, in order): each
-    prompt counted once, as OpenAI counts it for ``n``."""
-    per_prompt = len(runs) // prompts
-    heads = runs[::per_prompt]
-    prompt = sum(len(r.request.prompt_token_ids) for r in heads)
-    completion = sum(r.completion_tokens for r in runs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in heads)))
 
 
 class ChatService:
@@ -393,32 +354,6 @@ class ChatService:
             first = runs[0]
             yield ChatCompletionChunk(id=first.id, created=first.created, model=first.model, choices=[],
                                       usage=usage(runs))
-
-
-class ChunkStream:
-    """The stream ``ChatService.create`` returns: iterates the chunk generator; ``aclose()``
-    closes it and aborts the engine requests, also when iteration never began (closing a
-    generator that never started runs none of its code). ``prompt_tokens``: the prompt's
-    length, known before the first chunk (0 where not given)."""
-
-    __slots__ = ("_chunks", "_outputs", "prompt_tokens")
-
-    def __init__(self, chunks: AsyncIterator[StreamItem], *outputs: AsyncIterator[GenerationOutput],
-                 prompt_tokens: int = 0) -> None:
-        self._chunks, self._outputs, self.prompt_tokens = chunks, outputs, prompt_tokens
-
-    def __aiter__(self) -> ChunkStream:
-        return self
-
-    def __anext__(self):
-        return self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()
-        finally:
-            for outputs in self._outputs:
-                await outputs.aclose()
 
 
 def chat_request(body: dict[str, Any], param: str) -> ChatCompletionRequest:

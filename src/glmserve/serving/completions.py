@@ -18,7 +18,9 @@ from contextlib import aclosing
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
-from glmserve.serving.chat import ChatService, ChunkStream, Run, usage
+from glmserve.serving.chat import ChatService
+from glmserve.serving.chunks import ChunkStream
+from glmserve.serving.run import Run, usage
 from glmserve.serving.merge import merged
 from glmserve.serving.prompt import fit_max_tokens
 from glmserve.serving.sampling import (

@@ -54,7 +54,8 @@ from glmserve.protocol.anthropic import (
 from glmserve.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
-from glmserve.serving.chat import ChatService, ChunkStream, chat_request
+from glmserve.serving.chat import ChatService, chat_request
+from glmserve.serving.chunks import ChunkStream
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}

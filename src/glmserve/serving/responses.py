@@ -35,7 +35,8 @@ from glmserve.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from glmserve.serving.chat import ChatService, ChunkStream, chat_request
+from glmserve.serving.chat import ChatService, chat_request
+from glmserve.serving.chunks import ChunkStream
 
 
 def _id(prefix: str) -> str:

@@ -1,0 +1,49 @@
+"""``Run``: one admitted request (one choice of it) and what it has produced so far, shared by
+chat and text completions; ``usage`` of a request's runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from glmserve.engine.types import GenerationOutput, GenerationRequest
+from glmserve.protocol.chat import PromptTokensDetails, Usage
+from glmserve.toolcalls import ToolCallParser
+
+
+@dataclass(slots=True)
+class Run:
+    """One admitted request and what it has produced so far (chat and text completions)."""
+
+    id: str
+    created: int
+    request: GenerationRequest
+    stops: list[str]
+    outputs: AsyncIterator[GenerationOutput] | None
+    parser: ToolCallParser | None = None
+    forced_prefix: str = ""
+    max_calls: int | None = None
+    model: str = ""  # the requested model id: the base model or a LoRA adapter
+    index: int = 0  # the choice this run answers
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    stop_reason: str | None = None  # the stop string that ended the run, if one did
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.request.sampling.logprobs is not None
+
+
+
+def usage(runs: list[Run], prompts: int = 1) -> Usage:
+    """Usage of ``runs``, the choices of ``prompts`` prompts (``n`` per prompt, in order): each
+    prompt counted once, as OpenAI counts it for ``n``."""
+    per_prompt = len(runs) // prompts
+    heads = runs[::per_prompt]
+    prompt = sum(len(r.request.prompt_token_ids) for r in heads)
+    completion = sum(r.completion_tokens for r in runs)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in heads)))
