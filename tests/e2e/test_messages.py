@@ -2,8 +2,9 @@
 against the real server: plain and streamed replies on the default model, tool_choice any/tool
 on the default model and on the hermes fixture template, a tool round trip, count_tokens,
 GLM-4.5 reasoning as thinking blocks (a tiny GLM trained in the test), an image to tiny LLaVA,
-Anthropic's error envelope, x-api-key, a cut stream aborted in the engine, and the prefix cache
-over a three-turn tool conversation."""
+Anthropic's error envelope (400, 401, 404, 413, 429, and 529 as a stream's error event at
+shutdown), x-api-key, a cut stream aborted in the engine, and the prefix cache over a three-turn
+tool conversation."""
 
 from __future__ import annotations
 
@@ -330,3 +331,47 @@ def test_thinking_and_beta_fields_claude_code_sends_are_accepted(messages_server
     resp = httpx.post(f"{messages_server.url}/v1/messages?beta=true", json=body, headers=headers, timeout=120)
     assert resp.status_code == 200, resp.text
     assert resp.json()["stop_reason"] in ("end_turn", "max_tokens")
+
+
+class _AnyText:
+    def __eq__(self, other):
+        return isinstance(other, str) and bool(other)
+
+
+ANY_TEXT = _AnyText()
+
+
+def test_too_large_overload_and_shutdown_in_anthropic_shapes():
+    """413 ``request_too_large``; 429 ``rate_limit_error`` with ``retry-after`` while the only
+    sequence is busy (``--max-queue 0``); a stream running at SIGTERM ends with an ``error``
+    event ``overloaded_error`` (the 503 of the OpenAI routes) and the server exits 0."""
+    import signal
+
+    srv = RemoteServer("--max-num-seqs", "1", "--max-queue", "0", "--max-request-bytes", "100000",
+                       "--shutdown-timeout", "2")
+    try:
+        url = f"{srv.url}/v1/messages"
+        big = httpx.post(url, json={"model": DEFAULT_MODEL, "max_tokens": 5,
+                                    "messages": [{"role": "user", "content": "a" * 200_000}]}, timeout=60)
+        assert big.status_code == 413
+        assert big.json() == {"type": "error", "error": {"type": "request_too_large", "message": ANY_TEXT}}
+        story = {"model": DEFAULT_MODEL, "max_tokens": 2000, "temperature": 0, "stream": True,
+                 "messages": [{"role": "user", "content": "Write a very long story about a dragon, in many chapters."}]}
+        with httpx.stream("POST", url, json=story, timeout=60) as resp:
+            lines = resp.iter_lines()
+            for line in lines:
+                if '"text_delta"' in line:
+                    break  # the only sequence is now busy
+            busy = httpx.post(url, json={"model": DEFAULT_MODEL, "max_tokens": 3, "messages": ASK}, timeout=60)
+            assert busy.status_code == 429, busy.text
+            assert int(busy.headers["retry-after"]) >= 1
+            assert busy.json()["error"]["type"] == "rate_limit_error"
+            srv.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]  # ends within the shutdown timeout
+        assert srv.proc.wait(timeout=60) == 0
+        assert rest[-2] == "event: error" and rest[-1].startswith("data: "), rest[-4:]
+        error = json.loads(rest[-1][len("data: "):])
+        assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
+    finally:
+        srv.stop()
+
