@@ -71,7 +71,8 @@ OPENAI = SSEDialect(
     payload=_openai_payload, ends=lambda item: isinstance(item, ErrorResponse), done=DONE,
     error=lambda exc: exc.body().model_dump_json(), ping=None, dump=lambda m: m.model_dump(exclude_none=True))
 ANTHROPIC = SSEDialect(
-    payload=lambda event: _anthropic_event(event.type, event.model_dump()), ends=lambda event: event.type == "error",
+    payload=lambda event: {"event": event.type, "data": event.model_dump_json()},
+    ends=lambda event: event.type == "error",
     done=None, error=lambda exc: _anthropic_event("error", anthropic.error_body(exc)),
     ping=lambda: ServerSentEvent(event="ping", data='{"type":"ping"}'), dump=lambda m: m.model_dump())
 

@@ -293,7 +293,7 @@ class MessagesService:
                            stop_sequence=stop_sequence, usage=_usage(completion.usage))
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
         chunks = await self.chat.create(stream_req, max_tokens_ceiling=True)
-        return ChunkStream(self._events(req.model, chunks), chunks, prompt_tokens=chunks.prompt_tokens)
+        return ChunkStream(self._events(req.model, chunks), chunks)
 
     @staticmethod
     async def _events(model: str, chunks: ChunkStream) -> AsyncIterator[MessageStreamEvent]:

@@ -176,7 +176,7 @@ class ResponsesService:
                                 completion.usage)
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
         chunks = await self.chat.create(stream_req)
-        return ChunkStream(self._events(shell, chunks), chunks, prompt_tokens=chunks.prompt_tokens)
+        return ChunkStream(self._events(shell, chunks), chunks)
 
     @staticmethod
     def _items(completion: ChatCompletion) -> list[dict]:
