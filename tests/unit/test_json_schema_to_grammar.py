@@ -1,0 +1,64 @@
+"""The vendored JSON-schema to GBNF converter (``serving/json_schema_to_grammar.py``) gives the
+same grammars as the llama-cpp-python it was copied from, for the schema families glmserve
+builds grammars from (response formats and every tool-call format), so the vllm/transformers
+installs without llama.cpp constrain output exactly as the llama_cpp install does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from glmserve.serving import grammar, json_schema_to_grammar
+from glmserve.serving.schema_check import SchemaLimits
+
+llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")
+
+SCHEMAS = [
+    {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+     "required": ["city"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                               "maxItems": 4}}, "additionalProperties": False},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+    {"anyOf": [{"type": "number"}, {"type": "null"}, {"type": "boolean"}]},
+    {"type": "string", "pattern": r"^\d{3}-[a-z]+\.x$"},
+    {"type": "string", "format": "date-time"},
+    {"type": "string", "minLength": 2, "maxLength": 5},
+    {"type": "integer", "minimum": 0},
+    {"const": {"a": [1, 2, "three"]}},
+    {"$defs": {"c": {"type": "string"}}, "type": "object", "properties": {"c": {"$ref": "#/$defs/c"}}},
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]},
+    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+               {"type": "object", "properties": {"kind": {"const": "b"}, "n": {"type": "number"}}}]},
+    {},
+]
+FUNCTIONS = [{"name": "get_weather", "parameters": SCHEMAS[0]}, {"name": "tag", "parameters": SCHEMAS[1]},
+             {"name": "noop"}]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_converter_matches_llama_cpp_python(schema):
+    text = json.dumps(schema)
+    assert json_schema_to_grammar.json_schema_to_gbnf(text) == llama_grammar.json_schema_to_gbnf(text)
+
+
+def _both(monkeypatch, build):
+    vendored = build()
+    monkeypatch.setattr(grammar, "SchemaConverter", llama_grammar.SchemaConverter)
+    return vendored, build()
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_response_format_grammar_matches(monkeypatch, schema):
+    vendored, upstream = _both(monkeypatch, lambda: grammar.json_grammar(schema, "response_format", SchemaLimits()))
+    assert vendored == upstream
+
+
+@pytest.mark.parametrize("fmt", ["generic", "hermes", "glm4", "glm45"])
+@pytest.mark.parametrize("calls", ["one", "distinct", "any"])
+def test_tool_call_grammars_match(monkeypatch, fmt, calls):
+    params = [f"tools[{i}].function.parameters" for i in range(len(FUNCTIONS))]
+    vendored, upstream = _both(monkeypatch, lambda: grammar.tool_call_grammar(
+        fmt, FUNCTIONS, params, SchemaLimits(), calls=calls, or_text=fmt == "generic"))
+    assert vendored == upstream
+    assert "get_weather" in vendored
