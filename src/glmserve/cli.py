@@ -82,9 +82,11 @@ def serve(args: list[str]) -> int:
         app = build_app(settings)
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
+    info = app.state.engine.model_info
     logging.getLogger("glmserve").info(
-        "serving %s (n_ctx=%d) on http://%s:%d", app.state.chat.model_name,
-        app.state.engine.model_info.context_length, settings.host, settings.port,
+        "serving %s (n_ctx=%d, max_num_seqs=%d, max_num_batched_tokens=%s, max_queue=%d) on http://%s:%d",
+        app.state.chat.model_name, info.context_length, info.max_num_seqs, info.max_num_batched_tokens,
+        info.max_queue, settings.host, settings.port,
     )
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal into the handler
     # that was installed before it: this one, so that a graceful stop exits with status 0.

@@ -109,14 +109,17 @@ class ServeSettings(BaseSettings):
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, le=1024,
         description="llama_cpp, transformers: CPU threads for generation.",
     )
-    max_num_seqs: int = Field(
-        8, ge=1, le=256, description="Sequences decoded together in one batch (running requests)."
+    max_num_seqs: int | None = Field(
+        None, ge=1, le=4096, description="Sequences decoded together in one batch (running requests). "
+        "Default: the engine's own: 8 on llama_cpp and transformers; vLLM's API-server default on vllm "
+        "(256 on most GPUs, 1024 on H100/H200-class ones, 128 per CPU socket). /v1/models shows it.",
     )
-    max_num_batched_tokens: int = Field(
-        63, ge=1, le=1 << 16,
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, le=1 << 16,
         description="llama_cpp, vllm: tokens per engine step: one per running sequence plus prompt chunks "
-        "(chunked prefill). Below 64, llama.cpp's CPU backend computes every batch the same way, so a "
-        "request's output does not depend on what it is batched with. vllm: default 8192 when not set.",
+        "(chunked prefill). llama_cpp: default 63; below 64, llama.cpp's CPU backend computes every batch the "
+        "same way, so a request's output does not depend on what it is batched with. vllm: default vLLM's "
+        "own (2048 on most GPUs, 8192 on H100/H200-class ones).",
     )
     kv_layout: Literal["split", "unified"] = Field(
         "split", description="llama_cpp: KV cache layout. split: one stream of n_ctx cells per sequence "
@@ -124,9 +127,10 @@ class ServeSettings(BaseSettings):
         "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
         "is full). Either way every request may use the whole n-ctx.",
     )
-    max_queue: int = Field(
-        64, ge=0, le=1 << 16,
-        description="Requests that may wait for a free sequence; beyond that the server answers 429.",
+    max_queue: int | None = Field(
+        None, ge=0, le=1 << 20,
+        description="Requests that may wait for a free sequence; beyond that the server answers 429. "
+        "Default: 8 x the max-num-seqs in force.",
     )
     max_n: int = Field(
         8, ge=1, le=128,

@@ -78,9 +78,19 @@ def test_transformers_engine_serves_tools_and_json_schema(smollm2_hf, blocked_en
 
 
 def test_vllm_engine_serves_tools_and_json_schema(smollm2_hf, blocked_env):
+    """Also: with --max-num-seqs, --max-num-batched-tokens and --max-queue unset, vLLM's own
+    API-server defaults are in force (on CPU: 128 sequences per socket) and the queue is 8x."""
     server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--n-ctx", "2048", "--chat-template", str(TEMPLATE),
                          env=blocked_env)
     try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        tokens, seqs = (d[UsageContext.OPENAI_API_SERVER] for d in EngineArgs.get_batch_defaults(world_size=1))
+        (card,) = server.client().models.list().data
+        limits = {k: card.model_extra[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_queue")}
+        assert limits == {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "max_queue": 8 * seqs}
+        assert seqs > 8
         _check_constrained_outputs(server)
     finally:
         server.stop()

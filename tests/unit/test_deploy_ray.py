@@ -62,6 +62,21 @@ def test_autoscaling_options():
     assert options["max_queued_requests"] == 64 + 8 * 4
 
 
+@pytest.mark.parametrize("engine", ["llama_cpp", "vllm"])
+def test_unset_max_num_seqs_is_the_engines_default_and_the_queue_scales(engine):
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        seqs = EngineArgs.get_batch_defaults(world_size=1)[1][UsageContext.OPENAI_API_SERVER]
+    else:
+        seqs = 8
+    options = deployment_options(_settings("--replicas", "2", "--engine", engine))
+    assert options["max_ongoing_requests"] == seqs
+    assert options["max_queued_requests"] == 8 * seqs + seqs * 2
+
+
 def test_vllm_over_ray_reserves_a_gpu_per_worker():
     options = deployment_options(_settings("--replicas", "2", "--engine", "vllm", "--tensor-parallel-size", "2",
                                            "--pipeline-parallel-size", "2", "--distributed-executor-backend",

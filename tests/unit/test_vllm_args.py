@@ -35,10 +35,11 @@ def test_flags_map_to_vllm_names():
     assert not args.enable_lora
 
 
-def test_unset_n_ctx_and_batched_tokens_are_vllms_defaults():
+def test_unset_n_ctx_max_num_seqs_and_batched_tokens_are_vllms_defaults():
     config = EngineConfig.from_settings(_settings())
     args = engine_args(Path("/models/x"), config)
-    assert args.max_model_len is None and config.max_num_batched_tokens is None
+    assert args.max_model_len is None and args.max_num_seqs is None and args.max_num_batched_tokens is None
+    assert config.max_queue is None  # 8 x the max_num_seqs vLLM picks
 
 
 def test_engine_args_parse_json_values_and_refuse_unknown_or_flag_backed_keys():

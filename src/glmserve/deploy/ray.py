@@ -38,7 +38,8 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from glmserve.engine import create_engine, engine_settings
+from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_force
+from glmserve.engine.scheduler import queue_limit
 from glmserve.runtime import STARTUP_ERRORS, build_app
 from glmserve.settings import DeploySettings, ServeSettings
 
@@ -80,13 +81,14 @@ def deployment_options(settings: DeploySettings) -> dict[str, Any]:
     engine."""
     cpus = 1.0 if settings.replica_cpus is None else settings.replica_cpus
     replicas = settings.max_replicas or settings.replicas or 1
+    max_num_seqs = max_num_seqs_in_force(settings)
     options: dict[str, Any] = {
         # a replica takes what it runs at once; the waiting happens in Ray Serve's router, which
         # hands the next request to whichever replica frees a place first
-        "max_ongoing_requests": settings.max_num_seqs,
+        "max_ongoing_requests": max_num_seqs,
         # the router also holds a burst while it assigns it: room for the deployment's running
         # requests, plus --max-queue waiting; beyond that, 429 with Retry-After
-        "max_queued_requests": settings.max_queue + settings.max_num_seqs * replicas,
+        "max_queued_requests": queue_limit(max_num_seqs, settings.max_queue) + max_num_seqs * replicas,
         "backpressure_config": {"status_code": 429, "retry_after_s": 1},
         "graceful_shutdown_timeout_s": settings.shutdown_timeout,
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
@@ -95,7 +97,7 @@ def deployment_options(settings: DeploySettings) -> dict[str, Any]:
     if settings.min_replicas is not None:
         options["autoscaling_config"] = {
             "min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
-            "target_ongoing_requests": settings.max_num_seqs,
+            "target_ongoing_requests": max_num_seqs,
         }
     else:
         options["num_replicas"] = settings.replicas or 1

@@ -29,6 +29,12 @@ def engine_settings(engine: str) -> frozenset[str]:
     return importlib.import_module(ENGINES[engine]).SETTINGS
 
 
+def max_num_seqs_in_force(settings: ServeSettings) -> int:
+    """``--max-num-seqs``, or the default of ``settings.engine`` when it is not set (vllm: vLLM's
+    API-server default for this machine's device; vLLM is imported)."""
+    return settings.max_num_seqs or importlib.import_module(ENGINES[settings.engine]).default_max_num_seqs(settings)
+
+
 def check_engine_settings(settings: ServeSettings) -> None:
     """Raise ``EngineError`` naming the first flag given (on the command line, in the
     environment or to ``LLM``) that ``settings.engine`` does not use: a flag is never ignored."""

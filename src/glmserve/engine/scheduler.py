@@ -343,14 +343,23 @@ class Scheduler:
         return cleared
 
 
-class AdmissionControl:
-    """Thread-safe count of unfinished requests, bounded by ``max_num_seqs + max_queue``: the
-    requests past that are refused at once (the server answers 429), so the queue never grows
-    without bound."""
+QUEUE_PER_SEQ = 8  # waiting requests per running sequence when --max-queue is not set
 
-    def __init__(self, max_num_seqs: int, max_queue: int) -> None:
-        self.max_num_seqs, self.max_queue = max_num_seqs, max_queue
-        self.capacity = max_num_seqs + max_queue
+
+def queue_limit(max_num_seqs: int, max_queue: int | None) -> int:
+    """``max_queue``, or ``QUEUE_PER_SEQ x max_num_seqs`` when it is None: the admission limit
+    scales with the batch."""
+    return QUEUE_PER_SEQ * max_num_seqs if max_queue is None else max_queue
+
+
+class AdmissionControl:
+    """Thread-safe count of unfinished requests, bounded by ``max_num_seqs + max_queue``
+    (``max_queue`` None: see ``queue_limit``): the requests past that are refused at once (the
+    server answers 429), so the queue never grows without bound."""
+
+    def __init__(self, max_num_seqs: int, max_queue: int | None) -> None:
+        self.max_num_seqs, self.max_queue = max_num_seqs, queue_limit(max_num_seqs, max_queue)
+        self.capacity = max_num_seqs + self.max_queue
         self._count = 0
         self._lock = threading.Lock()
 

@@ -136,7 +136,9 @@ class ModelInfo:
 
     ``vision``: the engine takes images (it then has a ``multimodal`` processor);
     ``lora_adapters``: names of the LoRA adapters a request may pick by ``model``;
-    ``grammar``: it can constrain sampling with a GBNF grammar."""
+    ``grammar``: it can constrain sampling with a GBNF grammar; ``max_num_seqs``,
+    ``max_num_batched_tokens`` (None: the engine has no such limit) and ``max_queue``: the batch
+    and admission limits in force (the flags, or the engine's defaults)."""
 
     id: str
     context_length: int
@@ -147,3 +149,6 @@ class ModelInfo:
     lora_adapters: tuple[str, ...] = ()
     grammar: bool = False
     owned_by: str = "glmserve"
+    max_num_seqs: int = 1
+    max_num_batched_tokens: int | None = None
+    max_queue: int = 0

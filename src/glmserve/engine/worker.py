@@ -26,6 +26,10 @@ from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream
 from glmserve.engine.types import EngineStats, FinishReason, GenerationOutput
 
+# --max-num-seqs when not set, on the engines that run this worker (llama_cpp, transformers): a
+# CPU's batch, where each running sequence costs a whole n_ctx of KV cache (llama_cpp, split)
+DEFAULT_MAX_NUM_SEQS = 8
+
 S = TypeVar("S")  # the engine's per-request state
 
 
@@ -77,7 +81,7 @@ class StepWorker(Generic[S]):
 
     # ---- shared machinery ---------------------------------------------------------------
 
-    def _init_worker(self, max_num_seqs: int, max_queue: int) -> None:
+    def _init_worker(self, max_num_seqs: int, max_queue: int | None) -> None:
         self._admission = AdmissionControl(max_num_seqs, max_queue)
         self._inbox: Inbox[S] = Inbox()
         self._aborts = AbortSet()

@@ -17,6 +17,10 @@ class ModelCard(BaseModel):
     parent: str | None = None
     root: str | None = None
     tool_call_parser: str | None = None
+    # extensions (vLLM's flag names): the batch and admission limits in force
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_queue: int | None = None
     # extension (Ollama's name and values): what the model can be sent; the web page shows its
     # image button for "vision"
     capabilities: list[Literal["completion", "tools", "vision"]] = ["completion"]

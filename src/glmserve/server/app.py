@@ -63,7 +63,8 @@ def create_app(
     app.state.model_cards = [
         ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
                   root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
-                  tool_call_parser=chat_service.tool_parser,
+                  tool_call_parser=chat_service.tool_parser, max_num_seqs=info.max_num_seqs,
+                  max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
                   capabilities=model_capabilities(info.vision, chat_service.tool_parser))
         for name in (chat_service.model_name, *info.lora_adapters)
     ]

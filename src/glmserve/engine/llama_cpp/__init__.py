@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS
 from glmserve.models import resolve_model
 
 if TYPE_CHECKING:
@@ -13,6 +14,14 @@ if TYPE_CHECKING:
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = frozenset({"n_threads", "max_num_batched_tokens", "kv_layout"})
+# --max-num-batched-tokens when not set: below 64, llama.cpp's CPU backend computes every batch
+# the same way, so a request's output does not depend on what it is batched with
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
+
+
+def default_max_num_seqs(settings: ServeSettings) -> int:
+    """``--max-num-seqs`` when it is not set."""
+    return DEFAULT_MAX_NUM_SEQS
 
 
 def build(settings: ServeSettings) -> LlamaCppEngine:
@@ -24,8 +33,8 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
         EngineConfig(
             n_ctx=settings.n_ctx,
             n_threads=settings.n_threads,
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens=settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             max_queue=settings.max_queue,
             lora=settings.lora_adapters(),
             kv_layout=settings.kv_layout,
@@ -33,4 +42,4 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
     )
 
 
-__all__ = ["SETTINGS", "build"]
+__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "build", "default_max_num_seqs"]

@@ -28,6 +28,7 @@ from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
+from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
@@ -35,7 +36,7 @@ from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import KVLayout, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
-from glmserve.engine.worker import StepWorker
+from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS, StepWorker
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
@@ -45,9 +46,9 @@ log = logging.getLogger("glmserve.engine.llama_cpp")
 class EngineConfig:
     n_ctx: int = 4096  # 0: the model's training context
     n_threads: int = 1
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 63
-    max_queue: int = 64
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
     lora: dict | None = None  # adapter name -> GGUF LoRA file
     kv_layout: KVLayout = "split"
 
@@ -130,6 +131,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
             grammar=True,
             lora_adapters=tuple(self._adapters),
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_queue=self._admission.max_queue,
         )
         self._start_worker("llama-cpp-engine")
 

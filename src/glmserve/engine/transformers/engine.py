@@ -36,7 +36,7 @@ from glmserve.engine.transformers.sampling import Sampler, token_logprob
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.transformers.vision import ImageProcessor
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
-from glmserve.engine.worker import StepWorker
+from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS, StepWorker
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.transformers")
@@ -51,8 +51,8 @@ class EngineConfig:
     trust_remote_code: bool = False
     n_ctx: int = 0  # 0: the model's own context length
     n_threads: int = 1
-    max_num_seqs: int = 8
-    max_queue: int = 64
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
     lora: dict | None = None  # adapter name -> PEFT adapter folder
 
 
@@ -123,6 +123,8 @@ class TransformersEngine(StepWorker[_Seq]):
             vision=loaded.processor is not None,
             lora_adapters=loaded.adapters,
             grammar=True,
+            max_num_seqs=self.config.max_num_seqs,
+            max_queue=self._admission.max_queue,
         )
         log.info("loaded %s on %s (%s), context %d tokens%s", self._resolved.path, loaded.device,
                  self._model_dtype(), context, f", adapters {', '.join(loaded.adapters)}" if loaded.adapters else "")

@@ -19,6 +19,16 @@ SETTINGS = frozenset({
 })
 
 
+def default_max_num_seqs(settings: ServeSettings) -> int:
+    """vLLM's API-server default ``max_num_seqs`` on this machine's device (vLLM's
+    ``EngineArgs.get_batch_defaults``), for ``settings``' tensor x pipeline parallel size."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    _, max_num_seqs = EngineArgs.get_batch_defaults(settings.tensor_parallel_size * settings.pipeline_parallel_size)
+    return max_num_seqs[UsageContext.OPENAI_API_SERVER]
+
+
 def build(settings: ServeSettings) -> VllmEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, ``EngineError``
     (an ``--engine-arg`` vLLM does not know), or ``ImportError`` without vLLM."""
@@ -31,4 +41,4 @@ def build(settings: ServeSettings) -> VllmEngine:
     return VllmEngine(resolve_hf_model(settings.model), EngineConfig.from_settings(settings))
 
 
-__all__ = ["SETTINGS", "build"]
+__all__ = ["SETTINGS", "build", "default_max_num_seqs"]

@@ -27,9 +27,9 @@ class EngineConfig:
     dtype: str = "auto"
     trust_remote_code: bool = False
     n_ctx: int = 0  # 0: the model's own context length
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int | None = None
-    max_queue: int = 64
+    max_num_seqs: int | None = None  # None: vLLM's own default (its API server's)
+    max_num_batched_tokens: int | None = None  # None: vLLM's own default
+    max_queue: int | None = None  # None: 8 x the max_num_seqs in force (scheduler.queue_limit)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
@@ -48,8 +48,7 @@ class EngineConfig:
             trust_remote_code=settings.trust_remote_code,
             n_ctx=settings.n_ctx if "n_ctx" in settings.model_fields_set else 0,  # vLLM's default: the model's
             max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=(settings.max_num_batched_tokens
-                                    if "max_num_batched_tokens" in settings.model_fields_set else None),
+            max_num_batched_tokens=settings.max_num_batched_tokens,
             max_queue=settings.max_queue,
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,
@@ -85,14 +84,14 @@ def engine_args(model: Path, config: EngineConfig) -> AsyncEngineArgs:
         "model": str(model),
         "dtype": config.dtype,
         "trust_remote_code": config.trust_remote_code,
-        "max_num_seqs": config.max_num_seqs,
         "tensor_parallel_size": config.tensor_parallel_size,
         "pipeline_parallel_size": config.pipeline_parallel_size,
         "gpu_memory_utilization": config.gpu_memory_utilization,
         "enforce_eager": config.enforce_eager,
     }
     flag_backed = set(args)
-    optional = {"max_model_len": config.n_ctx or None, "max_num_batched_tokens": config.max_num_batched_tokens,
+    optional = {"max_model_len": config.n_ctx or None, "max_num_seqs": config.max_num_seqs,
+                "max_num_batched_tokens": config.max_num_batched_tokens,
                 "distributed_executor_backend": config.distributed_executor_backend,
                 "kv_cache_memory_bytes": config.kv_cache_memory}
     args.update({k: v for k, v in optional.items() if v is not None})

@@ -35,6 +35,7 @@ from vllm import __version__ as vllm_version
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
@@ -73,7 +74,7 @@ class VllmEngine:
     def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
         self._resolved = model
         self.config = config
-        self._admission = AdmissionControl(config.max_num_seqs, config.max_queue)
+        self._admission: AdmissionControl  # at start(): vLLM decides max_num_seqs when it is not set
         self._loop: asyncio.AbstractEventLoop | None = None  # the consumers' loop, set by the first request
         self._llm: AsyncLLM | None = None
         self._tasks: dict[str, concurrent.futures.Future] = {}
@@ -88,7 +89,8 @@ class VllmEngine:
         """Start vLLM (model load, KV cache). Raises ``EngineError``."""
         args = engine_args(self._resolved.path, self.config)
         try:
-            self._llm = AsyncLLM.from_engine_args(args)
+            # as vLLM's API server: its defaults (max_num_seqs, max_num_batched_tokens) are the server's
+            self._llm = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
         except Exception as exc:  # vLLM raises many kinds: config, memory, load errors
             raise EngineError(f"vLLM cannot serve {self._resolved.path}: {one_line(exc)}") from exc
         for i, name in enumerate(self.config.lora, start=1):
@@ -97,7 +99,8 @@ class VllmEngine:
             log.warning("vLLM on CPU: a base-model request batched with LoRA adapter requests may be computed "
                         "with the adapter (a vLLM %s CPU defect, seen through vLLM's own server too); serve "
                         "adapters and the base model from separate servers where that matters", vllm_version)
-        model_config = self._llm.model_config
+        model_config, scheduler_config = self._llm.model_config, self._llm.vllm_config.scheduler_config
+        self._admission = AdmissionControl(scheduler_config.max_num_seqs, self.config.max_queue)
         hf = self._llm.get_tokenizer()
         eos = model_config.try_get_generation_config().get("eos_token_id")
         self.tokenizer = HFTokenizer(hf, tuple(eos) if isinstance(eos, (list, tuple)) else (eos,) if eos else ())
@@ -109,6 +112,9 @@ class VllmEngine:
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
             grammar=True,
             lora_adapters=tuple(self._lora_requests),
+            max_num_seqs=scheduler_config.max_num_seqs,
+            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+            max_queue=self._admission.max_queue,
         )
         log.info("vLLM serves %s (%s), context %d tokens%s", self._resolved.path, model_config.dtype,
                  model_config.max_model_len,
