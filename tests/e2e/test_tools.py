@@ -76,6 +76,14 @@ def _assert_valid_call(name: str, arguments: str) -> dict:
     return args
 
 
+def assert_valid_tool_calls(reply) -> None:
+    """``reply`` (a chat completion for ``TOOLS``) ended in calls whose arguments fit their schemas."""
+    calls = reply.choices[0].message.tool_calls
+    assert calls and reply.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        _assert_valid_call(call.function.name, call.function.arguments)
+
+
 def test_models_reports_the_parser(tclient):
     assert tclient.models.list().data[0].model_extra["tool_call_parser"] == "hermes"
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL, VLLM_ENV, greedy_streams, vllm_server
 from tests.e2e.test_errors import BAD_BODIES, _assert_error, _post
-from tests.e2e.test_tools import SCHEMAS, TOOLS
+from tests.e2e.test_tools import SCHEMAS, TOOLS, assert_valid_tool_calls
 from tests.hf_models import FIXTURES
 
 pytest.importorskip("vllm")
@@ -140,10 +140,7 @@ def test_required_and_named_tool_choice_give_valid_calls(client):
     ask = [SYSTEM, {"role": "user", "content": "What is the weather like in Paris right now?"}]
     required = client.chat.completions.create(model=NAME, messages=ask, tools=TOOLS, tool_choice="required",
                                               temperature=0, max_tokens=120)
-    calls = required.choices[0].message.tool_calls
-    assert calls and required.choices[0].finish_reason == "tool_calls"
-    for call in calls:
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert_valid_tool_calls(required)
     named = client.chat.completions.create(model=NAME, messages=ask, tools=TOOLS, temperature=0, max_tokens=120,
                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
     (call,) = named.choices[0].message.tool_calls

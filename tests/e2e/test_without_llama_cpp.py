@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from tests.conftest import RemoteServer, vllm_server
-from tests.e2e.test_tools import SCHEMAS, TEMPLATE, TOOLS
+from tests.e2e.test_tools import TEMPLATE, TOOLS, assert_valid_tool_calls
 
 NAME = "smollm2-hf"
 ASK = [{"role": "system", "content": "You are a helpful AI assistant."},
@@ -55,10 +55,7 @@ def _check_constrained_outputs(server: RemoteServer) -> None:
     client = server.client()
     reply = client.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=120)
-    calls = reply.choices[0].message.tool_calls
-    assert calls and reply.choices[0].finish_reason == "tool_calls"
-    for call in calls:
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    assert_valid_tool_calls(reply)
     reply = client.chat.completions.create(
         model=NAME, temperature=0, max_tokens=80,
         messages=[ASK[0], {"role": "user", "content": "Describe Paris as JSON."}],

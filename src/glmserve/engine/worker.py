@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.inbox import AbortSet, Inbox
@@ -26,9 +26,18 @@ from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream
 from glmserve.engine.types import EngineStats, FinishReason, GenerationOutput
 
+if TYPE_CHECKING:
+    from glmserve.settings import ServeSettings
+
 # --max-num-seqs when not set, on the engines that run this worker (llama_cpp, transformers): a
 # CPU's batch, where each running sequence costs a whole n_ctx of KV cache (llama_cpp, split)
 DEFAULT_MAX_NUM_SEQS = 8
+
+
+def default_max_num_seqs(settings: ServeSettings) -> int:
+    """``--max-num-seqs`` when it is not set, on the engines that run this worker."""
+    return DEFAULT_MAX_NUM_SEQS
+
 
 S = TypeVar("S")  # the engine's per-request state
 

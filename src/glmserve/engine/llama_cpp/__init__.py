@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS
+from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.worker import default_max_num_seqs
 from glmserve.models import resolve_model
 
 if TYPE_CHECKING:
@@ -19,11 +20,6 @@ SETTINGS = frozenset({"n_threads", "max_num_batched_tokens", "kv_layout"})
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
 
 
-def default_max_num_seqs(settings: ServeSettings) -> int:
-    """``--max-num-seqs`` when it is not set."""
-    return DEFAULT_MAX_NUM_SEQS
-
-
 def build(settings: ServeSettings) -> LlamaCppEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
     from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
@@ -33,7 +29,7 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
         EngineConfig(
             n_ctx=settings.n_ctx,
             n_threads=settings.n_threads,
-            max_num_seqs=settings.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            max_num_seqs=max_num_seqs_in_force(settings),
             max_num_batched_tokens=settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             max_queue=settings.max_queue,
             lora=settings.lora_adapters(),

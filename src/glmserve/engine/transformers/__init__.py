@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS
+from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.worker import default_max_num_seqs
 from glmserve.models import resolve_hf_model
 
 if TYPE_CHECKING:
@@ -15,11 +16,6 @@ if TYPE_CHECKING:
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = frozenset({"dtype", "device", "trust_remote_code", "n_threads"})
-
-
-def default_max_num_seqs(settings: ServeSettings) -> int:
-    """``--max-num-seqs`` when it is not set."""
-    return DEFAULT_MAX_NUM_SEQS
 
 
 def build(settings: ServeSettings) -> TransformersEngine:
@@ -35,7 +31,7 @@ def build(settings: ServeSettings) -> TransformersEngine:
             trust_remote_code=settings.trust_remote_code,
             n_ctx=settings.n_ctx,
             n_threads=settings.n_threads,
-            max_num_seqs=settings.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            max_num_seqs=max_num_seqs_in_force(settings),
             max_queue=settings.max_queue,
             lora=settings.lora_adapters(),
         ),
