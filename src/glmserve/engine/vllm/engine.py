@@ -19,6 +19,13 @@ parsers, stop strings, limits, errors), so every feature behaves as on the other
 - Grammars (GBNF) go to vLLM's structured outputs with the xgrammar backend
   (``StructuredOutputsParams(grammar=...)``); vLLM's own xgrammar check runs at admission, so a
   grammar xgrammar rejects is a ``GrammarError`` (400), not a failed stream.
+- Images: for a model vLLM serves as multimodal with image input (GLM-4V, GLM-4.1V, LLaVA,
+  Idefics3...), ``multimodal`` is a ``VllmImages``: the prompt goes in as the chat template wrote
+  it (one placeholder per image, not expanded) with the decoded images as vLLM's
+  ``multi_modal_data``; vLLM's own multimodal processor expands the placeholders, and the prompt
+  size vLLM reports (``RequestOutput.prompt_token_ids``) is the one usage counts. A prompt vLLM
+  refuses (image tokens past the context, a placeholder count that does not match the images)
+  ends the request as ``invalid`` (a 400). Fetching, decoding and limits stay the media policy's.
 - LoRA adapters (PEFT folders) are checked against the model's weights before vLLM starts
   (``lora.check_adapter``), so an adapter that does not fit stops start-up; vLLM loads one at
   its first request (``LoRARequest``); requests for different adapters share a batch.
@@ -56,6 +63,11 @@ from glmserve.engine.types import (
 from glmserve.engine.vllm.args import EngineConfig, engine_args
 from glmserve.models import ResolvedModel
 
+try:  # vLLM's request errors (4xx to its own server): VLLMClientError in newer vLLM, ValueError before
+    from vllm.exceptions import VLLMClientError
+except ImportError:  # pragma: no cover - older vLLM
+    VLLMClientError = ValueError
+
 log = logging.getLogger("glmserve.engine.vllm")
 
 # vLLM's finish reasons -> glmserve's (vLLM's "repetition" stop is a stop too)
@@ -81,7 +93,7 @@ class VllmEngine:
         self._lora_requests: dict[str, LoRARequest] = {}
         self.tokenizer: HFTokenizer
         self.model_info: ModelInfo
-        self.multimodal = None  # image input on vLLM: not yet
+        self.multimodal: VllmImages | None = None  # set at start() for a model vLLM takes images for
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -104,6 +116,7 @@ class VllmEngine:
         hf = self._llm.get_tokenizer()
         eos = model_config.try_get_generation_config().get("eos_token_id")
         self.tokenizer = HFTokenizer(hf, tuple(eos) if isinstance(eos, (list, tuple)) else (eos,) if eos else ())
+        self.multimodal = VllmImages(self.tokenizer) if _takes_images(model_config) else None
         self.model_info = ModelInfo(
             id=self._resolved.name,
             context_length=model_config.max_model_len,
@@ -115,9 +128,10 @@ class VllmEngine:
             max_num_seqs=scheduler_config.max_num_seqs,
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             max_queue=self._admission.max_queue,
+            vision=self.multimodal is not None,
         )
-        log.info("vLLM serves %s (%s), context %d tokens%s", self._resolved.path, model_config.dtype,
-                 model_config.max_model_len,
+        log.info("vLLM serves %s (%s), context %d tokens%s%s", self._resolved.path, model_config.dtype,
+                 model_config.max_model_len, ", image input" if self.multimodal is not None else "",
                  f", adapters {', '.join(self._lora_requests)}" if self._lora_requests else "")
 
     def shutdown(self) -> None:
@@ -193,9 +207,14 @@ class VllmEngine:
         finish: FinishReason | None = None
         error: str | None = None
         sent = False  # the output with the finish reason went out
+        engine_prompt = TokensPrompt(prompt_token_ids=prompt)
+        if request.multimodal is not None:
+            engine_prompt["multi_modal_data"] = request.multimodal
+        invalid = False
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id,
+            async for out in self._llm.generate(engine_prompt, params, request_id,
                                                 lora_request=self._lora_requests.get(request.lora)):
+                n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids else n_prompt
                 completion = out.outputs[0]
                 n_cached = out.num_cached_tokens or n_cached
                 tokens = list(completion.token_ids)
@@ -214,13 +233,40 @@ class VllmEngine:
             log.info("request %s aborted after %d tokens", request_id, n_generated)
             finish = "abort"
         except Exception as exc:  # a failed request (or a dead engine core) ends this request only
-            log.error("request %s failed in vLLM: %s", request_id, one_line(exc))
-            finish, error = "error", f"{type(exc).__name__}: {one_line(exc)}"
+            # vLLM's check of the prompt at admission, before any output: a 400
+            invalid = isinstance(exc, (VLLMClientError, ValueError)) and n_generated == 0
+            if invalid:
+                log.info("request %s refused by vLLM: %s", request_id, one_line(exc))
+            else:
+                log.error("request %s failed in vLLM: %s", request_id, one_line(exc))
+            finish, error = "error", one_line(exc) if invalid else f"{type(exc).__name__}: {one_line(exc)}"
         finally:
             self._admission.release()
         if not sent:
-            stream.put_nowait(GenerationOutput(request_id, finish_reason=finish, error=error,
+            stream.put_nowait(GenerationOutput(request_id, finish_reason=finish, error=error, invalid=invalid,
                                                num_prompt_tokens=n_prompt, num_cached_tokens=n_cached))
+
+
+class VllmImages:
+    """``process(text, images)`` -> ``(token_ids, multi_modal_data)``: the prompt's token ids with
+    its image placeholders as the chat template wrote them, and ``{"image": images}`` (decoded
+    PIL images, in prompt order) for vLLM, whose multimodal processor expands the placeholders."""
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def process(self, text: str, images: list) -> tuple[list[int], dict[str, list]]:
+        return self._tokenizer.encode_prompt(text), {"image": list(images)}
+
+
+def _takes_images(model_config) -> bool:
+    """Whether vLLM serves the model as multimodal with image input (GLM-4V, LLaVA, Idefics3...)."""
+    if not model_config.is_multimodal_model:
+        return False
+    try:
+        return model_config.multimodal_config.get_limit_per_prompt("image") > 0
+    except (AttributeError, KeyError, ValueError):  # vLLM versions differ here; multimodal means images
+        return True
 
 
 def _logprobs(tokens: list[int], per_token, k: int | None) -> list[TokenLogprob] | None:
