@@ -105,3 +105,19 @@ def test_image_tokens_past_the_context_are_400_and_the_server_goes_on(srv):
         _ask(srv, *[RED] * images, text=text, max_tokens=1)
     assert "length" in err.value.body["message"] or "long" in err.value.body["message"]
     assert _ask(srv, RED).choices[0].message.content  # the server goes on
+
+
+def test_anthropic_and_responses_image_blocks_reach_vllm(srv):
+    import anthropic
+
+    chat = _ask(srv, RED).choices[0].message.content
+    client = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=120)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": RED.split(",", 1)[1]}}
+    message = client.messages.create(model=MODEL, max_tokens=8, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": "What is in this picture?"}]}])
+    assert message.content[0].text == chat
+    response = srv.client().responses.create(model=MODEL, max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": RED},
+                                     {"type": "input_text", "text": "What is in this picture?"}]}])
+    assert response.output_text == chat
+    assert response.usage.input_tokens == _ask(srv, RED).usage.prompt_tokens

@@ -1,0 +1,50 @@
+"""``benchmarks/gpu_check.py``: its help documents it, and the GLM-4-9B-shaped folder it writes
+(for ``load_format=dummy``) is a model transformers and vLLM both take, with GLM-4-9B's size."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
+
+
+def test_help_documents_both_parts():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--help"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    for words in ("--model", "--perf-model", "glm-4-9b-dummy", "load_format=dummy", "tool_choice: required",
+                  "json_schema", "LoRA", "Idefics3", "alternating", "CUDA graphs", "--concurrency"):
+        assert words in out, words
+
+
+def test_dummy_glm_folder_has_glm_4_9b_shape(tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoTokenizer, GlmForCausalLM
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    glm_tokenizer("{{ messages[0]['content'] }}").save_pretrained(tmp_path / "tokenizer")  # GLM's special tokens
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    folder = gpu_check.write_dummy_glm(tmp_path / "tokenizer", tmp_path / "glm")
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.model_type, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.intermediate_size) == ("glm", 4096, 40, 32, 2, 13696)
+    assert config.vocab_size == len(AutoTokenizer.from_pretrained(folder))
+    with torch.device("meta"):
+        params = sum(p.numel() for p in GlmForCausalLM(config).parameters())
+    # GLM-4-9B is 9,399,951,360 parameters with its 151,552-token vocabulary: the same less the embeddings' difference
+    assert params == 9_399_951_360 - 2 * 4096 * (151_552 - config.vocab_size)
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+
+    model_config = EngineArgs(model=str(folder), load_format="dummy", max_model_len=4096).create_model_config()
+    assert model_config.architectures == ["GlmForCausalLM"]
+    assert (model_config.get_hidden_size(), model_config.get_total_num_kv_heads(), model_config.get_head_size()) == (4096, 2, 128)
