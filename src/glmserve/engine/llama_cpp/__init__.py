@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.worker import default_max_num_seqs
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.models import resolve_model
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset({"n_threads", "max_num_batched_tokens", "kv_layout"})
+SETTINGS = frozenset(LlamaCppSettings.model_fields)
 # --max-num-batched-tokens when not set: below 64, llama.cpp's CPU backend computes every batch
 # the same way, so a request's output does not depend on what it is batched with
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
@@ -38,4 +39,4 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
     )
 
 
-__all__ = ["DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "build", "default_max_num_seqs"]
+__all__ = ["LlamaCppSettings", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "build", "default_max_num_seqs"]

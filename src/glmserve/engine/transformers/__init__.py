@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.worker import default_max_num_seqs
+from glmserve.engine.transformers.settings import TransformersSettings
 from glmserve.models import resolve_hf_model
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset({"dtype", "device", "trust_remote_code", "n_threads"})
+SETTINGS = frozenset(TransformersSettings.model_fields)
 
 
 def build(settings: ServeSettings) -> TransformersEngine:
@@ -38,4 +39,4 @@ def build(settings: ServeSettings) -> TransformersEngine:
     )
 
 
-__all__ = ["SETTINGS", "build", "default_max_num_seqs"]
+__all__ = ["TransformersSettings", "SETTINGS", "build", "default_max_num_seqs"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.models import resolve_hf_model
 
 if TYPE_CHECKING:
@@ -13,10 +14,7 @@ if TYPE_CHECKING:
     from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset({
-    "dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
-    "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
-})
+SETTINGS = frozenset(VllmSettings.model_fields)
 
 
 def default_max_num_seqs(settings: ServeSettings) -> int:
@@ -41,4 +39,4 @@ def build(settings: ServeSettings) -> VllmEngine:
     return VllmEngine(resolve_hf_model(settings.model), EngineConfig.from_settings(settings))
 
 
-__all__ = ["SETTINGS", "build", "default_max_num_seqs"]
+__all__ = ["VllmSettings", "SETTINGS", "build", "default_max_num_seqs"]

@@ -1,0 +1,22 @@
+"""``LlamaCppSettings``: the flags of ``--engine llama_cpp``, composed into ``ServeSettings``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from glmserve.engine.fields import MaxNumBatchedTokens, NThreads
+
+
+class LlamaCppSettings(BaseModel):
+    """llama_cpp engine (the default): GGUF models through llama.cpp, on the CPU."""
+
+    n_threads: NThreads
+    max_num_batched_tokens: MaxNumBatchedTokens
+    kv_layout: Literal["split", "unified"] = Field(
+        "split", description="llama_cpp: KV cache layout. split: one stream of n_ctx cells per sequence "
+        "(max-num-seqs x n-ctx cells; faster decoding of many sequences, as llama-server -np N); unified: "
+        "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
+        "is full). Either way every request may use the whole n-ctx.",
+    )

@@ -1,0 +1,20 @@
+"""``TransformersSettings``: the flags of ``--engine transformers``, composed into ``ServeSettings``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from glmserve.engine.fields import Dtype, NThreads, TrustRemoteCode
+
+
+class TransformersSettings(BaseModel):
+    """transformers engine: Hugging Face models (PEFT adapters, vision) on CPU or GPU."""
+
+    dtype: Dtype
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="transformers: where the model runs; auto = cuda when available, else cpu."
+    )
+    trust_remote_code: TrustRemoteCode
+    n_threads: NThreads

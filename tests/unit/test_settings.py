@@ -1,0 +1,86 @@
+"""Settings per engine: ``LlamaCppSettings``, ``TransformersSettings`` and ``VllmSettings`` own
+their fields and defaults and compose into ``ServeSettings`` with the same flat flags and
+``GLMSERVE_*`` variables as before; each engine's ``SETTINGS`` is its class's fields; the help
+groups the flags by engine."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from glmserve import cli
+from glmserve.engine import ENGINES, engine_settings
+from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
+
+# what each engine read before the split (flat ServeSettings + SETTINGS name sets): unchanged
+BEFORE = {
+    "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout"},
+    "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
+    "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
+             "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg"},
+}
+
+
+def test_each_engine_owns_its_fields():
+    assert list(ENGINE_SETTINGS) == list(ENGINES)
+    for engine, cls in ENGINE_SETTINGS.items():
+        assert set(cls.model_fields) == BEFORE[engine] == set(engine_settings(engine))
+        assert set(cls.model_fields) <= set(ServeSettings.model_fields)
+
+
+def test_a_field_two_engines_read_is_the_same_field():
+    seen = {}
+    for cls in ENGINE_SETTINGS.values():
+        for name, info in cls.model_fields.items():
+            if name in seen:
+                other = seen[name]
+                assert (info.annotation, info.get_default(call_default_factory=True), info.description,
+                        info.metadata) == (other.annotation, other.get_default(call_default_factory=True),
+                                           other.description, other.metadata), name
+            seen[name] = info
+
+
+def test_defaults_flags_and_environment_unchanged(monkeypatch):
+    s = ServeSettings()
+    assert (s.engine, s.dtype, s.device, s.kv_layout, s.max_num_batched_tokens, s.tensor_parallel_size,
+            s.gpu_memory_utilization, s.enforce_eager, s.engine_arg) == \
+        ("llama_cpp", "auto", "auto", "split", None, 1, 0.9, False, [])
+    monkeypatch.setenv("GLMSERVE_KV_LAYOUT", "unified")
+    monkeypatch.setenv("GLMSERVE_N_THREADS", "3")
+    parsed = cli._parse(DeploySettings, ["--engine", "vllm", "--tensor-parallel-size", "2", "--enforce-eager",
+                                         "--engine-arg", "block_size=32", "--dtype", "float16"])
+    assert (parsed.engine, parsed.tensor_parallel_size, parsed.enforce_eager, parsed.engine_arg, parsed.dtype,
+            parsed.kv_layout, parsed.n_threads) == ("vllm", 2, True, ["block_size=32"], "float16", "unified", 3)
+    assert parsed.model_fields_set >= {"tensor_parallel_size", "enforce_eager", "engine_arg", "dtype", "kv_layout"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine-arg", "block size"], "expected KEY=VALUE"),
+    (["--tensor-parallel-size", "0"], "greater than or equal to 1"),
+    (["--kv-layout", "ring"], "kv_layout"),
+    (["--n-threads", "0"], "n_threads"),
+])
+def test_engine_field_validation_still_applies(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli._parse(DeploySettings, args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_groups_flags_by_engine(capsys):
+    with pytest.raises(SystemExit):
+        cli._parse(DeploySettings, ["--help"])
+    out = capsys.readouterr().out
+    heads = [m.start() for m in re.finditer(r"^\S.*engine \(--engine \w+\):$", out, re.M)]
+    assert len(heads) == 3
+    sections = dict(zip(ENGINES, (out[a:b] for a, b in zip(heads, [*heads[1:], len(out)]))))
+    server = out[:heads[0]]
+    listed = set()
+    for engine, text in sections.items():
+        flags = set(re.findall(r"^  --(?:no-)?([a-z-]+)", text, re.M))
+        assert flags <= {n.replace("_", "-") for n in ENGINE_SETTINGS[engine].model_fields}
+        listed |= flags
+    assert listed == {n.replace("_", "-") for cls in ENGINE_SETTINGS.values() for n in cls.model_fields}
+    for flag in ("--model", "--engine", "--port", "--n-ctx", "--max-num-seqs", "--replicas"):
+        assert re.search(rf"^  {flag}\b", server, re.M), flag
