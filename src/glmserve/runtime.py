@@ -17,6 +17,7 @@ from glmserve.engine import Engine, EngineError, create_engine
 from glmserve.models import ModelNotFoundError
 from glmserve.multimodal import MediaPolicy
 from glmserve.serving.chat import ChatService
+from glmserve.serving.embeddings import EmbeddingsService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
 
@@ -88,4 +89,6 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     return create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
-                      replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui)
+                      replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
+                      embeddings_service=EmbeddingsService(runtime.chat, settings.max_embedding_inputs,
+                                                           settings.max_embedding_tokens))

@@ -89,6 +89,14 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         8, ge=1, le=128,
         description="Largest n (choices per request) a request may ask for; each choice is one sequence.",
     )
+    max_embedding_inputs: int = Field(
+        2048, ge=1, le=1 << 20, description="Most inputs one /v1/embeddings request may hold (OpenAI's limit is 2048).",
+    )
+    max_embedding_tokens: int = Field(
+        32768, ge=1, le=1 << 30,
+        description="Most tokens one /v1/embeddings request may hold, all inputs together (each input also "
+        "fits --n-ctx).",
+    )
     max_request_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, le=1 << 34, description="Largest request body accepted (413 beyond)."
     )

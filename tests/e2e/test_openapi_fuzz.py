@@ -1,7 +1,8 @@
 """schemathesis against the served OpenAPI document: requests generated from the spec (valid
 and invalid ones) never get a 5xx, and every status, content type and JSON body the server
 answers is the one the spec declares. The number of examples is bounded, and the server runs
-with a small ``--n-ctx`` so that a generated request never generates for long."""
+with a small ``--n-ctx`` (and ``--max-embedding-tokens``) so that a generated request never
+generates or embeds for long."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ MAX_EXAMPLES = 40
 
 @pytest.fixture(scope="module")
 def fuzzed_server():
-    server = RemoteServer("--n-ctx", "256", "--max-num-seqs", "2")
+    server = RemoteServer("--n-ctx", "256", "--max-num-seqs", "2", "--max-embedding-tokens", "1024")
     yield server
     server.stop()
 
@@ -27,7 +28,7 @@ def fuzzed_server():
 # every operation of the spec; test_every_operation_is_fuzzed keeps the list complete
 OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions",
               "POST /tokenize", "POST /detokenize", "GET /metrics", "POST /v1/completions",
-              "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens"]
+              "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /v1/embeddings"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_every_operation_is_fuzzed(api_schema):
 
 # invalid requests can be made only where a request has inputs
 WITH_INPUTS = ["POST /v1/chat/completions", "POST /tokenize", "POST /detokenize", "POST /v1/completions",
-               "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens"]
+               "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /v1/embeddings"]
 
 
 @pytest.mark.parametrize(("label", "mode"), [(op, GenerationMode.POSITIVE) for op in OPERATIONS]

@@ -93,8 +93,9 @@ def test_no_ui_turns_the_page_off():
 
 def test_model_card_capabilities(client):
     (card,) = client.models.list().data
-    # the default model has a chat template without tools: the generic tool format, no images
-    assert card.model_extra["capabilities"] == ["completion", "tools"]
+    # the default model has a chat template without tools: the generic tool format, no images;
+    # llama_cpp embeds
+    assert card.model_extra["capabilities"] == ["completion", "tools", "embedding"]
 
 
 def test_package_ships_every_page_file():

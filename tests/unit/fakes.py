@@ -48,13 +48,14 @@ class FakeEngine:
     when the prompt contains ``FAIL`` (as an error output) or ``CRASH`` (as an exception)."""
 
     def __init__(self, reply: str = "Hello there", context_length: int = 256, fail_after: int = 3,
-                 grammar: bool = False) -> None:
+                 grammar: bool = False, embedding_size: int | None = None, lora_adapters: tuple[str, ...] = ()) -> None:
         self.reply = reply
         self.fail_after = fail_after
         self.tokenizer = FakeTokenizer()
         self.multimodal = None
         self.model_info = ModelInfo(id="fake", context_length=context_length, chat_template=None,
-                                    bos_token="", eos_token="", grammar=grammar)
+                                    bos_token="", eos_token="", grammar=grammar, embedding_size=embedding_size,
+                                    lora_adapters=lora_adapters)
         self.aborted: list[str] = []
         self.requests: list[GenerationRequest] = []
         self.broken = False  # check_health fails, as when an engine's worker died
@@ -76,6 +77,14 @@ class FakeEngine:
     def check_health(self) -> None:
         if self.broken:
             raise EngineError("the engine's worker thread is not running")
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """[count, sum] of the ids, then zeros; raises ``RuntimeError`` for ids holding "!"."""
+        if self.model_info.embedding_size is None:
+            raise EngineError("no embeddings")
+        if ord("!") in token_ids:
+            raise RuntimeError("llama_decode failed")
+        return [float(len(token_ids)), float(sum(token_ids))] + [0.0] * (self.model_info.embedding_size - 2)
 
     def generate(self, request: GenerationRequest, loop=None) -> AsyncIterator[GenerationOutput]:
         self.requests.append(request)

@@ -77,6 +77,13 @@ class Engine(Protocol):
         (default: the running one); thread-safe, so a costly admission (compiling a grammar)
         can run on a worker thread."""
 
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """The embedding of one input: the mean over its tokens of the model's last hidden
+        state (after the final norm, no LoRA adapter), L2-normalised; ``model_info.embedding_size``
+        floats. ``token_ids``: 1 to ``context_length`` ids of this model. Runs on the engine's
+        own thread, between generation steps. Raises ``EngineError`` when the engine cannot
+        embed (``embedding_size`` is None) or is not running."""
+
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""
 

@@ -142,7 +142,9 @@ class ModelInfo:
     ``lora_adapters``: names of the LoRA adapters a request may pick by ``model``;
     ``grammar``: it can constrain sampling with a GBNF grammar; ``max_num_seqs``,
     ``max_num_batched_tokens`` (None: the engine has no such limit) and ``max_queue``: the batch
-    and admission limits in force (the flags, or the engine's defaults)."""
+    and admission limits in force (the flags, or the engine's defaults); ``embedding_size``: the
+    length of the vectors ``Engine.embed`` returns (the model's hidden size), None when the
+    engine cannot embed."""
 
     id: str
     context_length: int
@@ -156,3 +158,4 @@ class ModelInfo:
     max_num_seqs: int = 1
     max_num_batched_tokens: int | None = None
     max_queue: int = 0
+    embedding_size: int | None = None

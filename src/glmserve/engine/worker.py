@@ -15,9 +15,12 @@ unfinished request ends with ``"abort"``.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from glmserve.engine.base import EngineError
@@ -40,6 +43,15 @@ def default_max_num_seqs(settings: ServeSettings) -> int:
 
 
 S = TypeVar("S")  # the engine's per-request state
+R = TypeVar("R")
+
+
+@dataclass(slots=True)
+class _Call:
+    """A function to run on the worker thread between two steps, and where its result goes."""
+
+    fn: Callable[[], object]
+    future: concurrent.futures.Future
 
 
 class StepWorker(Generic[S]):
@@ -92,7 +104,7 @@ class StepWorker(Generic[S]):
 
     def _init_worker(self, max_num_seqs: int, max_queue: int | None) -> None:
         self._admission = AdmissionControl(max_num_seqs, max_queue)
-        self._inbox: Inbox[S] = Inbox()
+        self._inbox: Inbox[S | _Call] = Inbox()
         self._aborts = AbortSet()
         self._outputs = OutputBatch()
         self._thread: threading.Thread | None = None
@@ -134,6 +146,27 @@ class StepWorker(Generic[S]):
     def _worker_running(self) -> bool:
         return self._thread is not None
 
+    def _on_worker(self, fn: Callable[[], R]) -> Awaitable[R]:
+        """Run ``fn`` on the worker thread between two steps (any thread; e.g. an embedding, which
+        uses the model the steps use) and return an awaitable of its result or exception. Calls
+        run in the order they are made, each between two steps, so running requests go on
+        between them. Raises ``EngineError`` when the worker is not running (also in the
+        awaitable, when the engine shuts down first)."""
+        if not self._worker_running:
+            raise EngineError("engine is not running")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(_Call(fn, future))
+        return asyncio.wrap_future(future)
+
+    def _take(self, item: S | _Call) -> None:
+        if not isinstance(item, _Call):
+            self._add(item)
+        elif item.future.set_running_or_notify_cancel():
+            try:
+                item.future.set_result(item.fn())
+            except Exception as exc:  # the caller's to handle
+                item.future.set_exception(exc)
+
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step (any thread)."""
         self._aborts.add(request_id)
@@ -161,7 +194,7 @@ class StepWorker(Generic[S]):
     def _worker(self) -> None:
         running = True
         while running:
-            running = self._inbox.drain(not self._has_work(), self._add)
+            running = self._inbox.drain(not self._has_work(), self._take)
             self._apply_aborts()
             if not running:
                 break
@@ -173,9 +206,17 @@ class StepWorker(Generic[S]):
                     self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
                 self._after_failed_step()
             self._outputs.flush()
+        self._inbox.drain(False, self._take_after_close)
         for seq in list(self._unfinished()):
             self._finish(seq, "abort")
         self._outputs.flush()
+
+    def _take_after_close(self, item: S | _Call) -> None:
+        """What reached the inbox after shutdown began: requests end with "abort", calls fail."""
+        if isinstance(item, _Call):
+            item.future.set_exception(EngineError("the engine is shutting down"))
+        else:
+            self._add(item)
 
     def _apply_aborts(self) -> None:
         hit = False

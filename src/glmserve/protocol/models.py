@@ -23,13 +23,15 @@ class ModelCard(BaseModel):
     max_queue: int | None = None
     # extension (Ollama's name and values): what the model can be sent; the web page shows its
     # image button for "vision"
-    capabilities: list[Literal["completion", "tools", "vision"]] = ["completion"]
+    capabilities: list[Literal["completion", "tools", "vision", "embedding"]] = ["completion"]
 
 
-def model_capabilities(vision: bool, tool_call_parser: str | None) -> list[str]:
+def model_capabilities(vision: bool, tool_call_parser: str | None, embedding: bool = False) -> list[str]:
     """A model card's ``capabilities``: always ``completion``; ``tools`` with a tool-call
-    format; ``vision`` when the engine takes images."""
-    return ["completion", *(["tools"] if tool_call_parser else []), *(["vision"] if vision else [])]
+    format; ``vision`` when the engine takes images; ``embedding`` when it serves
+    ``/v1/embeddings``."""
+    return ["completion", *(["tools"] if tool_call_parser else []), *(["vision"] if vision else []),
+            *(["embedding"] if embedding else [])]
 
 
 class ModelList(BaseModel):

@@ -17,10 +17,12 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import chat, completions, docs, health, messages, metrics, models, responses, tokenize
+from glmserve.server.routes import (chat, completions, docs, embeddings, health, messages, metrics, models, responses,
+                                    tokenize)
 from glmserve.server.routes.ui import install_ui
 from glmserve.serving.chat import ChatService
 from glmserve.serving.completions import CompletionService
+from glmserve.serving.embeddings import EmbeddingsService
 from glmserve.serving.messages import MessagesService
 from glmserve.serving.responses import ResponsesService
 from glmserve.serving.tokenize import TokenizeService
@@ -31,6 +33,7 @@ def create_app(
     max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
     deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True,
+    embeddings_service: EmbeddingsService | None = None,
 ) -> FastAPI:
     """The app serving ``engine`` (already started); shuts the engine down on exit.
 
@@ -40,7 +43,8 @@ def create_app(
     408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
     response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
     ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
-    ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``)."""
+    ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``embeddings_service``:
+    ``/v1/embeddings`` with its limits (default: ``EmbeddingsService(chat_service)``)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -59,13 +63,15 @@ def create_app(
     app.state.completions = CompletionService(chat_service)
     app.state.responses = ResponsesService(chat_service)
     app.state.messages = MessagesService(chat_service)
+    app.state.embeddings = embeddings_service or EmbeddingsService(chat_service)
     info, created = engine.model_info, int(time.time())
     app.state.model_cards = [
         ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
                   root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
                   tool_call_parser=chat_service.tool_parser, max_num_seqs=info.max_num_seqs,
                   max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
-                  capabilities=model_capabilities(info.vision, chat_service.tool_parser))
+                  capabilities=model_capabilities(info.vision, chat_service.tool_parser,
+                                                  info.embedding_size is not None))
         for name in (chat_service.model_name, *info.lora_adapters)
     ]
     install_error_handlers(app)
@@ -88,6 +94,7 @@ def create_app(
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
     app.include_router(messages.router, dependencies=[Depends(require_anthropic_key)],
                        responses=error_responses(401, anthropic=True))
+    app.include_router(embeddings.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     app.include_router(metrics.router, dependencies=protected, responses=needs_key)
     if ui:

@@ -30,6 +30,7 @@ from llama_cpp._utils import suppress_stdout_stderr
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
+from glmserve.engine.llama_cpp.embedding import Embedder
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
@@ -73,6 +74,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._model: LlamaModel | None = None
         self._ctx = None
         self._decoder: BatchDecoder | None = None
+        self._embedder: Embedder | None = None
         self._scheduler: Scheduler | None = None
         self._init_worker(config.max_num_seqs, config.max_queue)
         self._by_id: dict[str, Sequence] = {}
@@ -123,6 +125,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens, by_slot=split)
         self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout)
         self.tokenizer = LlamaCppTokenizer(self._model)
+        self._embedder = Embedder(self._model.model, n_ctx, cfg.n_threads)
         self.model_info = ModelInfo(
             id=self._resolved.name,
             context_length=n_ctx,
@@ -134,6 +137,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_queue=self._admission.max_queue,
+            embedding_size=self._embedder.size,
         )
         self._start_worker("llama-cpp-engine")
 
@@ -204,6 +208,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if self._decoder is not None:
             self._decoder.free()
             self._decoder = None
+        if self._embedder is not None:
+            self._embedder.free()
+            self._embedder = None
         if self._ctx:
             with suppress_stdout_stderr(disable=False):
                 llama_cpp.llama_free(self._ctx)
@@ -230,6 +237,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids))
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
         return RequestStream(request.request_id, stream, self.abort)
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """See ``Engine.embed`` and ``engine/llama_cpp/embedding.py``."""
+        embedder = self._embedder
+        return await self._on_worker(lambda: embedder.embed(token_ids))
 
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
 

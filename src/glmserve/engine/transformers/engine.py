@@ -125,6 +125,7 @@ class TransformersEngine(StepWorker[_Seq]):
             grammar=True,
             max_num_seqs=self.config.max_num_seqs,
             max_queue=self._admission.max_queue,
+            embedding_size=loaded.model.get_input_embeddings().weight.shape[1],
         )
         log.info("loaded %s on %s (%s), context %d tokens%s", self._resolved.path, loaded.device,
                  self._model_dtype(), context, f", adapters {', '.join(loaded.adapters)}" if loaded.adapters else "")
@@ -155,6 +156,14 @@ class TransformersEngine(StepWorker[_Seq]):
                    stop_ids, request.lora or BASE_ADAPTER, len(request.prompt_token_ids))
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)
+
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """See ``Engine.embed``: the mean of the last entry of ``hidden_states`` (after the
+        model's final norm), on the worker thread, without LoRA adapters."""
+        if not 0 < len(token_ids) <= self.model_info.context_length:
+            raise EngineError(f"an embedding input takes 1 to {self.model_info.context_length} tokens, "
+                              f"not {len(token_ids)}")
+        return await self._on_worker(lambda: self._embed(token_ids))
 
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
 
@@ -254,6 +263,15 @@ class TransformersEngine(StepWorker[_Seq]):
             tokens = [s.sampler.sample(row) for s, row in zip(seqs, logits.cpu())]
         return [(t, None if s.request.sampling.logprobs is None else token_logprob(row, t, s.request.sampling.logprobs))
                 for s, t, row in zip(seqs, tokens, logits)]
+
+    def _embed(self, token_ids: list[int]) -> list[float]:
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self._loaded.device)
+        base = {"adapter_names": [BASE_ADAPTER]} if self.model_info.lora_adapters else {}
+        with torch.inference_mode():
+            out = self._loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                     output_hidden_states=True, logits_to_keep=1, **base)
+            mean = out.hidden_states[-1][0].float().mean(dim=0)
+            return torch.nn.functional.normalize(mean, dim=0).cpu().tolist()
 
     def _compact(self) -> None:
         keep = [i for i, s in enumerate(self._batch_seqs) if not s.done]

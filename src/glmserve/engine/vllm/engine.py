@@ -162,6 +162,11 @@ class VllmEngine:
         future.add_done_callback(lambda _: self._tasks.pop(request_id, None))
         return RequestStream(request_id, stream, self.abort)
 
+    async def embed(self, token_ids: list[int]) -> list[float]:
+        """Not on this engine: vLLM pools only with a model loaded for pooling (``--runner
+        pooling``), not beside generation. Raises ``EngineError``."""
+        raise EngineError("embeddings are not served by the vllm engine")
+
     def abort(self, request_id: str) -> None:
         future = self._tasks.get(request_id)
         if future is not None:

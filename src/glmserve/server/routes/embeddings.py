@@ -1,0 +1,15 @@
+"""``POST /v1/embeddings``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from glmserve.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
+from glmserve.server.openapi import error_responses
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", responses=error_responses(400, 404, 408, 413, 500))
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+    return await request.app.state.embeddings.create(body)
