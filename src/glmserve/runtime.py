@@ -91,4 +91,5 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
                       embeddings_service=EmbeddingsService(runtime.chat, settings.max_embedding_inputs,
-                                                           settings.max_embedding_tokens))
+                                                           settings.max_embedding_tokens),
+                      runtime_lora=settings.allow_runtime_lora_updating)

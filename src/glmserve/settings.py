@@ -55,6 +55,11 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
         "GGUF LoRA files for llama_cpp, PEFT folders for transformers and vllm."
     )
+    allow_runtime_lora_updating: bool = Field(
+        False, description="Serve POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter "
+        "{lora_name} (vLLM's routes), behind the API key: a client then names files on this machine. On vllm, "
+        "only with --lora at start (vLLM sizes its LoRA slots then).",
+    )
     allowed_media_domains: list[str] = Field(
         [], description="Image hosts exempt from the public-address check (repeatable), e.g. an intranet "
         "image server."
@@ -249,6 +254,9 @@ class DeploySettings(ServeSettings):
                 raise ValueError("give --replicas (a fixed count) or --min/max-replicas (autoscaling), not both")
             if autoscale[0] > autoscale[1]:
                 raise ValueError("--min-replicas is larger than --max-replicas")
+        if self.on_ray and self.allow_runtime_lora_updating:
+            raise ValueError("--allow-runtime-lora-updating would load an adapter into one replica only; give "
+                             "the adapters with --lora when serving Ray Serve replicas")
         if not self.on_ray:
             for name in ("replica_cpus", "replica_gpus"):
                 if getattr(self, name) is not None:

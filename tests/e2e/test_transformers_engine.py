@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -27,14 +28,16 @@ PROMPTS = ["What is the capital of France?", "List three fruits.", "What is 2 + 
 @pytest.fixture(scope="module")
 def hf_server(smollm2_hf):
     srv = RemoteServer("--engine", "transformers", "--model", str(smollm2_hf), "--served-model-name", NAME,
-                       "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"))
+                       "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
+                       "--allow-runtime-lora-updating")
     yield srv
     srv.stop()
 
 
 def _ask(client: openai.OpenAI, prompt: str, **kwargs):
     kwargs.setdefault("temperature", 0)
-    return client.chat.completions.create(model=NAME, messages=[SYSTEM, {"role": "user", "content": prompt}],
+    kwargs.setdefault("model", NAME)
+    return client.chat.completions.create(messages=[SYSTEM, {"role": "user", "content": prompt}],
                                           **kwargs)
 
 
@@ -122,6 +125,37 @@ def test_embeddings_agree_with_llama_cpp(hf_server, server):
     cosines = [sum(a * b for a, b in zip(h, g.embedding, strict=True)) for h, g in zip(hf, gguf)]
     assert min(cosines) > 0.99, cosines  # measured: 0.9993 and 0.9999
     assert sum(a * b for a, b in zip(hf[0], hf[1])) < 0.9  # different texts do not (0.48)
+
+
+def test_runtime_lora_adapter(hf_server, smollm2_hf, tmp_path):
+    """A PEFT adapter loaded at run time changes greedy answers; unloading the last adapter
+    gives the base model back, answering as before; an adapter for another model is a 400
+    and leaves the model as it was."""
+    pytest.importorskip("peft")
+    from tests.hf_models import lora_adapter, tiny_llama_lora
+
+    client = hf_server.client()
+
+    def answers(model: str) -> list[str]:
+        return [_ask(client, p, model=model, max_tokens=24).choices[0].message.content for p in PROMPTS[:4]]
+
+    def post(route: str, **body) -> httpx.Response:
+        return httpx.post(f"{hf_server.url}/v1/{route}", json=body, timeout=120)
+
+    base = answers(NAME)
+    misfit = post("load_lora_adapter", lora_name="misfit", lora_path=str(tiny_llama_lora(tmp_path / "misfit")))
+    assert misfit.status_code == 400 and "does not match the base model" in misfit.json()["error"]["message"]
+    assert answers(NAME) == base
+    adapter = lora_adapter(smollm2_hf, tmp_path / "adapter")
+    assert post("load_lora_adapter", lora_name="tuned", lora_path=str(adapter)).status_code == 200
+    assert [card.id for card in client.models.list().data] == [NAME, "tuned"]
+    tuned = answers("tuned")
+    assert all(tuned) and tuned != base
+    assert answers(NAME) == base
+    assert post("unload_lora_adapter", lora_name="tuned").status_code == 200
+    assert [card.id for card in client.models.list().data] == [NAME]
+    assert answers(NAME) == base
+    assert post("unload_lora_adapter", lora_name="tuned").status_code == 404
 
 
 def test_image_to_text_model_is_400(hf_server):

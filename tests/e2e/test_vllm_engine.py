@@ -46,7 +46,8 @@ def folders(smollm2_hf, tmp_path_factory):
 def srv(smollm2_hf, folders):
     server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--lora", f"tuned={folders['adapter']}",
                          "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
-                         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--n-ctx", "2048")
+                         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--n-ctx", "2048",
+                         "--allow-runtime-lora-updating")
     yield server
     server.stop()
 
@@ -180,6 +181,25 @@ def _check_generic_tool_calls(client):
         assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls and not message.content
         for call in message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_runtime_lora_adapter(srv, folders, tmp_path):
+    """The adapter of ``--lora tuned`` loaded again at run time under another name answers as
+    ``tuned`` does; one for another model is a 400; unloaded, its name is refused."""
+    from tests.hf_models import tiny_llama_lora
+
+    def post(route: str, **body) -> httpx.Response:
+        return httpx.post(f"{srv.url}/v1/{route}", json=body, timeout=300)
+
+    misfit = post("load_lora_adapter", lora_name="misfit", lora_path=str(tiny_llama_lora(tmp_path / "misfit")))
+    assert misfit.status_code == 400 and "does not match the base model" in misfit.json()["error"]["message"]
+    assert post("load_lora_adapter", lora_name="again", lora_path=str(folders["adapter"])).status_code == 200
+    assert [card.id for card in srv.client().models.list().data] == [NAME, "tuned", "again"]
+    assert _answers(srv.url, "again") == _answers(srv.url, "tuned")
+    assert post("unload_lora_adapter", lora_name="again").status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        _answers(srv.url, "again")
+    assert [card.id for card in srv.client().models.list().data] == [NAME, "tuned"]
 
 
 def test_batched_adapter_requests_equal_each_alone(srv):

@@ -45,7 +45,7 @@ def idefics(smollm2_hf, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(idefics):
-    server = vllm_server(idefics, "--chat-template", TEMPLATE, "--n-ctx", str(N_CTX))
+    server = vllm_server(idefics, "--chat-template", TEMPLATE, "--n-ctx", str(N_CTX), "--allow-runtime-lora-updating")
     yield server
     server.stop()
 
@@ -121,3 +121,13 @@ def test_anthropic_and_responses_image_blocks_reach_vllm(srv):
                                      {"type": "input_text", "text": "What is in this picture?"}]}])
     assert response.output_text == chat
     assert response.usage.input_tokens == _ask(srv, RED).usage.prompt_tokens
+
+
+def test_runtime_lora_needs_lora_at_start(srv, tmp_path):
+    """vLLM sizes its LoRA slots at start: a server started without ``--lora`` refuses a run-time
+    adapter with a 400 saying so (this one has no adapters)."""
+    import httpx
+
+    resp = httpx.post(f"{srv.url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": str(tmp_path)},
+                      timeout=60)
+    assert resp.status_code == 400 and "only when started with --lora" in resp.json()["error"]["message"]

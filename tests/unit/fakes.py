@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from glmserve.engine.base import EngineError
+from glmserve.engine.base import EngineError, LoRAAdapterError
 from glmserve.engine.types import EngineStats, GenerationOutput, GenerationRequest, ModelInfo
 
 SPECIAL = {"<|im_start|>": 1000, "<|im_end|>": 1001, "[gMASK]": 1002, "<sop>": 1003, "<|system|>": 1004,
@@ -85,6 +85,16 @@ class FakeEngine:
         if ord("!") in token_ids:
             raise RuntimeError("llama_decode failed")
         return [float(len(token_ids)), float(sum(token_ids))] + [0.0] * (self.model_info.embedding_size - 2)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Any path but one ending in "misfit" loads."""
+        if path.endswith("misfit"):
+            raise LoRAAdapterError(f"LoRA adapter {name!r} ({path}) does not match the base model")
+        self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        self.model_info = self.model_info.with_lora_adapters(
+            tuple(a for a in self.model_info.lora_adapters if a != name))
 
     def generate(self, request: GenerationRequest, loop=None) -> AsyncIterator[GenerationOutput]:
         self.requests.append(request)

@@ -60,6 +60,7 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     (["--tensor-parallel-size", "0"], "greater than or equal to 1"),
     (["--kv-layout", "ring"], "kv_layout"),
     (["--n-threads", "0"], "n_threads"),
+    (["--replicas", "2", "--allow-runtime-lora-updating"], "one replica only"),
 ])
 def test_engine_field_validation_still_applies(args, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -9,7 +9,7 @@ import pytest
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.vllm.args import EngineConfig, engine_args, parse_engine_args
-from glmserve.engine.vllm.lora import check_adapter, lora_rank
+from glmserve.engine.peft_lora import check_adapter, lora_rank
 from glmserve.settings import ServeSettings
 
 pytest.importorskip("vllm")

@@ -45,6 +45,11 @@ class GrammarError(EngineError):
     """The request's grammar cannot be compiled (a 400 for the client)."""
 
 
+class LoRAAdapterError(EngineError):
+    """A LoRA adapter cannot be loaded at run time: no such file, or it does not fit the base
+    model (a 400 for the client)."""
+
+
 class EngineOverloaded(EngineError):
     """Raised by ``generate`` when ``max_num_seqs`` are running and ``max_queue`` are waiting;
     the server answers 429 with ``Retry-After: retry_after_s``."""
@@ -83,6 +88,18 @@ class Engine(Protocol):
         floats. ``token_ids``: 1 to ``context_length`` ids of this model. Runs on the engine's
         own thread, between generation steps. Raises ``EngineError`` when the engine cannot
         embed (``embedding_size`` is None) or is not running."""
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the LoRA adapter at ``path`` (the engine's adapter format: a GGUF file on llama_cpp,
+        a PEFT folder on transformers) as ``name``; requests then pick it by ``model`` and
+        ``model_info.lora_adapters`` lists it. ``name`` is new (the serving layer checks).
+        Raises ``LoRAAdapterError`` (missing, or does not fit the model) or ``EngineError``
+        (this engine does not load adapters at run time)."""
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Unload the adapter ``name`` (one of ``model_info.lora_adapters``): new requests for it
+        are refused at once; returns once the requests already admitted on it have finished and
+        it is freed."""
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""

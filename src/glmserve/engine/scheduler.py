@@ -319,6 +319,22 @@ class Scheduler:
         self.running.append(seq)
         return True
 
+    def has_group(self, group: str) -> bool:
+        """Any running or waiting sequence of ``group``."""
+        return any(seq.group == group for seq in (*self.running, *self.waiting))
+
+    def drop_group(self, group: str) -> list[int]:
+        """Forget the idle prefix caches of ``group`` (its LoRA adapter is being unloaded; a later
+        adapter of the same name has other KV values); returns their slot ids, for the engine to
+        drop their cells. Call when no sequence of ``group`` is unfinished."""
+        dropped = []
+        for slot in self.slots:
+            if slot.seq is None and slot.group == group and slot.n_kv:
+                slot.tokens, slot.n_kv, slot.group = [], 0, None
+                self._committed[slot.id] = 0
+                dropped.append(slot.id)
+        return dropped
+
     # ---- results -------------------------------------------------------------------------
 
     def append_token(self, seq: Sequence, token: int) -> None:

@@ -6,6 +6,7 @@ nano-vllm style), not pydantic.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -159,3 +160,8 @@ class ModelInfo:
     max_num_batched_tokens: int | None = None
     max_queue: int = 0
     embedding_size: int | None = None
+
+    def with_lora_adapters(self, names: tuple[str, ...]) -> ModelInfo:
+        """A copy listing ``names`` as the LoRA adapters (an engine swaps its ``model_info``
+        when adapters load or unload at run time)."""
+        return dataclasses.replace(self, lora_adapters=names)

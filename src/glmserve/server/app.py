@@ -17,12 +17,13 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import (chat, completions, docs, embeddings, health, messages, metrics, models, responses,
-                                    tokenize)
+from glmserve.server.routes import (chat, completions, docs, embeddings, health, lora, messages, metrics, models,
+                                    responses, tokenize)
 from glmserve.server.routes.ui import install_ui
 from glmserve.serving.chat import ChatService
 from glmserve.serving.completions import CompletionService
 from glmserve.serving.embeddings import EmbeddingsService
+from glmserve.serving.lora import LoRAAdapterService
 from glmserve.serving.messages import MessagesService
 from glmserve.serving.responses import ResponsesService
 from glmserve.serving.tokenize import TokenizeService
@@ -33,7 +34,7 @@ def create_app(
     max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
     deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True,
-    embeddings_service: EmbeddingsService | None = None,
+    embeddings_service: EmbeddingsService | None = None, runtime_lora: bool = False,
 ) -> FastAPI:
     """The app serving ``engine`` (already started); shuts the engine down on exit.
 
@@ -44,7 +45,8 @@ def create_app(
     response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
     ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
     ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``embeddings_service``:
-    ``/v1/embeddings`` with its limits (default: ``EmbeddingsService(chat_service)``)."""
+    ``/v1/embeddings`` with its limits (default: ``EmbeddingsService(chat_service)``);
+    ``runtime_lora``: mount ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -64,16 +66,8 @@ def create_app(
     app.state.responses = ResponsesService(chat_service)
     app.state.messages = MessagesService(chat_service)
     app.state.embeddings = embeddings_service or EmbeddingsService(chat_service)
-    info, created = engine.model_info, int(time.time())
-    app.state.model_cards = [
-        ModelCard(id=name, created=created, owned_by=info.owned_by, max_model_len=info.context_length,
-                  root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
-                  tool_call_parser=chat_service.tool_parser, max_num_seqs=info.max_num_seqs,
-                  max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
-                  capabilities=model_capabilities(info.vision, chat_service.tool_parser,
-                                                  info.embedding_size is not None))
-        for name in (chat_service.model_name, *info.lora_adapters)
-    ]
+    app.state.lora = LoRAAdapterService(chat_service)
+    app.state.model_cards = _model_cards(engine, chat_service)
     install_error_handlers(app)
     install_openapi(app)
     # the last added is the outermost: request id, then CORS, then the body limits
@@ -96,7 +90,30 @@ def create_app(
                        responses=error_responses(401, anthropic=True))
     app.include_router(embeddings.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
+    if runtime_lora:
+        app.include_router(lora.router, dependencies=protected, responses=needs_key)
     app.include_router(metrics.router, dependencies=protected, responses=needs_key)
     if ui:
         install_ui(app)
     return app
+
+
+def _model_cards(engine: Engine, chat_service: ChatService) -> Callable[[], list[ModelCard]]:
+    """The ``/v1/models`` cards now: the base model, then each LoRA adapter loaded (at start or
+    at run time; ``created`` is when the card first appeared)."""
+    created: dict[str, int] = {}
+
+    def cards() -> list[ModelCard]:
+        info = engine.model_info
+        names = (chat_service.model_name, *info.lora_adapters)
+        for name in names:
+            created.setdefault(name, int(time.time()))
+        capabilities = model_capabilities(info.vision, chat_service.tool_parser, info.embedding_size is not None)
+        return [ModelCard(id=name, created=created[name], owned_by=info.owned_by, max_model_len=info.context_length,
+                          root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
+                          tool_call_parser=chat_service.tool_parser, max_num_seqs=info.max_num_seqs,
+                          max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
+                          capabilities=capabilities)
+                for name in names]
+
+    return cards

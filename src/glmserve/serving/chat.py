@@ -82,7 +82,6 @@ class ChatService:
         Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
         self.engine = engine
         self.model_name = served_model_name
-        self.adapters = frozenset(engine.model_info.lora_adapters)
         self.media_policy = media_policy or MediaPolicy()
         self.schema_limits = schema_limits or SchemaLimits()
         self.template = template
@@ -119,6 +118,11 @@ class ChatService:
             return ChunkStream(self._stream(runs, include_usage), *(run.outputs for run in runs),
                                prompt_tokens=len(runs[0].request.prompt_token_ids))
         return await self._complete(runs)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters loaded now (``--lora``, and those loaded at run time)."""
+        return self.engine.model_info.lora_adapters
 
     def check_model(self, model: str) -> None:
         """Raises ``APIError`` 404 unless ``model`` is the served model or one of its adapters."""

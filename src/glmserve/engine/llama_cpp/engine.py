@@ -9,7 +9,8 @@ prompt chunks of new ones, then sampling with each sequence's own llama.cpp samp
 post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop). Requests
 join and leave between steps; an abort takes effect at the next step.
 
-GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded once at start. llama.cpp applies
+GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded at start, and at run time
+(``load_lora_adapter``). llama.cpp applies
 adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
 among groups) and the context's adapter is switched between steps when the group changes.
 """
@@ -27,7 +28,7 @@ import llama_cpp
 from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
-from glmserve.engine.base import EngineError
+from glmserve.engine.base import EngineError, LoRAAdapterError
 from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.embedding import Embedder
@@ -168,25 +169,62 @@ class LlamaCppEngine(StepWorker[Sequence]):
         return 2 * 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model) * head_dim
 
     def _load_adapters(self) -> None:
-        """Load every ``--lora`` GGUF adapter; llama.cpp checks architecture and tensor shapes
-        against the model. Raises ``EngineError`` (the model is closed first)."""
+        """Load every ``--lora`` GGUF adapter. Raises ``EngineError`` (the model is closed first)."""
         for name, path in (self.config.lora or {}).items():
-            reason = None
-            if not Path(path).is_file():
-                reason = "no such file"
-            else:
-                with suppress_stdout_stderr(disable=False):
-                    adapter = llama_cpp.llama_adapter_lora_init(self._model.model, str(path).encode())
-                if not adapter:
-                    reason = ("does not match the base model, or is not a GGUF LoRA adapter (llama.cpp checks "
-                              "the architecture and tensor shapes)")
-            if reason is not None:
+            try:
+                self._adapters[name] = self._init_adapter(name, path)
+            except LoRAAdapterError:
                 self._model.close()  # frees the adapters loaded so far with it
                 self._model = None
                 self._adapters.clear()
-                raise EngineError(f"LoRA adapter {name!r} ({path}): {reason}")
-            self._adapters[name] = adapter
-            log.info("LoRA adapter %s loaded from %s", name, path)
+                raise
+
+    def _init_adapter(self, name: str, path: str | Path) -> ctypes.c_void_p:
+        """A GGUF LoRA adapter of this model; llama.cpp checks architecture and tensor shapes.
+        Raises ``LoRAAdapterError``."""
+        reason = None
+        if not Path(path).is_file():
+            reason = "no such file"
+        else:
+            with suppress_stdout_stderr(disable=False):
+                adapter = llama_cpp.llama_adapter_lora_init(self._model.model, str(path).encode())
+            if not adapter:
+                reason = ("does not match the base model, or is not a GGUF LoRA adapter (llama.cpp checks "
+                          "the architecture and tensor shapes)")
+        if reason is not None:
+            raise LoRAAdapterError(f"LoRA adapter {name!r} ({path}): {reason}")
+        log.info("LoRA adapter %s loaded from %s", name, path)
+        return adapter
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """See ``Engine.load_lora_adapter``: loaded on the worker thread, between steps."""
+        def load() -> None:
+            self._adapters[name] = self._init_adapter(name, path)
+            self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
+
+        await self._on_worker(load)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """See ``Engine.unload_lora_adapter``. Its idle prefix caches are dropped too (their KV
+        holds the adapter's values)."""
+        self.model_info = self.model_info.with_lora_adapters(
+            tuple(a for a in self.model_info.lora_adapters if a != name))
+
+        def free() -> bool:
+            if self._scheduler.has_group(name):
+                return False
+            for slot in self._scheduler.drop_group(name):
+                self._decoder.clear_slot(slot)
+            if self._active_group == name:
+                self._use_adapter(None)
+            adapter = self._adapters.pop(name, None)
+            if adapter is not None:
+                llama_cpp.llama_adapter_lora_free(adapter)
+                log.info("LoRA adapter %s unloaded", name)
+            return True
+
+        while not await self._on_worker(free):
+            await asyncio.sleep(0.05)
 
     def _use_adapter(self, group: str | None) -> None:
         """Apply ``group``'s adapter (None: none) to the context, if it is not applied yet."""
@@ -255,6 +293,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
     def _add(self, seq: Sequence) -> None:
         self._by_id[seq.request_id] = seq
         self._scheduler.add(seq)
+        if seq.group is not None and seq.group not in self._adapters:  # unloaded since it was admitted
+            self._finish(seq, "error", f"LoRA adapter {seq.group!r} was unloaded")
 
     def _lookup(self, request_id: str) -> Sequence | None:
         return self._by_id.get(request_id)

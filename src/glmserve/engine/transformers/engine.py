@@ -22,6 +22,7 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -31,7 +32,8 @@ from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
 from glmserve.engine.transformers.grammar import GrammarCompiler
-from glmserve.engine.transformers.loader import LoadedModel, load_model
+from glmserve.engine.peft_lora import check_adapter
+from glmserve.engine.transformers.loader import LoadedModel, add_adapter, load_model, remove_adapter
 from glmserve.engine.transformers.sampling import Sampler, token_logprob
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.transformers.vision import ImageProcessor
@@ -165,12 +167,44 @@ class TransformersEngine(StepWorker[_Seq]):
                               f"not {len(token_ids)}")
         return await self._on_worker(lambda: self._embed(token_ids))
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """See ``Engine.load_lora_adapter``: checked against the model's weights first (a PEFT
+        adapter that does not fit would change the model's modules before failing), then loaded
+        with PEFT on the worker thread, between steps."""
+        await asyncio.to_thread(check_adapter, name, Path(path), self._resolved.path)
+
+        def load() -> None:
+            self._loaded.model = add_adapter(self._loaded.model, name, path)
+            self._loaded.adapters = (*self._loaded.adapters, name)
+            self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
+
+        await self._on_worker(load)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """See ``Engine.unload_lora_adapter``."""
+        self.model_info = self.model_info.with_lora_adapters(
+            tuple(a for a in self.model_info.lora_adapters if a != name))
+
+        def free() -> bool:
+            if any(seq.adapter == name for seq in self._unfinished()):
+                return False
+            self._loaded.model = remove_adapter(self._loaded.model, name)
+            self._loaded.adapters = tuple(a for a in self._loaded.adapters if a != name)
+            log.info("LoRA adapter %s unloaded", name)
+            return True
+
+        while not await self._on_worker(free):
+            await asyncio.sleep(0.05)
+
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
 
     def _has_work(self) -> bool:
         return bool(self._waiting or self._batch_seqs)
 
     def _add(self, seq: _Seq) -> None:
+        if seq.adapter != BASE_ADAPTER and seq.adapter not in self.model_info.lora_adapters:
+            self._finish(seq, "error", f"LoRA adapter {seq.adapter!r} was unloaded")  # since it was admitted
+            return
         self._by_id[seq.request.request_id] = seq
         self._waiting.append(seq)
 
@@ -200,7 +234,12 @@ class TransformersEngine(StepWorker[_Seq]):
         self._batch_seqs, self._batch = [], PaddedKVBatch()
 
     def _forward_kwargs(self, seqs: list[_Seq]) -> dict:
-        return {"adapter_names": [s.adapter for s in seqs]} if self.model_info.lora_adapters else {}
+        return {"adapter_names": [s.adapter for s in seqs]} if self._has_adapters() else {}
+
+    def _has_adapters(self) -> bool:
+        """The model is a ``PeftModel`` now (worker thread; ``model_info.lora_adapters`` already
+        leaves out an adapter being unloaded while its last requests run)."""
+        return self._loaded.adapters != ()
 
     def _admit(self) -> None:
         while self._waiting and len(self._batch_seqs) < self.config.max_num_seqs:
@@ -266,7 +305,7 @@ class TransformersEngine(StepWorker[_Seq]):
 
     def _embed(self, token_ids: list[int]) -> list[float]:
         ids = torch.tensor([token_ids], dtype=torch.long, device=self._loaded.device)
-        base = {"adapter_names": [BASE_ADAPTER]} if self.model_info.lora_adapters else {}
+        base = {"adapter_names": [BASE_ADAPTER]} if self._has_adapters() else {}
         with torch.inference_mode():
             out = self._loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
                                      output_hidden_states=True, logits_to_keep=1, **base)

@@ -22,7 +22,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from glmserve.engine.base import EngineError, one_line
+from glmserve.engine.base import EngineError, LoRAAdapterError, one_line
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.transformers")
@@ -125,25 +125,43 @@ def load_model(resolved: ResolvedModel, dtype: str, device: str, trust_remote_co
 
 def load_adapters(model: Any, adapters: dict[str, Path]) -> Any:
     """``model`` wrapped in a ``PeftModel`` holding every adapter under its name. Raises
-    ``EngineError`` when PEFT is missing or an adapter does not match the base model."""
+    ``EngineError`` when PEFT is missing, ``LoRAAdapterError`` when an adapter does not match
+    the base model."""
+    for name, path in adapters.items():
+        model = add_adapter(model, name, path)
+    return model
+
+
+def add_adapter(model: Any, name: str, path: str | Path) -> Any:
+    """``model`` (a ``PreTrainedModel`` or a ``PeftModel``) with the PEFT adapter folder ``path``
+    added as ``name``: the ``PeftModel`` to run from now on. Raises ``EngineError`` when PEFT
+    is missing, ``LoRAAdapterError`` when the folder is no PEFT adapter or does not fit."""
     try:
         from peft import PeftModel
     except ImportError as exc:
-        raise EngineError("--lora needs PEFT (pip install 'glmserve[transformers]')") from exc
-    peft_model = None
-    for name, path in adapters.items():
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise EngineError(f"LoRA adapter {name!r}: {path} is not a PEFT adapter folder (no adapter_config.json)")
-        try:
-            with warnings.catch_warnings():  # PEFT still calls names transformers deprecated
-                warnings.simplefilter("ignore", FutureWarning)
-                if peft_model is None:
-                    peft_model = PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
-                else:
-                    peft_model.load_adapter(str(path), adapter_name=name, is_trainable=False)
-        except (ValueError, RuntimeError, KeyError, OSError, TypeError) as exc:
-            raise EngineError(f"LoRA adapter {name!r} ({path}) does not match the base model: "
-                              f"{one_line(exc, 300)}") from exc
-        log.info("LoRA adapter %s loaded from %s", name, path)
-    peft_model.eval()
-    return peft_model
+        raise EngineError("LoRA adapters need PEFT (pip install 'glmserve[transformers]')") from exc
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise LoRAAdapterError(f"LoRA adapter {name!r}: {path} is not a PEFT adapter folder (no adapter_config.json)")
+    try:
+        with warnings.catch_warnings():  # PEFT still calls names transformers deprecated
+            warnings.simplefilter("ignore", FutureWarning)
+            if isinstance(model, PeftModel):
+                model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            else:
+                model = PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
+    except (ValueError, RuntimeError, KeyError, OSError, TypeError) as exc:
+        if isinstance(model, PeftModel) and name in model.peft_config:  # half loaded: take it out again
+            model.delete_adapter(name)
+        raise LoRAAdapterError(f"LoRA adapter {name!r} ({path}) does not match the base model: "
+                               f"{one_line(exc, 300)}") from exc
+    log.info("LoRA adapter %s loaded from %s", name, path)
+    return model.eval()
+
+
+def remove_adapter(model: Any, name: str) -> Any:
+    """``model`` (a ``PeftModel``) without the adapter ``name``: the model to run from now on
+    (the base model again, its LoRA layers removed, when it was the last one)."""
+    if len(model.peft_config) <= 1:
+        return model.unload()
+    model.delete_adapter(name)
+    return model

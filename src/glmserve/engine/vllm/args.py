@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.vllm.lora import LORA_RANKS, check_adapter, lora_rank
+from glmserve.engine.peft_lora import LORA_RANKS, check_adapter, lora_rank
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs

@@ -27,15 +27,19 @@ parsers, stop strings, limits, errors), so every feature behaves as on the other
   refuses (image tokens past the context, a placeholder count that does not match the images)
   ends the request as ``invalid`` (a 400). Fetching, decoding and limits stay the media policy's.
 - LoRA adapters (PEFT folders) are checked against the model's weights before vLLM starts
-  (``lora.check_adapter``), so an adapter that does not fit stops start-up; vLLM loads one at
-  its first request (``LoRARequest``); requests for different adapters share a batch.
+  (``peft_lora.check_adapter``), so an adapter that does not fit stops start-up; vLLM loads one at
+  its first request (``LoRARequest``); requests for different adapters share a batch. With
+  ``--lora`` at start, more adapters (up to that rank) load and unload at run time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
+import threading
+from pathlib import Path
 
 from vllm import SamplingParams as VllmSamplingParams
 from vllm import __version__ as vllm_version
@@ -46,8 +50,9 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
-from glmserve.engine.base import EngineError, GrammarError, one_line
+from glmserve.engine.base import EngineError, GrammarError, LoRAAdapterError, one_line
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
+from glmserve.engine.peft_lora import check_adapter, lora_rank
 from glmserve.engine.rules import check_request, stop_token_ids
 from glmserve.engine.scheduler import AdmissionControl
 from glmserve.engine.stream import OutputStream, RequestStream
@@ -91,6 +96,8 @@ class VllmEngine:
         self._llm: AsyncLLM | None = None
         self._tasks: dict[str, concurrent.futures.Future] = {}
         self._lora_requests: dict[str, LoRARequest] = {}
+        self._lora_in_flight: collections.Counter[str] = collections.Counter()  # admitted requests per adapter
+        self._lora_lock = threading.Lock()  # generate() may run on any thread
         self.tokenizer: HFTokenizer
         self.model_info: ModelInfo
         self.multimodal: VllmImages | None = None  # set at start() for a model vLLM takes images for
@@ -156,11 +163,57 @@ class VllmEngine:
         params = self._sampling_params(request.sampling)  # a bad grammar is a 400 even when full
         self._admission.acquire()
         stream = OutputStream(loop)
-        request_id = request.request_id
-        future = asyncio.run_coroutine_threadsafe(self._run(request, params, stream), loop)
+        request_id, lora = request.request_id, request.lora
+        if lora is not None:
+            with self._lora_lock:
+                self._lora_in_flight[lora] += 1
+        future = asyncio.run_coroutine_threadsafe(self._run(request, params, stream, self._lora_requests.get(lora)),
+                                                  loop)
         self._tasks[request_id] = future
-        future.add_done_callback(lambda _: self._tasks.pop(request_id, None))
+
+        def done(_: concurrent.futures.Future) -> None:
+            self._tasks.pop(request_id, None)
+            if lora is not None:
+                with self._lora_lock:
+                    self._lora_in_flight[lora] -= 1
+
+        future.add_done_callback(done)
         return RequestStream(request_id, stream, self.abort)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """See ``Engine.load_lora_adapter``. vLLM sizes its LoRA slots and largest rank at start,
+        so this needs a server started with ``--lora``; the adapter is checked against the
+        model's weights (as at start) and loaded into vLLM (``add_lora``). Raises
+        ``LoRAAdapterError``."""
+        lora_config = self._llm.vllm_config.lora_config
+        if lora_config is None:
+            raise LoRAAdapterError("the vllm engine loads LoRA adapters at run time only when started with --lora "
+                                   "(vLLM sizes its LoRA slots and largest rank at start)")
+        folder = Path(path)
+        await asyncio.to_thread(check_adapter, name, folder, self._resolved.path)
+        rank = lora_rank(folder)
+        if rank > lora_config.max_lora_rank:
+            raise LoRAAdapterError(f"LoRA adapter {name!r} has rank {rank}; this server was started for rank "
+                                   f"{lora_config.max_lora_rank} at most (the largest --lora adapter's)")
+        request = LoRARequest(name, max((r.lora_int_id for r in self._lora_requests.values()), default=0) + 1,
+                              str(folder))
+        try:
+            await self._llm.add_lora(request)
+        except Exception as exc:  # vLLM's load errors vary by version
+            raise LoRAAdapterError(f"vLLM cannot load LoRA adapter {name!r} ({path}): {one_line(exc)}") from exc
+        self._lora_requests[name] = request
+        self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """See ``Engine.unload_lora_adapter`` (vLLM's ``remove_lora`` once its requests ended)."""
+        self.model_info = self.model_info.with_lora_adapters(
+            tuple(a for a in self.model_info.lora_adapters if a != name))
+        while self._lora_in_flight[name] > 0:
+            await asyncio.sleep(0.05)
+        request = self._lora_requests.pop(name, None)
+        if request is not None:
+            await self._llm.remove_lora(request.lora_int_id)
+            log.info("LoRA adapter %s unloaded", name)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
         """Not on this engine: vLLM pools only with a model loaded for pooling (``--runner
@@ -202,9 +255,11 @@ class VllmEngine:
 
     # ---- on the consumers' event loop ----------------------------------------------------
 
-    async def _run(self, request: GenerationRequest, params: VllmSamplingParams, stream: OutputStream) -> None:
+    async def _run(self, request: GenerationRequest, params: VllmSamplingParams, stream: OutputStream,
+                   lora_request: LoRARequest | None) -> None:
         """Iterate vLLM's outputs of ``request`` into ``stream``; the last output has a finish
-        reason, also when the request is aborted (task cancelled) or vLLM fails."""
+        reason, also when the request is aborted (task cancelled) or vLLM fails. ``lora_request``:
+        the adapter as it was when the request was admitted."""
         request_id, prompt = request.request_id, request.prompt_token_ids
         detok = IncrementalDetokenizer(self.tokenizer.hf, prompt[-4:])
         stop_ids = frozenset(params.stop_token_ids or ())
@@ -218,7 +273,7 @@ class VllmEngine:
         invalid = False
         try:
             async for out in self._llm.generate(engine_prompt, params, request_id,
-                                                lora_request=self._lora_requests.get(request.lora)):
+                                                lora_request=lora_request):
                 n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids else n_prompt
                 completion = out.outputs[0]
                 n_cached = out.num_cached_tokens or n_cached

@@ -1,4 +1,6 @@
-"""PEFT LoRA adapter folders for vLLM: their rank, and whether they fit the base model.
+"""PEFT LoRA adapter folders: their rank, and whether they fit the base model (vllm, and the
+transformers engine before it loads an adapter at run time: PEFT changes the model's modules
+before it finds that an adapter's tensors do not fit).
 
 vLLM 0.32 loads an adapter whose tensors name modules the model does not have, or whose shapes
 differ, without an error (checked here with an adapter for a smaller Llama). So glmserve checks
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from glmserve.engine.base import EngineError
+from glmserve.engine.base import EngineError, LoRAAdapterError
 
 # vLLM accepts only these LoRA ranks (vllm.config.lora.MaxLoRARanks)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -24,6 +26,8 @@ def lora_rank(folder: Path) -> int:
     """The rank ``r`` of a PEFT adapter folder (its ``adapter_config.json``). Raises
     ``EngineError`` when the folder is no PEFT adapter."""
     try:
+        if not (folder / "adapter_config.json").is_file():  # not a FIFO or a device, which could block
+            raise OSError("no adapter_config.json")
         config = json.loads((folder / "adapter_config.json").read_text())
         return int(config["r"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -42,13 +46,13 @@ def _shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
 
 
 def check_adapter(name: str, adapter: Path, model: Path) -> None:
-    """Raise ``EngineError`` naming the first tensor of ``adapter`` that does not fit ``model``
+    """Raise ``LoRAAdapterError`` naming the first tensor of ``adapter`` that does not fit ``model``
     (a Hugging Face folder with safetensors weights; other models are not checked), or an
     ``adapter`` that is no PEFT adapter folder."""
     try:
         lora_rank(adapter)
     except EngineError as exc:
-        raise EngineError(f"LoRA adapter {name!r}: {exc}") from exc
+        raise LoRAAdapterError(f"LoRA adapter {name!r}: {exc}") from exc
     weights = sorted(model.glob("*.safetensors")) if model.is_dir() else []
     adapter_file = adapter / "adapter_model.safetensors"
     if not weights or not adapter_file.is_file():
@@ -63,5 +67,5 @@ def check_adapter(name: str, adapter: Path, model: Path) -> None:
             shape[1] == target[1] if part == "A.weight" else shape[0] == target[0])
         if not fits:
             have = f"the model's {module}.weight is {list(target)}" if target else f"the model has no {module}"
-            raise EngineError(f"LoRA adapter {name!r} ({adapter}) does not match the base model: {key} is "
+            raise LoRAAdapterError(f"LoRA adapter {name!r} ({adapter}) does not match the base model: {key} is "
                               f"{list(shape)}, {have}")
