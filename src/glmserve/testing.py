@@ -4,6 +4,7 @@ pattern), for black-box tests and benchmarks."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -17,7 +18,31 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 STARTUP_TIMEOUT_S = 120
 
 
+# Ports a test server may take: above Ray's worker ports (10002-19999) and below the kernel's
+# ephemeral range, from which the kernel hands out the ports of outgoing connections and of
+# sockets bound to port 0 (Ray's GCS, raylet and object manager bind those): a port picked there
+# could be taken by one of them between the pick and the server's own bind.
+PORT_RANGE = (20000, 32768)
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback TCP port free now, outside the kernel's ephemeral range where the machine
+    allows it (``PORT_RANGE``), else any free one."""
+    low, high = PORT_RANGE[0], min(PORT_RANGE[1], _ephemeral_start())
+    for port in random.sample(range(low, high), min(200, max(high - low, 0))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
