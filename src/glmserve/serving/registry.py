@@ -1,0 +1,335 @@
+"""Many models in one server: the servable models by name, each loaded on demand into a runtime
+of its own (engine and services) and unloaded when idle.
+
+After llama-server's router mode (``/models/load``, ``/models/unload``, a model loads on its
+first request) and Ollama's ``keep_alive`` (how long a model stays loaded after its last
+request: a duration, ``0`` unload at once, negative keep loaded):
+
+- ``acquire(name)`` returns a ``Lease`` on the model's runtime, loading it first when it is not
+  loaded; concurrent acquirers of a model that is loading wait on that one load. A model with a
+  lease (running requests) is never unloaded.
+- Before a load, the least recently used idle models are unloaded until the new one fits
+  ``max_loaded`` models and ``memory_budget`` bytes (``ModelSpec.size_bytes`` estimates: file
+  sizes plus the KV cache). When only busy models are in the way, the load waits for one to go
+  idle, up to ``wait_s`` seconds (then ``RegistryFull``).
+- A model that fails to load raises ``ModelLoadError`` naming it and the cause to the requests
+  that waited on that load; the other models go on; the next request tries again.
+- Every change of a model's status is published to ``subscribe()``'s queues (``/models/events``).
+
+The registry knows nothing of engines: ``ModelSpec.load`` builds and starts a runtime and
+``ModelSpec.unload`` stops it (both blocking; run on a worker thread). Used from one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from glmserve.engine.base import one_line
+
+R = TypeVar("R")  # a loaded model's runtime
+
+
+class ModelStatus(str, Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+
+
+class RegistryError(Exception):
+    """Base of the registry's errors; ``model`` is the name asked for."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+class UnknownModel(RegistryError):
+    """No servable model or alias has this name."""
+
+
+class ModelLoadError(RegistryError):
+    """The model failed to load (bad file, out of memory, larger than the memory budget)."""
+
+
+class RegistryFull(RegistryError):
+    """The model does not fit beside the busy models, and none went idle in time."""
+
+
+@dataclass(slots=True)
+class ModelSpec(Generic[R]):
+    """One servable model. ``load()`` returns its started runtime (blocking; raises on failure),
+    ``unload(runtime)`` stops it; ``size_bytes``: its memory estimate; ``keep_alive``: seconds
+    it stays loaded when idle (None: the registry's default; ``math.inf``: until unloaded by
+    hand or evicted)."""
+
+    name: str
+    load: Callable[[], R]
+    unload: Callable[[R], None]
+    size_bytes: int = 0
+    aliases: tuple[str, ...] = ()
+    keep_alive: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Entry(Generic[R]):
+    spec: ModelSpec[R]
+    status: ModelStatus = ModelStatus.UNLOADED
+    runtime: R | None = None
+    loading: asyncio.Task | None = None
+    leases: int = 0
+    last_used: float = 0.0
+    keep_alive: float = 0.0  # seconds idle before unloading, as the last request asked
+    error: str | None = None  # the last load failure
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no lease is held
+
+
+class Lease(Generic[R]):
+    """A hold on a loaded model: ``runtime`` stays loaded until ``release()`` (idempotent; also
+    on leaving ``async with``)."""
+
+    def __init__(self, registry: ModelRegistry[R], entry: _Entry[R]) -> None:
+        self._registry, self._entry = registry, entry
+        self.runtime: R = entry.runtime
+        self.model = entry.spec.name
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._registry._release(self._entry)
+
+    async def __aenter__(self) -> Lease[R]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ModelRegistry(Generic[R]):
+    """See module docstring. ``max_loaded``: models loaded at once (None: no limit);
+    ``memory_budget``: bytes of ``size_bytes`` loaded at once (None: no limit); ``keep_alive``:
+    default idle seconds before unloading (``math.inf``: never); ``wait_s``: how long a load
+    waits for busy models to go idle; ``clock``: monotonic seconds (tests pass their own)."""
+
+    def __init__(self, specs: list[ModelSpec[R]], max_loaded: int | None = None, memory_budget: int | None = None,
+                 keep_alive: float = 300.0, wait_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries: dict[str, _Entry[R]] = {}
+        self._names: dict[str, _Entry[R]] = {}
+        for spec in specs:
+            entry = _Entry(spec)
+            entry.idle.set()
+            self._entries[spec.name] = entry
+            for name in (spec.name, *spec.aliases):
+                if name in self._names:
+                    raise ValueError(f"two models are named {name!r}")
+                self._names[name] = entry
+        self.max_loaded = max_loaded
+        self.memory_budget = memory_budget
+        self.keep_alive = keep_alive
+        self.wait_s = wait_s
+        self._clock = clock
+        self._lock = asyncio.Lock()  # eviction decisions and starting loads
+        self._changed = asyncio.Condition(self._lock)  # a lease was released or a model unloaded
+        self._subscribers: set[asyncio.Queue] = set()
+        self._expiry: asyncio.TimerHandle | None = None
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> str:
+        """The model's own name for ``name`` (a name or an alias). Raises ``UnknownModel``."""
+        entry = self._names.get(name)
+        if entry is None:
+            raise UnknownModel(name, f"The model '{name}' does not exist or you do not have access to it.")
+        return entry.spec.name
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every model, in the order given: ``model``, ``aliases``, ``status``, ``error`` (the last
+        load failure), ``running`` (leases held)."""
+        return [{"model": e.spec.name, "aliases": list(e.spec.aliases), "status": e.status.value, "error": e.error,
+                 "running": e.leases} for e in self._entries.values()]
+
+    def loaded(self) -> list[str]:
+        return [name for name, e in self._entries.items() if e.status is ModelStatus.LOADED]
+
+    def subscribe(self) -> asyncio.Queue:
+        """A queue of status events (``{"model", "status", "error"}``), starting with the status
+        of every model; ``unsubscribe`` it when done."""
+        queue: asyncio.Queue = asyncio.Queue()
+        for item in self.status():
+            queue.put_nowait({"model": item["model"], "status": item["status"], "error": item["error"]})
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue) -> None:
+        self._subscribers.discard(queue)
+
+    def _publish(self, entry: _Entry[R]) -> None:
+        event = {"model": entry.spec.name, "status": entry.status.value, "error": entry.error}
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    # ---- leases -------------------------------------------------------------------------
+
+    async def acquire(self, name: str, keep_alive: float | None = None) -> Lease[R]:
+        """A lease on model ``name``, loaded first if needed. ``keep_alive``: seconds the model
+        stays loaded once idle after this request (0: unload at once; ``math.inf``: keep; None:
+        the model's or the registry's default). Raises ``UnknownModel``, ``ModelLoadError`` or
+        ``RegistryFull``."""
+        entry = self._names.get(name)
+        if entry is None:
+            self.resolve(name)
+        while True:
+            async with self._lock:
+                if entry.status is ModelStatus.LOADED:
+                    entry.leases += 1
+                    entry.idle.clear()
+                    entry.last_used = self._clock()
+                    entry.keep_alive = self._keep_alive(entry, keep_alive)
+                    return Lease(self, entry)
+                if entry.loading is None:
+                    entry.loading = asyncio.get_running_loop().create_task(self._load(entry))
+                task = entry.loading
+            await asyncio.shield(task)  # raises the load's error; a caller that leaves does not cancel it
+
+    def _keep_alive(self, entry: _Entry[R], asked: float | None) -> float:
+        if asked is not None:
+            return math.inf if asked < 0 else asked
+        return self.keep_alive if entry.spec.keep_alive is None else entry.spec.keep_alive
+
+    def _release(self, entry: _Entry[R]) -> None:
+        entry.leases -= 1
+        entry.last_used = self._clock()
+        if entry.leases == 0:
+            entry.idle.set()
+            asyncio.get_running_loop().create_task(self._after_release())
+
+    async def _after_release(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+        await self.expire_idle()
+
+    # ---- loading and unloading ------------------------------------------------------------
+
+    async def load(self, name: str) -> None:
+        """Load model ``name`` now (``POST /models/load``); no lease is kept. Raises as
+        ``acquire`` does."""
+        (await self.acquire(name)).release()
+
+    async def _load(self, entry: _Entry[R]) -> None:
+        spec = entry.spec
+        try:
+            async with self._lock:
+                await self._make_room(entry)
+                entry.status, entry.error = ModelStatus.LOADING, None
+                self._publish(entry)
+            try:
+                runtime = await asyncio.to_thread(spec.load)
+            except Exception as exc:
+                raise ModelLoadError(spec.name, f"model '{spec.name}' failed to load: {one_line(exc)}") from exc
+            async with self._lock:
+                entry.runtime, entry.status = runtime, ModelStatus.LOADED
+                entry.last_used = self._clock()
+                self._publish(entry)
+        except RegistryError as exc:
+            async with self._lock:
+                entry.status, entry.error = ModelStatus.UNLOADED, str(exc)
+                self._publish(entry)
+            raise
+        finally:
+            entry.loading = None
+
+    async def _make_room(self, entry: _Entry[R]) -> None:
+        """Unload least recently used idle models until ``entry`` fits (the lock is held, and
+        released while waiting for a busy model to go idle). Raises ``ModelLoadError`` for a
+        model larger than the whole budget, ``RegistryFull`` after ``wait_s``."""
+        size = entry.spec.size_bytes
+        if self.memory_budget is not None and size > self.memory_budget:
+            raise ModelLoadError(entry.spec.name, f"model '{entry.spec.name}' needs about {size} bytes, more than "
+                                 f"the memory budget of {self.memory_budget}")
+        deadline = self._clock() + self.wait_s
+        while not self._fits(entry):
+            idle = [e for e in self._entries.values()
+                    if e is not entry and e.status is ModelStatus.LOADED and e.leases == 0]
+            if idle:
+                await self._unload(min(idle, key=lambda e: e.last_used), "to make room for " + entry.spec.name)
+                continue
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                busy = [e.spec.name for e in self._entries.values() if e.status is not ModelStatus.UNLOADED]
+                raise RegistryFull(entry.spec.name, f"model '{entry.spec.name}' does not fit beside the models in "
+                                   f"use ({', '.join(busy)}); try again when they are idle")
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _fits(self, entry: _Entry[R]) -> bool:
+        held = [e for e in self._entries.values() if e is not entry and e.status is not ModelStatus.UNLOADED]
+        if self.max_loaded is not None and len(held) + 1 > self.max_loaded:
+            return False
+        if self.memory_budget is not None:
+            return sum(e.spec.size_bytes for e in held) + entry.spec.size_bytes <= self.memory_budget
+        return True
+
+    async def _unload(self, entry: _Entry[R], why: str) -> None:
+        """Stop ``entry``'s runtime (lock held; it has no lease)."""
+        runtime, entry.runtime = entry.runtime, None
+        entry.status = ModelStatus.UNLOADED
+        self._publish(entry)
+        if runtime is not None:
+            await asyncio.to_thread(entry.spec.unload, runtime)
+        self._changed.notify_all()
+
+    async def unload(self, name: str, wait_s: float | None = None) -> bool:
+        """Unload model ``name`` (``POST /models/unload``) once its running requests end (up to
+        ``wait_s`` seconds, default ``self.wait_s``). Returns False when it was not loaded.
+        Raises ``UnknownModel``, or ``RegistryFull`` when it stayed busy."""
+        entry = self._entries[self.resolve(name)]
+        if entry.loading is not None:
+            await asyncio.shield(entry.loading)
+        try:
+            await asyncio.wait_for(entry.idle.wait(), self.wait_s if wait_s is None else wait_s)
+        except TimeoutError:
+            raise RegistryFull(name, f"model '{name}' is still serving requests") from None
+        async with self._lock:
+            if entry.status is not ModelStatus.LOADED or entry.leases:
+                return False
+            await self._unload(entry, "on request")
+        return True
+
+    async def expire_idle(self) -> None:
+        """Unload every idle model whose keep-alive has run out, then arm a timer for the next
+        one to run out."""
+        async with self._lock:
+            now = self._clock()
+            for entry in self._entries.values():
+                if (entry.status is ModelStatus.LOADED and entry.leases == 0
+                        and entry.last_used + entry.keep_alive <= now):
+                    await self._unload(entry, "idle")
+        self._schedule_expiry()
+
+    def _schedule_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        deadlines = [e.last_used + e.keep_alive for e in self._entries.values()
+                     if e.status is ModelStatus.LOADED and e.leases == 0 and math.isfinite(e.keep_alive)]
+        if deadlines:
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, min(deadlines) - self._clock())
+            self._expiry = loop.call_later(delay, lambda: loop.create_task(self.expire_idle()))
+
+    async def close(self) -> None:
+        """Unload every loaded model (server shutdown), whatever its leases."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        async with self._lock:
+            for entry in self._entries.values():
+                if entry.status is ModelStatus.LOADED:
+                    await self._unload(entry, "shutdown")

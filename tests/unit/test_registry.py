@@ -1,0 +1,240 @@
+"""The model registry over fake runtimes and a fake clock: one load for concurrent first
+requests, least-recently-used idle models unloaded under ``max_loaded`` and ``memory_budget``,
+busy models never, keep_alive (0, a duration, forever), a failing model that leaves the others
+serving, explicit load/unload, and the status events."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+
+from glmserve.serving.registry import (
+    ModelLoadError,
+    ModelRegistry,
+    ModelSpec,
+    RegistryFull,
+    UnknownModel,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Models:
+    """Fake runtimes: ``loads``/``unloads`` count calls per model; a model in ``broken`` fails
+    to load; ``gate`` (when set) holds loads until it is set."""
+
+    def __init__(self) -> None:
+        self.loads: dict[str, int] = {}
+        self.unloads: dict[str, int] = {}
+        self.broken: set[str] = set()
+        self.gate: threading.Event | None = None
+
+    def spec(self, name: str, size: int = 0, **kw) -> ModelSpec:
+        def load():
+            if self.gate is not None:
+                self.gate.wait(10)
+            self.loads[name] = self.loads.get(name, 0) + 1
+            if name in self.broken:
+                raise OSError(f"{name}.gguf: not a GGUF file")
+            return f"runtime of {name}"
+
+        def unload(runtime):
+            assert runtime == f"runtime of {name}"
+            self.unloads[name] = self.unloads.get(name, 0) + 1
+
+        return ModelSpec(name, load, unload, size, **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_first_requests_share_one_load():
+    models = Models()
+    models.gate = threading.Event()
+
+    async def main():
+        registry = ModelRegistry([models.spec("a")])
+        tasks = [asyncio.create_task(registry.acquire("a")) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        assert registry.status()[0]["status"] == "loading"
+        models.gate.set()
+        leases = await asyncio.gather(*tasks)
+        assert {lease.runtime for lease in leases} == {"runtime of a"}
+        assert registry.status()[0]["running"] == 5
+        for lease in leases:
+            lease.release()
+        await registry.close()
+
+    run(main())
+    assert models.loads == {"a": 1} and models.unloads == {"a": 1}
+
+
+def test_max_loaded_unloads_the_least_recently_used_idle_model():
+    models, clock = Models(), Clock()
+
+    async def main():
+        registry = ModelRegistry([models.spec("a"), models.spec("b"), models.spec("c")], max_loaded=2, clock=clock)
+        for name in ("a", "b"):
+            async with await registry.acquire(name):
+                clock.now += 1
+        async with await registry.acquire("a"):  # a is now the most recently used
+            clock.now += 1
+        async with await registry.acquire("c"):
+            assert registry.loaded() == ["a", "c"]
+        assert models.unloads == {"b": 1}
+        await registry.close()
+
+    run(main())
+
+
+def test_memory_budget_and_a_model_larger_than_it():
+    models = Models()
+
+    async def main():
+        registry = ModelRegistry([models.spec("small", 40), models.spec("mid", 50), models.spec("huge", 200)],
+                                 memory_budget=100)
+        async with await registry.acquire("small"):
+            pass
+        async with await registry.acquire("mid"):
+            assert registry.loaded() == ["small", "mid"]  # 90 of 100
+        with pytest.raises(ModelLoadError, match="more than the memory budget"):
+            await registry.acquire("huge")
+        assert registry.loaded() == ["small", "mid"]  # nothing was unloaded for it
+        await registry.close()
+
+    run(main())
+
+
+def test_a_busy_model_is_never_unloaded():
+    models = Models()
+
+    async def main():
+        registry = ModelRegistry([models.spec("a"), models.spec("b")], max_loaded=1, wait_s=0.2)
+        lease = await registry.acquire("a")
+        with pytest.raises(RegistryFull, match="does not fit beside the models in use"):
+            await registry.acquire("b")
+        assert registry.loaded() == ["a"] and lease.runtime == "runtime of a"
+        # once a goes idle, b's load goes ahead (a waiting load is woken by the release)
+        waiting = asyncio.create_task(registry.acquire("b"))
+        await asyncio.sleep(0.05)
+        lease.release()
+        (await waiting).release()
+        assert registry.loaded() == ["b"]
+        await registry.close()
+
+    run(main())
+    assert models.loads == {"a": 1, "b": 1}
+
+
+def test_keep_alive():
+    models, clock = Models(), Clock()
+
+    async def main():
+        registry = ModelRegistry([models.spec("a"), models.spec("b", keep_alive=math.inf)], keep_alive=300,
+                                 clock=clock)
+        async with await registry.acquire("a", keep_alive=0):
+            pass
+        await asyncio.sleep(0)  # the release's follow-up runs
+        await registry.expire_idle()
+        assert registry.loaded() == [] and models.unloads == {"a": 1}
+        async with await registry.acquire("a"):  # the default: 300 s
+            pass
+        async with await registry.acquire("b"):
+            pass
+        clock.now += 299
+        await registry.expire_idle()
+        assert registry.loaded() == ["a", "b"]
+        clock.now += 2
+        await registry.expire_idle()
+        assert registry.loaded() == ["b"]  # b's own keep_alive: forever
+        async with await registry.acquire("b", keep_alive=10):  # a request's keep_alive wins
+            pass
+        clock.now += 11
+        await registry.expire_idle()
+        assert registry.loaded() == []
+        async with await registry.acquire("a", keep_alive=-1):  # negative: keep
+            pass
+        clock.now += 10**6
+        await registry.expire_idle()
+        assert registry.loaded() == ["a"]
+        await registry.close()
+
+    run(main())
+
+
+def test_a_broken_model_fails_alone_and_is_tried_again():
+    models = Models()
+    models.broken.add("bad")
+
+    async def main():
+        registry = ModelRegistry([models.spec("good"), models.spec("bad")])
+        results = await asyncio.gather(registry.acquire("bad"), registry.acquire("bad"), return_exceptions=True)
+        assert all(isinstance(r, ModelLoadError) for r in results)
+        assert "model 'bad' failed to load: bad.gguf: not a GGUF file" in str(results[0])
+        status = {s["model"]: s for s in registry.status()}
+        assert status["bad"]["status"] == "unloaded" and "not a GGUF file" in status["bad"]["error"]
+        async with await registry.acquire("good") as lease:
+            assert lease.runtime == "runtime of good"
+        models.broken.clear()
+        async with await registry.acquire("bad") as lease:  # fixed: the next request loads it
+            assert lease.runtime == "runtime of bad"
+        assert {s["model"]: s["error"] for s in registry.status()}["bad"] is None
+        await registry.close()
+
+    run(main())
+    assert models.loads["bad"] == 2  # the two concurrent requests shared one failed load
+
+
+def test_names_aliases_and_unknown_models():
+    models = Models()
+
+    async def main():
+        registry = ModelRegistry([models.spec("glm-4-9b", aliases=("glm-4",))])
+        assert registry.resolve("glm-4") == "glm-4-9b"
+        async with await registry.acquire("glm-4") as lease:
+            assert lease.model == "glm-4-9b"
+        with pytest.raises(UnknownModel, match="'nope' does not exist"):
+            await registry.acquire("nope")
+        await registry.close()
+
+    run(main())
+    with pytest.raises(ValueError, match="two models are named 'x'"):
+        ModelRegistry([models.spec("x"), models.spec("y", aliases=("x",))])
+
+
+def test_explicit_load_unload_and_events():
+    models = Models()
+
+    async def main():
+        registry = ModelRegistry([models.spec("a"), models.spec("b")])
+        events = registry.subscribe()
+        await registry.load("a")
+        assert registry.loaded() == ["a"]
+        lease = await registry.acquire("a")
+        with pytest.raises(RegistryFull, match="still serving"):
+            await registry.unload("a", wait_s=0.05)
+        unloading = asyncio.create_task(registry.unload("a"))
+        await asyncio.sleep(0.05)
+        assert not unloading.done()  # waits for the running request
+        lease.release()
+        assert await unloading is True
+        assert await registry.unload("a") is False
+        seen = []
+        while not events.empty():
+            event = events.get_nowait()
+            seen.append((event["model"], event["status"]))
+        assert seen == [("a", "unloaded"), ("b", "unloaded"), ("a", "loading"), ("a", "loaded"), ("a", "unloaded")]
+        registry.unsubscribe(events)
+        await registry.close()
+
+    run(main())
