@@ -104,7 +104,7 @@ class LLM:
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
-        self._runtime.engine.shutdown()
+        self._runtime.shutdown()
 
     def __enter__(self) -> LLM:
         return self

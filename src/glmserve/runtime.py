@@ -17,7 +17,12 @@ from glmserve.engine import Engine, EngineError, create_engine
 from glmserve.models import ModelNotFoundError
 from glmserve.multimodal import MediaPolicy
 from glmserve.serving.chat import ChatService
+from glmserve.serving.completions import CompletionService
 from glmserve.serving.embeddings import EmbeddingsService
+from glmserve.serving.lora import LoRAAdapterService
+from glmserve.serving.messages import MessagesService
+from glmserve.serving.responses import ResponsesService
+from glmserve.serving.tokenize import TokenizeService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
 
@@ -29,8 +34,26 @@ STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError)
 
 @dataclass(slots=True)
 class Runtime:
+    """One started model and the services over it: what a request for the model is served by."""
+
     engine: Engine
     chat: ChatService
+    completions: CompletionService
+    responses: ResponsesService
+    messages: MessagesService
+    tokenize: TokenizeService
+    embeddings: EmbeddingsService
+    lora: LoRAAdapterService
+
+    @classmethod
+    def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768) -> Runtime:
+        """The services over ``chat``'s engine (started)."""
+        return cls(chat.engine, chat, CompletionService(chat), ResponsesService(chat), MessagesService(chat),
+                   TokenizeService(chat), EmbeddingsService(chat, max_embedding_inputs, max_embedding_tokens),
+                   LoRAAdapterService(chat))
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
 
 
 def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
@@ -67,10 +90,9 @@ def start_runtime(settings: ServeSettings) -> Runtime:
         name = settings.served_model_name or engine.model_info.id
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
-        return Runtime(engine, ChatService(engine, name, template, parser, media_policy(settings),
-                                           settings.schema_limits(), settings.max_n,
-                                           settings.default_chat_template_kwargs,
-                                           settings.override_generation_config))
+        chat = ChatService(engine, name, template, parser, media_policy(settings), settings.schema_limits(),
+                           settings.max_n, settings.default_chat_template_kwargs, settings.override_generation_config)
+        return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens)
     except BaseException:
         engine.shutdown()
         raise
@@ -86,10 +108,8 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     from glmserve.server import create_app
 
     runtime = start_runtime(settings)
-    return create_app(runtime.engine, runtime.chat, api_key=settings.api_key,
+    return create_app(runtime, api_key=settings.api_key,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
-                      embeddings_service=EmbeddingsService(runtime.chat, settings.max_embedding_inputs,
-                                                           settings.max_embedding_tokens),
                       runtime_lora=settings.allow_runtime_lora_updating)

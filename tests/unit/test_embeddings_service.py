@@ -18,7 +18,7 @@ from tests.unit.fakes import FakeEngine
 
 
 def _http(engine: FakeEngine) -> TestClient:
-    return TestClient(create_app(engine, ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))
+    return TestClient(create_app(ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))
 
 
 def test_vectors_in_order_with_usage():

@@ -16,7 +16,7 @@ from tests.unit.fakes import FakeEngine
 
 def _http(runtime_lora: bool = True) -> TestClient:
     engine = FakeEngine()
-    return TestClient(create_app(engine, ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE)),
+    return TestClient(create_app(ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE)),
                                  runtime_lora=runtime_lora))
 
 

@@ -25,7 +25,7 @@ def engine():
 @pytest.fixture()
 def http(engine):
     service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
-    with TestClient(create_app(engine, service)) as client:
+    with TestClient(create_app(service)) as client:
         yield client
 
 
@@ -147,7 +147,7 @@ def test_engine_failure_ends_only_that_request(http, cue):
 
 def test_template_rejection_is_400(engine):
     strict = ChatTemplate("{{ raise_exception('roles must alternate') }}")
-    with TestClient(create_app(engine, ChatService(engine, "fake", strict))) as client:
+    with TestClient(create_app(ChatService(engine, "fake", strict))) as client:
         resp = client.post("/v1/chat/completions", json=_body())
     assert resp.status_code == 400
     assert "roles must alternate" in resp.json()["error"]["message"]
@@ -167,10 +167,10 @@ def test_replica_header_and_deployment_health(engine):
         return {"replicas": {"RUNNING": 2}}
 
     service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
-    with TestClient(create_app(engine, service, replica_id="r1", deployment_health=deployment)) as client:
+    with TestClient(create_app(service, replica_id="r1", deployment_health=deployment)) as client:
         health = client.get("/health")
         assert health.json() == {"status": "ok", "replica": "r1", "deployment": {"replicas": {"RUNNING": 2}}}
         models = client.get("/v1/models")
         assert models.headers["x-glmserve-replica"] == "r1" and models.headers["x-request-id"]
-    with TestClient(create_app(engine, service)) as client:
+    with TestClient(create_app(service)) as client:
         assert "x-glmserve-replica" not in client.get("/v1/models").headers

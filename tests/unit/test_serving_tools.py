@@ -23,7 +23,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 def _http(parser: str, reply: str):
     engine = FakeEngine(reply=reply, context_length=4000, grammar=True)
     service = ChatService(engine, "glm", ChatTemplate(TEMPLATES[parser]), parser)
-    return engine, service, TestClient(create_app(engine, service))
+    return engine, service, TestClient(create_app(service))
 
 
 def _body(**kw):

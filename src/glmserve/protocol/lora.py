@@ -10,12 +10,15 @@ from glmserve.protocol.chat import _Lenient
 
 class LoadLoRAAdapterRequest(_Lenient):
     """``lora_path``: on the server (a GGUF LoRA file on llama_cpp, a PEFT folder on
-    transformers and vllm); ``load_inplace``: replace an adapter already loaded under the name."""
+    transformers and vllm); ``load_inplace``: replace an adapter already loaded under the name;
+    ``model`` (glmserve's): the base model, on a server of several (default: the default one)."""
 
+    model: str | None = None
     lora_name: str = Field(min_length=1, max_length=256)
     lora_path: str = Field(min_length=1, max_length=4096)
     load_inplace: bool = False
 
 
 class UnloadLoRAAdapterRequest(_Lenient):
+    model: str | None = None
     lora_name: str = Field(min_length=1, max_length=256)

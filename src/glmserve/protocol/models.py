@@ -24,6 +24,10 @@ class ModelCard(BaseModel):
     # extension (Ollama's name and values): what the model can be sent; the web page shows its
     # image button for "vision"
     capabilities: list[Literal["completion", "tools", "vision", "embedding"]] = ["completion"]
+    # extensions for a server of many models (llama-server's router mode): whether it is loaded
+    # now, and the engine that serves it
+    status: Literal["loaded", "loading", "unloaded"] | None = None
+    engine: str | None = None
 
 
 def model_capabilities(vision: bool, tool_call_parser: str | None, embedding: bool = False) -> list[str]:

@@ -1,8 +1,7 @@
-"""``create_app``: the FastAPI application around a started engine. No engine imports here."""
+"""``create_app``: the FastAPI application around the served models. No engine imports here."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -10,8 +9,6 @@ from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from glmserve import __version__
-from glmserve.engine.base import Engine
-from glmserve.protocol.models import ModelCard, model_capabilities
 from glmserve.server.auth import require_anthropic_key, require_api_key
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
@@ -20,23 +17,19 @@ from glmserve.server.request_id import RequestId
 from glmserve.server.routes import (chat, completions, docs, embeddings, health, lora, messages, metrics, models,
                                     responses, tokenize)
 from glmserve.server.routes.ui import install_ui
+from glmserve.runtime import Runtime
 from glmserve.serving.chat import ChatService
-from glmserve.serving.completions import CompletionService
-from glmserve.serving.embeddings import EmbeddingsService
-from glmserve.serving.lora import LoRAAdapterService
-from glmserve.serving.messages import MessagesService
-from glmserve.serving.responses import ResponsesService
-from glmserve.serving.tokenize import TokenizeService
+from glmserve.serving.served import ServedModels
 
 
 def create_app(
-    engine: Engine, chat_service: ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
+    served: ServedModels | Runtime | ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
     max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
-    deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True,
-    embeddings_service: EmbeddingsService | None = None, runtime_lora: bool = False,
+    deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True, runtime_lora: bool = False,
 ) -> FastAPI:
-    """The app serving ``engine`` (already started); shuts the engine down on exit.
+    """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
+    or a ``ChatService`` with the default services over it); unloads them all on exit.
 
     ``api_key``: every route but ``/health`` needs it (``/docs`` and ``/redoc`` are off then);
     ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
@@ -44,30 +37,26 @@ def create_app(
     408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
     response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
     ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
-    ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``embeddings_service``:
-    ``/v1/embeddings`` with its limits (default: ``EmbeddingsService(chat_service)``);
-    ``runtime_lora``: mount ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
+    ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``runtime_lora``: mount
+    ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
+    if isinstance(served, ChatService):
+        served = Runtime.over(served)
+    if isinstance(served, Runtime):
+        served = ServedModels.single(served)
+    models_served: ServedModels = served
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        engine.shutdown()
+        await models_served.close()
 
     app = FastAPI(title="glmserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.api_key = api_key
-    app.state.engine = engine
+    app.state.models = models_served
     app.state.replica_id = replica_id
     app.state.deployment_health = deployment_health
     app.state.shutdown_timeout = shutdown_timeout
-    app.state.chat = chat_service
-    app.state.tokenize = TokenizeService(chat_service)
-    app.state.completions = CompletionService(chat_service)
-    app.state.responses = ResponsesService(chat_service)
-    app.state.messages = MessagesService(chat_service)
-    app.state.embeddings = embeddings_service or EmbeddingsService(chat_service)
-    app.state.lora = LoRAAdapterService(chat_service)
-    app.state.model_cards = _model_cards(engine, chat_service)
     install_error_handlers(app)
     install_openapi(app)
     # the last added is the outermost: request id, then CORS, then the body limits
@@ -97,23 +86,3 @@ def create_app(
         install_ui(app)
     return app
 
-
-def _model_cards(engine: Engine, chat_service: ChatService) -> Callable[[], list[ModelCard]]:
-    """The ``/v1/models`` cards now: the base model, then each LoRA adapter loaded (at start or
-    at run time; ``created`` is when the card first appeared)."""
-    created: dict[str, int] = {}
-
-    def cards() -> list[ModelCard]:
-        info = engine.model_info
-        names = (chat_service.model_name, *info.lora_adapters)
-        for name in names:
-            created.setdefault(name, int(time.time()))
-        capabilities = model_capabilities(info.vision, chat_service.tool_parser, info.embedding_size is not None)
-        return [ModelCard(id=name, created=created[name], owned_by=info.owned_by, max_model_len=info.context_length,
-                          root=info.id, parent=None if name == chat_service.model_name else chat_service.model_name,
-                          tool_call_parser=chat_service.tool_parser, max_num_seqs=info.max_num_seqs,
-                          max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
-                          capabilities=capabilities)
-                for name in names]
-
-    return cards

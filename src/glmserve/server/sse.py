@@ -138,13 +138,44 @@ def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float,
 
 
 async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None], request: Request,
-                  dialect: SSEDialect = OPENAI) -> Response:
+                  dialect: SSEDialect = OPENAI, release: Callable[[], None] | None = None) -> Response:
     """The HTTP response for a handler's ``result`` (awaited under ``with_cancellation``): a
     whole object as JSON (OpenAI's: without its null fields), a stream as SSE in ``dialect``;
-    499 when the client left."""
-    result = await with_cancellation(result, request)
-    if result is None:  # client went away; nobody reads this
-        return Response(status_code=499)
-    if isinstance(result, BaseModel):
-        return JSONResponse(dialect.dump(result))
-    return event_stream(result, request.app.state.shutdown_timeout, dialect)
+    499 when the client left. ``release``: called once the result no longer needs its model
+    (after a whole object; when a stream's source is closed; on an error)."""
+    try:
+        result = await with_cancellation(result, request)
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+    if result is None or isinstance(result, BaseModel):
+        if release is not None:
+            release()
+        # None: the client went away; nobody reads this
+        return Response(status_code=499) if result is None else JSONResponse(dialect.dump(result))
+    return event_stream(result if release is None else _Releasing(result, release),
+                        request.app.state.shutdown_timeout, dialect)
+
+
+class _Releasing:
+    """``source``'s items; ``aclose()`` closes ``source``, then calls ``release`` (once, also
+    when the stream was never read: a generator's ``finally`` would not run then)."""
+
+    def __init__(self, source: AsyncIterator[StreamItem], release: Callable[[], None]) -> None:
+        self._source, self._release, self._closed = source, release, False
+
+    def __aiter__(self) -> _Releasing:
+        return self
+
+    async def __anext__(self) -> StreamItem:
+        return await anext(self._source)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._source.aclose()
+        finally:
+            self._release()

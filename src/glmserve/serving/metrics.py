@@ -14,6 +14,8 @@ do not know it leave it out).
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
@@ -90,3 +92,31 @@ class ServingMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _Merged:
+    """The metric families of several registries, samples of a family under one name together
+    (the text format declares each family once)."""
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self._registries = registries
+
+    def collect(self):
+        families: dict[str, Any] = {}
+        for registry in self._registries:
+            for family in registry.collect():
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        return list(families.values())
+
+
+def render_all(metrics: list[ServingMetrics]) -> bytes:
+    """The Prometheus text exposition of the metrics of several models (each labelled by
+    ``model_name``)."""
+    if len(metrics) == 1:
+        return metrics[0].render()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged([m.registry for m in metrics]))
+    return generate_latest(registry)

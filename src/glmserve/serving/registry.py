@@ -74,6 +74,7 @@ class ModelSpec(Generic[R]):
     size_bytes: int = 0
     aliases: tuple[str, ...] = ()
     keep_alive: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)  # shown as it is, e.g. the engine's name
 
 
 @dataclass(slots=True, eq=False)
@@ -150,12 +151,25 @@ class ModelRegistry(Generic[R]):
 
     def status(self) -> list[dict[str, Any]]:
         """Every model, in the order given: ``model``, ``aliases``, ``status``, ``error`` (the last
-        load failure), ``running`` (leases held)."""
+        load failure), ``running`` (leases held), ``metadata``."""
         return [{"model": e.spec.name, "aliases": list(e.spec.aliases), "status": e.status.value, "error": e.error,
-                 "running": e.leases} for e in self._entries.values()]
+                 "running": e.leases, "metadata": e.spec.metadata} for e in self._entries.values()]
 
     def loaded(self) -> list[str]:
         return [name for name, e in self._entries.items() if e.status is ModelStatus.LOADED]
+
+    def runtimes(self) -> dict[str, R]:
+        """{model: runtime} of the loaded models."""
+        return {name: e.runtime for name, e in self._entries.items() if e.status is ModelStatus.LOADED}
+
+    def adopt(self, name: str, runtime: R) -> None:
+        """Mark model ``name`` loaded with ``runtime``, started by the caller (a model loaded at
+        start-up)."""
+        entry = self._entries[self.resolve(name)]
+        if entry.status is not ModelStatus.UNLOADED:
+            raise ValueError(f"model {name!r} is {entry.status.value}")
+        entry.runtime, entry.status, entry.last_used = runtime, ModelStatus.LOADED, self._clock()
+        entry.keep_alive = self._keep_alive(entry, None)
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of status events (``{"model", "status", "error"}``), starting with the status

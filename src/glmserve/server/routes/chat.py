@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.sse import respond
+from glmserve.server.model_lease import respond_with_model
 
 router = APIRouter()
 
@@ -16,4 +16,4 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500),
 })
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    return await respond(request.app.state.chat.create(body), request)
+    return await respond_with_model(request, body.model, lambda runtime: runtime.chat.create(body))

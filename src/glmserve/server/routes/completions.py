@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from glmserve.protocol.completions import Completion, CompletionRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.sse import respond
+from glmserve.server.model_lease import respond_with_model
 
 router = APIRouter()
 
@@ -17,4 +17,4 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500),
 })
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    return await respond(request.app.state.completions.create(body), request)
+    return await respond_with_model(request, body.model, lambda runtime: runtime.completions.create(body))

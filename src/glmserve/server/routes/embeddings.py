@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from glmserve.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
+from glmserve.server.model_lease import model_runtime
 from glmserve.server.openapi import error_responses
 
 router = APIRouter()
@@ -12,4 +13,5 @@ router = APIRouter()
 
 @router.post("/v1/embeddings", responses=error_responses(400, 404, 408, 413, 500))
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
-    return await request.app.state.embeddings.create(body)
+    async with model_runtime(request, body.model) as runtime:
+        return await runtime.embeddings.create(body)

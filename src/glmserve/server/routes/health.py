@@ -20,7 +20,8 @@ router = APIRouter()
 async def health(request: Request) -> dict[str, Any]:
     state = request.app.state
     try:
-        state.engine.check_health()
+        for runtime in state.models.runtimes().values():
+            runtime.engine.check_health()
     except EngineError as exc:
         raise APIError(503, f"the engine cannot serve: {exc}", "server_error", None, "engine_unhealthy") from exc
     body: dict[str, Any] = {"status": "ok"}

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request, Response
 
 from glmserve.protocol.anthropic import CountTokensRequest, CountTokensResponse, Message, MessagesRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.sse import ANTHROPIC, respond
+from glmserve.server.model_lease import model_runtime, respond_with_model
+from glmserve.server.sse import ANTHROPIC
 
 router = APIRouter()
 
@@ -20,9 +21,10 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500, 529, anthropic=True),
 })
 async def create_message(body: MessagesRequest, request: Request) -> Response:
-    return await respond(request.app.state.messages.create(body), request, ANTHROPIC)
+    return await respond_with_model(request, body.model, lambda runtime: runtime.messages.create(body), ANTHROPIC)
 
 
 @router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, anthropic=True))
 async def count_tokens(body: CountTokensRequest, request: Request) -> CountTokensResponse:
-    return await asyncio.to_thread(request.app.state.messages.count_tokens, body)
+    async with model_runtime(request, body.model) as runtime:
+        return await asyncio.to_thread(runtime.messages.count_tokens, body)

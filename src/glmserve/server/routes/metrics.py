@@ -1,10 +1,10 @@
-"""``GET /metrics``: Prometheus text format (``serving/metrics.py``)."""
+"""``GET /metrics``: Prometheus text format (``serving/metrics.py``), of every loaded model."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from glmserve.serving.metrics import CONTENT_TYPE
+from glmserve.serving.metrics import CONTENT_TYPE, render_all
 
 router = APIRouter()
 
@@ -12,4 +12,5 @@ router = APIRouter()
 @router.get("/metrics", response_class=Response, responses={
     200: {"description": "Prometheus text exposition format", "content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.chat.metrics.render(), media_type=CONTENT_TYPE)
+    runtimes = request.app.state.models.runtimes().values()
+    return Response(render_all([runtime.chat.metrics for runtime in runtimes]), media_type=CONTENT_TYPE)

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Response
 from glmserve.protocol.responses import Response as ResponseObject
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.sse import respond
+from glmserve.server.model_lease import respond_with_model
 
 router = APIRouter()
 
@@ -18,4 +18,4 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500),
 })
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    return await respond(request.app.state.responses.create(body), request)
+    return await respond_with_model(request, body.model, lambda runtime: runtime.responses.create(body))

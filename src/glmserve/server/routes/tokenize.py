@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from glmserve.protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from glmserve.server.model_lease import model_runtime
 from glmserve.server.openapi import error_responses
 
 router = APIRouter()
@@ -14,9 +15,11 @@ router = APIRouter()
 
 @router.post("/tokenize", responses=error_responses(400, 404, 413))
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-    return await asyncio.to_thread(request.app.state.tokenize.tokenize, body)
+    async with model_runtime(request, body.model) as runtime:
+        return await asyncio.to_thread(runtime.tokenize.tokenize, body)
 
 
 @router.post("/detokenize", responses=error_responses(400, 404, 413))
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
-    return await asyncio.to_thread(request.app.state.tokenize.detokenize, body)
+    async with model_runtime(request, body.model) as runtime:
+        return await asyncio.to_thread(runtime.tokenize.detokenize, body)

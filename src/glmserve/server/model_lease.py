@@ -1,0 +1,36 @@
+"""How a route reaches the model a request names: a lease on its runtime (loading it if needed),
+held for as long as the answer needs the model (a stream: until it is closed)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request, Response
+
+from glmserve.server.sse import OPENAI, SSEDialect, respond
+
+if TYPE_CHECKING:
+    from glmserve.runtime import Runtime
+
+
+async def respond_with_model(request: Request, model: str | None, call: Callable[[Runtime], Awaitable[Any]],
+                             dialect: SSEDialect = OPENAI, keep_alive: float | None = None) -> Response:
+    """``respond(call(runtime))`` on the runtime serving ``model``, released when the response
+    no longer needs it. Raises ``APIError`` when the model is unknown or cannot be loaded."""
+    lease = await request.app.state.models.acquire(model, keep_alive)
+    try:
+        result = call(lease.runtime)
+    except BaseException:
+        lease.release()
+        raise
+    return await respond(result, request, dialect, release=lease.release)
+
+
+@asynccontextmanager
+async def model_runtime(request: Request, model: str | None,
+                        keep_alive: float | None = None) -> AsyncIterator[Runtime]:
+    """The runtime serving ``model`` (None: the default model), held inside the block."""
+    async with await request.app.state.models.acquire(model, keep_alive) as lease:
+        yield lease.runtime

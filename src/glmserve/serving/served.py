@@ -1,0 +1,113 @@
+"""The models one app serves, as the routes see them: a request's ``model`` (a model's name, an
+alias, or a LoRA adapter of a loaded model) to a lease on that model's ``Runtime``, with the
+registry's errors as API errors; and the ``/v1/models`` cards.
+
+One model (``glmserve serve --model``) is a registry of one, loaded at start and kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from glmserve.protocol.errors import APIError, model_not_found
+from glmserve.protocol.models import ModelCard, model_capabilities
+from glmserve.serving.registry import (
+    Lease,
+    ModelLoadError,
+    ModelRegistry,
+    ModelSpec,
+    RegistryFull,
+    UnknownModel,
+)
+
+if TYPE_CHECKING:
+    from glmserve.runtime import Runtime
+
+RETRY_AFTER_S = 5  # a model that does not fit now: when to try again
+
+
+def registry_error(exc: Exception) -> APIError:
+    """The API error for a registry error: 404 for an unknown model, 500 naming the model and the
+    cause for a failed load (``model_load_failed``), 503 with ``Retry-After`` when it does not
+    fit beside the busy models."""
+    if isinstance(exc, UnknownModel):
+        return model_not_found(exc.model)
+    if isinstance(exc, RegistryFull):
+        return APIError(503, str(exc), "server_error", "model", "model_busy",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, ModelLoadError):
+        return APIError(500, str(exc), "server_error", "model", "model_load_failed")
+    raise exc
+
+
+class ServedModels:
+    """Over ``registry`` (of ``Runtime``\\ s); ``default``: the model a request without ``model``
+    gets (``/tokenize``)."""
+
+    def __init__(self, registry: ModelRegistry[Runtime], default: str) -> None:
+        self.registry = registry
+        self.default = default
+        self._created: dict[str, int] = {}
+
+    @classmethod
+    def single(cls, runtime: Runtime) -> ServedModels:
+        """One model, started already, kept loaded."""
+        name = runtime.chat.model_name
+        registry: ModelRegistry[Runtime] = ModelRegistry(
+            [ModelSpec(name, load=lambda: runtime, unload=lambda r: r.shutdown(), keep_alive=math.inf)])
+        registry.adopt(name, runtime)
+        return cls(registry, name)
+
+    def _model_of(self, model: str) -> str:
+        """The registry name serving ``model``: its own, or, for a LoRA adapter of a loaded
+        model, that model's."""
+        try:
+            return self.registry.resolve(model)
+        except UnknownModel:
+            for name, runtime in self.registry.runtimes().items():
+                if model in runtime.chat.adapters:
+                    return name
+            raise
+
+    async def acquire(self, model: str | None, keep_alive: float | None = None) -> Lease[Runtime]:
+        """A lease on the runtime serving ``model`` (None: the default model), loading it if
+        needed. Raises ``APIError`` (``registry_error``)."""
+        try:
+            return await self.registry.acquire(self._model_of(model or self.default), keep_alive)
+        except (UnknownModel, ModelLoadError, RegistryFull) as exc:
+            raise registry_error(exc) from exc
+
+    def runtimes(self) -> dict[str, Runtime]:
+        return self.registry.runtimes()
+
+    def cards(self) -> list[ModelCard]:
+        """Every model (with ``status``), each loaded one followed by its LoRA adapters."""
+        cards = []
+        runtimes = self.registry.runtimes()
+        for item in self.registry.status():
+            name = item["model"]
+            runtime = runtimes.get(name)
+            engine = item["metadata"].get("engine")
+            if runtime is None:
+                cards.append(ModelCard(id=name, created=self._created_at(name), owned_by="glmserve",
+                                       status=item["status"], engine=engine))
+                continue
+            info, chat = runtime.engine.model_info, runtime.chat
+            capabilities = model_capabilities(info.vision, chat.tool_parser, info.embedding_size is not None)
+            for card_name in (chat.model_name, *info.lora_adapters):
+                cards.append(ModelCard(
+                    id=card_name, created=self._created_at(card_name), owned_by=info.owned_by,
+                    max_model_len=info.context_length, root=info.id,
+                    parent=None if card_name == chat.model_name else chat.model_name,
+                    tool_call_parser=chat.tool_parser, max_num_seqs=info.max_num_seqs,
+                    max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
+                    capabilities=capabilities, status=item["status"], engine=engine))
+        return cards
+
+    def _created_at(self, name: str) -> int:
+        return self._created.setdefault(name, int(time.time()))
+
+    async def close(self) -> None:
+        await self.registry.close()
