@@ -7,14 +7,25 @@ the same.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
-from glmserve.engine import Engine, EngineError, create_engine
+from glmserve.engine import ENGINES, Engine, EngineError, check_engine_settings, create_engine, engine_settings
 from glmserve.models import ModelNotFoundError
+from glmserve.models.catalog import (
+    SERVER_FIELDS,
+    ConfigError,
+    ModelEntry,
+    parse_keep_alive,
+    read_config,
+    scan_models_dir,
+)
 from glmserve.multimodal import MediaPolicy
 from glmserve.serving.chat import ChatService
 from glmserve.serving.completions import CompletionService
@@ -22,6 +33,8 @@ from glmserve.serving.embeddings import EmbeddingsService
 from glmserve.serving.lora import LoRAAdapterService
 from glmserve.serving.messages import MessagesService
 from glmserve.serving.responses import ResponsesService
+from glmserve.serving.registry import ModelRegistry, ModelSpec
+from glmserve.serving.served import ServedModels
 from glmserve.serving.tokenize import TokenizeService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
@@ -29,7 +42,7 @@ from glmserve.toolcalls import detect_parser
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError)
+STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError, ConfigError)
 
 
 @dataclass(slots=True)
@@ -108,8 +121,78 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     from glmserve.server import create_app
 
     runtime = start_runtime(settings)
-    return create_app(runtime, api_key=settings.api_key,
+    served: Runtime | ServedModels = runtime
+    if settings.many_models:
+        try:
+            served = serve_many(settings, runtime)
+        except BaseException:
+            runtime.shutdown()
+            raise
+    return create_app(served, api_key=settings.api_key,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
                       runtime_lora=settings.allow_runtime_lora_updating)
+
+
+def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
+    """The settings ``entry`` is served with: its own fields, over the per-model flags given to
+    the server (an engine flag only where the entry's engine reads it), named ``entry.name``.
+    Raises ``ConfigError`` naming the model (a bad value, or a flag its engine does not use)."""
+    engine = entry.fields.get("engine", settings.engine)
+    engine_fields = frozenset().union(*(engine_settings(name) for name in ENGINES))
+    try:
+        used = engine_settings(engine)
+    except KeyError:
+        raise ConfigError(f"model {entry.name!r}: unknown engine {engine!r}; choose one of {sorted(ENGINES)}") from None
+    inherited = {name: getattr(settings, name) for name in settings.model_fields_set
+                 if name not in SERVER_FIELDS and name != "model" and (name not in engine_fields or name in used)}
+    try:
+        own = type(settings)(**{**inherited, **entry.fields, "served_model_name": entry.name})
+    except ValidationError as exc:
+        raise ConfigError(f"model {entry.name!r}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+    try:
+        check_engine_settings(own)
+    except EngineError as exc:
+        raise ConfigError(f"model {entry.name!r}: {exc}") from None
+    return own
+
+
+def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
+    """``--model`` (``default``, started, kept loaded unless evicted) and the models of
+    ``--models-dir`` and ``--config``, loaded on demand under ``--max-loaded-models``,
+    ``--memory-budget`` and ``--keep-alive``. Raises ``ConfigError`` (a bad file or entry, two
+    models of one name)."""
+    entries = [entry for folder in settings.models_dir
+               for entry in scan_models_dir(Path(folder).expanduser(), "vllm" if settings.engine == "vllm"
+                                            else "transformers")]
+    if settings.config:
+        entries += read_config(Path(settings.config).expanduser())
+    name = default.chat.model_name
+    specs = [ModelSpec(name, load=lambda: start_runtime(settings), unload=Runtime.shutdown, keep_alive=math.inf,
+                       metadata={"engine": settings.engine})]
+    for entry in entries:
+        if entry.name == name:
+            continue  # --model found again in a folder: served once, as --model
+        own = model_settings(settings, entry)
+        specs.append(ModelSpec(entry.name, load=lambda own=own: start_runtime(own), unload=Runtime.shutdown,
+                               size_bytes=_file_bytes(Path(own.model)), aliases=entry.aliases,
+                               keep_alive=entry.keep_alive, metadata={"engine": own.engine}))
+    try:
+        registry: ModelRegistry[Runtime] = ModelRegistry(
+            specs, max_loaded=settings.max_loaded_models, memory_budget=settings.memory_budget,
+            keep_alive=parse_keep_alive(settings.keep_alive))
+    except ValueError as exc:  # two models of one name
+        raise ConfigError(str(exc)) from None
+    registry.adopt(name, default)
+    return ServedModels(registry, name)
+
+
+def _file_bytes(path: Path) -> int:
+    """A model's size on disk: the file, or a folder's weight files (the memory estimate)."""
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))
+    return 0

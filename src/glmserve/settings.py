@@ -55,6 +55,27 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
         "GGUF LoRA files for llama_cpp, PEFT folders for transformers and vllm."
     )
+    models_dir: list[str] = Field(
+        [], description="Also serve every .gguf file and Hugging Face model folder under this folder "
+        "(repeatable), each by its path below it (without .gguf), loaded on its first request.",
+    )
+    config: str | None = Field(
+        None, description="Also serve the models a YAML or JSON file declares: {models: [{name, model, aliases, "
+        "keep_alive, engine, n_ctx, chat_template, lora, ...}]}, each with its own flags.",
+    )
+    max_loaded_models: int | None = Field(
+        None, ge=1, le=1024, description="With several models: most loaded at once; the least recently used "
+        "idle one is unloaded first (never one with running requests). Default: no limit.",
+    )
+    memory_budget: int | None = Field(
+        None, ge=1, description="With several models: bytes the loaded models may take together (estimated from "
+        "their files and KV cache); the least recently used idle one is unloaded first. Default: no limit.",
+    )
+    keep_alive: str = Field(
+        "5m", description="With several models: how long a model stays loaded after its last request, as "
+        "Ollama's keep_alive (300, \"5m\", \"1h\"; 0 unloads at once; -1 keeps it). A request's own keep_alive "
+        "wins. The --model model stays loaded.",
+    )
     allow_runtime_lora_updating: bool = Field(
         False, description="Serve POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter "
         "{lora_name} (vLLM's routes), behind the API key: a client then names files on this machine. On vllm, "
@@ -175,6 +196,19 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
                 raise ValueError(f"LoRA adapter name {name!r} given twice")
             names.add(name)
         return value
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _check_keep_alive(cls, value: str) -> str:
+        from glmserve.models.catalog import parse_keep_alive
+
+        parse_keep_alive(value)
+        return value
+
+    @property
+    def many_models(self) -> bool:
+        """Whether ``--models-dir`` or ``--config`` adds models to ``--model``."""
+        return bool(self.models_dir or self.config)
 
     @field_validator("default_chat_template_kwargs")
     @classmethod

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import MAX_STOP_SEQUENCES, StopString, _Lenient
+from glmserve.protocol.chat import MAX_STOP_SEQUENCES, KeepAlive, StopString, _Lenient
 from glmserve.protocol.errors import APIError
 
 # bounds on the lists a request holds (each item is rendered into the prompt); the body itself is
@@ -76,6 +76,7 @@ class CountTokensRequest(_Lenient):
     """The body of ``/v1/messages/count_tokens``: a Messages request without ``max_tokens``."""
 
     model: str
+    keep_alive: KeepAlive = None
     messages: list[MessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: str | list[dict[str, Any]] | None = Field(None, max_length=MAX_BLOCKS)
     tools: list[Tool] | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BeforeValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop generating"
 # glmserve's bound: a stop string is matched against held-back text after every token
@@ -23,6 +23,17 @@ StopString = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def _keep_alive(value: Any) -> float | None:
+    from glmserve.models.catalog import parse_keep_alive
+
+    return None if value is None else parse_keep_alive(value)
+
+
+# Ollama's keep_alive (an extension on every request that names a model): how long the model
+# stays loaded after this request on a server of several models; seconds once parsed (inf: keep)
+KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
 
 
 # ---- request: messages -------------------------------------------------------------------
@@ -121,6 +132,7 @@ class ToolDefinition(_Lenient):
 
 class ChatCompletionRequest(_Lenient):
     model: str
+    keep_alive: KeepAlive = None
     messages: list[ChatMessageParam] = Field(min_length=1)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)

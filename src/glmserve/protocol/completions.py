@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import MAX_STOP_SEQUENCES, StopString, StreamOptions, Usage, _Lenient
+from glmserve.protocol.chat import MAX_STOP_SEQUENCES, KeepAlive, StopString, StreamOptions, Usage, _Lenient
 
 MAX_PROMPTS = 128  # prompts in one request (each is one engine request)
 
@@ -16,6 +16,7 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 class CompletionRequest(_Lenient):
     model: str
+    keep_alive: KeepAlive = None
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default; null: what the context leaves

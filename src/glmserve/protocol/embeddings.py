@@ -9,13 +9,14 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, StrictInt, StrictStr
 
-from glmserve.protocol.chat import _Lenient
+from glmserve.protocol.chat import KeepAlive, _Lenient
 
 EmbeddingInput = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
 class EmbeddingRequest(_Lenient):
     model: str
+    keep_alive: KeepAlive = None
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import _Lenient
+from glmserve.protocol.chat import KeepAlive, _Lenient
 
 MAX_INPUT_ITEMS = 4096
 
@@ -44,6 +44,7 @@ class ResponsesRequest(_Lenient):
     ``function_call`` and ``function_call_output`` items (``reasoning`` items are skipped)."""
 
     model: str
+    keep_alive: KeepAlive = None
     input: str | list[dict[str, Any]] = Field(max_length=MAX_INPUT_ITEMS)
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None

@@ -17,4 +17,5 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500),
 })
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.completions.create(body))
+    return await respond_with_model(request, body.model, lambda runtime: runtime.completions.create(body),
+                                    keep_alive=body.keep_alive)

@@ -18,4 +18,5 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500),
 })
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.responses.create(body))
+    return await respond_with_model(request, body.model, lambda runtime: runtime.responses.create(body),
+                                    keep_alive=body.keep_alive)

@@ -1,0 +1,142 @@
+"""The models of a server of several: found in ``--models-dir`` folders and declared in a
+``--config`` file, each with the settings it is served with.
+
+- ``--models-dir DIR``: every ``.gguf`` file (llama_cpp) and every Hugging Face model folder (a
+  folder with ``config.json``; the transformers engine unless ``--engine vllm``) under DIR,
+  named by its path below DIR without ``.gguf`` (``glm-4-9b-chat.Q4_K_M``, ``org/model``).
+  Multimodal projector files (``mmproj*``) are skipped, as llama-server's router skips them.
+- ``--config FILE`` (YAML or JSON): ``{"models": [{"name", "model", "aliases", "keep_alive",
+  ...}]}``; the other keys of an entry are ``glmserve serve``'s flags as they are named in its
+  settings (``engine``, ``n_ctx``, ``n_threads``, ``chat_template``, ``tool_call_parser``,
+  ``lora``, ...), for that model only. Server-wide flags (``port``, ``api_key``, ...) are refused
+  in an entry.
+
+``keep_alive`` follows Ollama: a number of seconds or a duration (``"90s"``, ``"5m"``,
+``"1h30m"``); 0 unloads a model right after its reply; a negative value keeps it loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# settings that belong to the server, never to one model of it
+SERVER_FIELDS = frozenset({
+    "host", "port", "api_key", "allowed_origins", "ui", "log_level", "shutdown_timeout", "max_request_bytes",
+    "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
+    "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
+    "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas",
+})
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class ConfigError(ValueError):
+    """A ``--config`` file or ``--models-dir`` that cannot be served; one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One servable model: ``name`` (what requests send as ``model``), ``fields``: its settings
+    (``model``: the path; ``engine``; any per-model flag), ``aliases``, ``keep_alive`` in
+    seconds (None: the server's ``--keep-alive``; ``math.inf``: keep loaded)."""
+
+    name: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    keep_alive: float | None = None
+
+
+def parse_keep_alive(value: Any) -> float:
+    """Seconds, from Ollama's ``keep_alive`` forms: a number (seconds), a duration string of
+    ``ms``/``s``/``m``/``h`` parts, or a number as a string; negative means ``math.inf``.
+    Raises ``ValueError``."""
+    if isinstance(value, bool):
+        raise ValueError(f"keep_alive: {value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        try:
+            seconds = sign * float(body)
+        except ValueError:
+            parts = _DURATION.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise ValueError(f"keep_alive: {value!r} is not a duration (e.g. 300, \"5m\", \"1h30m\", -1)") from None
+            seconds = sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    else:
+        raise ValueError(f"keep_alive: {value!r} is not a duration")
+    if math.isnan(seconds):
+        raise ValueError("keep_alive: not a number")
+    return math.inf if seconds < 0 else seconds
+
+
+def scan_models_dir(folder: Path, hf_engine: str = "transformers") -> list[ModelEntry]:
+    """The models under ``folder`` (see module docstring), sorted by name. Raises
+    ``ConfigError`` when ``folder`` is not a folder."""
+    if not folder.is_dir():
+        raise ConfigError(f"--models-dir {folder}: not a folder")
+    entries: dict[str, ModelEntry] = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if path.is_file() and path.suffix == ".gguf" and not path.name.startswith("mmproj"):
+            name = rel.with_suffix("").as_posix()
+            entries[name] = ModelEntry(name, {"model": str(path), "engine": "llama_cpp"})
+        elif path.is_dir() and (path / "config.json").is_file():
+            name = rel.as_posix()
+            entries[name] = ModelEntry(name, {"model": str(path), "engine": hf_engine})
+    return [entries[name] for name in sorted(entries)]
+
+
+def read_config(path: Path) -> list[ModelEntry]:
+    """The models declared in ``path`` (YAML or JSON). Raises ``ConfigError``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # json and yaml raise their own errors
+        raise ConfigError(f"--config {path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                          f"{' '.join(str(exc).split())[:200]}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise ConfigError(f"--config {path}: expected a mapping with a 'models' list")
+    entries = []
+    for i, item in enumerate(data["models"]):
+        where = f"--config {path}: models[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}: expected a mapping")
+        item = dict(item)
+        name, model = item.pop("name", None), item.get("model")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}: 'name' is required")
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"{where} ({name}): 'model' (a path) is required")
+        aliases = item.pop("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+            raise ConfigError(f"{where} ({name}): 'aliases' must be a list of names")
+        keep_alive = None
+        if "keep_alive" in item:
+            try:
+                keep_alive = parse_keep_alive(item.pop("keep_alive"))
+            except ValueError as exc:
+                raise ConfigError(f"{where} ({name}): {exc}") from None
+        server_wide = sorted(set(item) & SERVER_FIELDS)
+        if server_wide:
+            raise ConfigError(f"{where} ({name}): {', '.join(server_wide)} applies to the whole server, not "
+                              "one model")
+        entries.append(ModelEntry(name, item, tuple(aliases), keep_alive))
+    return entries
