@@ -144,9 +144,9 @@ def test_keep_alive():
                                  clock=clock)
         async with await registry.acquire("a", keep_alive=0):
             pass
-        await asyncio.sleep(0)  # the release's follow-up runs
-        await registry.expire_idle()
-        assert registry.loaded() == [] and models.unloads == {"a": 1}
+        assert registry.loaded() == []  # unloaded as the lease ends
+        await registry.settle()
+        assert models.unloads == {"a": 1}
         async with await registry.acquire("a"):  # the default: 300 s
             pass
         async with await registry.acquire("b"):

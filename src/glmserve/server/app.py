@@ -14,8 +14,8 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import (chat, completions, docs, embeddings, health, lora, messages, metrics, models,
-                                    responses, tokenize)
+from glmserve.server.routes import (chat, completions, docs, embeddings, health, lora, messages, metrics,
+                                    model_admin, models, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
 from glmserve.runtime import Runtime
 from glmserve.serving.chat import ChatService
@@ -72,6 +72,8 @@ def create_app(
     if not api_key:
         app.include_router(docs.pages_router)
     app.include_router(models.router, dependencies=protected, responses=needs_key)
+    if len(models_served.registry.status()) > 1:
+        app.include_router(model_admin.router, dependencies=protected, responses=needs_key)
     app.include_router(chat.router, dependencies=protected, responses=needs_key)
     app.include_router(completions.router, dependencies=protected, responses=needs_key)
     app.include_router(responses.router, dependencies=protected, responses=needs_key)

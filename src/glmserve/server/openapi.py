@@ -22,7 +22,9 @@ ERROR_STATUSES = {
     408: "The request body stopped arriving (`--client-body-timeout`)",
     413: "Request body over `--max-request-bytes`",
     429: "Server at capacity; retry after `Retry-After` seconds",
-    500: "The engine failed this request",
+    500: "The engine failed this request, or the model failed to load (`model_load_failed`)",
+    503: "With several models: the model does not fit beside the models in use (`model_busy`); retry after "
+         "`Retry-After` seconds",
     529: "The server is shutting down or its engine cannot serve (Anthropic's overloaded_error)",
 }
 

@@ -83,6 +83,7 @@ class _Entry(Generic[R]):
     status: ModelStatus = ModelStatus.UNLOADED
     runtime: R | None = None
     loading: asyncio.Task | None = None
+    unloading: asyncio.Task | None = None  # a keep_alive 0 unload still freeing the runtime
     leases: int = 0
     last_used: float = 0.0
     keep_alive: float = 0.0  # seconds idle before unloading, as the last request asked
@@ -221,7 +222,13 @@ class ModelRegistry(Generic[R]):
         entry.last_used = self._clock()
         if entry.leases == 0:
             entry.idle.set()
-            asyncio.get_running_loop().create_task(self._after_release())
+            loop = asyncio.get_running_loop()
+            if entry.keep_alive == 0 and entry.status is ModelStatus.LOADED:
+                # unloaded as of now (the next request loads it again); the runtime is freed behind
+                runtime, entry.runtime, entry.status = entry.runtime, None, ModelStatus.UNLOADED
+                self._publish(entry)
+                entry.unloading = loop.create_task(asyncio.to_thread(entry.spec.unload, runtime))
+            loop.create_task(self._after_release())
 
     async def _after_release(self) -> None:
         async with self._changed:
@@ -237,6 +244,9 @@ class ModelRegistry(Generic[R]):
 
     async def _load(self, entry: _Entry[R]) -> None:
         spec = entry.spec
+        if entry.unloading is not None:  # the runtime of a keep_alive 0 request is still being freed
+            await asyncio.gather(entry.unloading, return_exceptions=True)
+            entry.unloading = None
         try:
             async with self._lock:
                 await self._make_room(entry)
@@ -339,10 +349,16 @@ class ModelRegistry(Generic[R]):
             delay = max(0.0, min(deadlines) - self._clock())
             self._expiry = loop.call_later(delay, lambda: loop.create_task(self.expire_idle()))
 
+    async def settle(self) -> None:
+        """Wait until the runtimes of models unloaded by ``keep_alive: 0`` are freed."""
+        await asyncio.gather(*(e.unloading for e in self._entries.values() if e.unloading is not None),
+                             return_exceptions=True)
+
     async def close(self) -> None:
         """Unload every loaded model (server shutdown), whatever its leases."""
         if self._expiry is not None:
             self._expiry.cancel()
+        await self.settle()
         async with self._lock:
             for entry in self._entries.values():
                 if entry.status is ModelStatus.LOADED:

@@ -13,7 +13,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions", responses={
     200: {"model": ChatCompletion, "description": "The completion; with `stream: true`, server-sent events of "
           "`chat.completion.chunk` objects, then `data: [DONE]`", "content": {"text/event-stream": {}}},
-    **error_responses(400, 404, 408, 413, 429, 500),
+    **error_responses(400, 404, 408, 413, 429, 500, 503),
 })
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     return await respond_with_model(request, body.model, lambda runtime: runtime.chat.create(body),

@@ -14,7 +14,7 @@ router = APIRouter()
 @router.post("/v1/completions", responses={
     200: {"model": Completion, "description": "The completion; with `stream: true`, server-sent events of "
           "`text_completion` objects, then `data: [DONE]`", "content": {"text/event-stream": {}}},
-    **error_responses(400, 404, 408, 413, 429, 500),
+    **error_responses(400, 404, 408, 413, 429, 500, 503),
 })
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     return await respond_with_model(request, body.model, lambda runtime: runtime.completions.create(body),

@@ -11,7 +11,7 @@ from glmserve.server.openapi import error_responses
 router = APIRouter()
 
 
-@router.post("/v1/embeddings", responses=error_responses(400, 404, 408, 413, 500))
+@router.post("/v1/embeddings", responses=error_responses(400, 404, 408, 413, 500, 503))
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
     async with model_runtime(request, body.model, body.keep_alive) as runtime:
         return await runtime.embeddings.create(body)

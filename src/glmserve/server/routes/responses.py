@@ -15,7 +15,7 @@ router = APIRouter()
 @router.post("/v1/responses", responses={
     200: {"model": ResponseObject, "description": "The response; with `stream: true`, server-sent events "
           "(`response.created` ... `response.completed`)", "content": {"text/event-stream": {}}},
-    **error_responses(400, 404, 408, 413, 429, 500),
+    **error_responses(400, 404, 408, 413, 429, 500, 503),
 })
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return await respond_with_model(request, body.model, lambda runtime: runtime.responses.create(body),

@@ -1,0 +1,204 @@
+"""A server of several models over fake engines: requests pick a model by ``model`` and load it
+on demand; ``/v1/models`` shows each model's status; ``--max-loaded-models`` unloads the least
+recently used idle one; a model that fails to load answers its own requests with a 500 naming
+it while the others serve; ``keep_alive: 0``; ``/models/load`` and ``/models/unload``. The
+model list itself: ``--models-dir`` scans and ``--config`` files (``models/catalog.py``), and
+each model's settings (``runtime.model_settings``). End to end with real engines:
+tests/e2e/test_many_models.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
+from glmserve.models.catalog import ConfigError, ModelEntry, parse_keep_alive, read_config, scan_models_dir
+from glmserve.runtime import Runtime, model_settings
+from glmserve.server import create_app
+from glmserve.serving.chat import ChatService
+from glmserve.serving.registry import ModelRegistry, ModelSpec
+from glmserve.serving.served import ServedModels
+from glmserve.settings import ServeSettings
+from tests.unit.fakes import FakeEngine
+
+
+class Farm:
+    """Fake runtimes by name: ``loads``/``unloads`` in order; names in ``broken`` fail to load."""
+
+    def __init__(self) -> None:
+        self.loads: list[str] = []
+        self.unloads: list[str] = []
+        self.broken: set[str] = set()
+
+    def spec(self, name: str, **kw) -> ModelSpec:
+        def load() -> Runtime:
+            self.loads.append(name)
+            if name in self.broken:
+                raise OSError(f"cannot read {name}.gguf")
+            engine = FakeEngine(reply=f"I am {name}")
+            return Runtime.over(ChatService(engine, name, ChatTemplate(CHATML_TEMPLATE)))
+
+        def unload(runtime: Runtime) -> None:
+            self.unloads.append(name)
+            runtime.shutdown()
+
+        return ModelSpec(name, load, unload, metadata={"engine": "fake"}, **kw)
+
+
+def _app(farm: Farm, names=("a", "b", "c"), **registry_kw) -> TestClient:
+    registry = ModelRegistry([farm.spec(n) for n in names], **registry_kw)
+    return TestClient(create_app(ServedModels(registry, names[0])))
+
+
+def _ask(http, model: str, **kw):
+    return http.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                                   **kw})
+
+
+def _statuses(http) -> dict[str, str]:
+    return {card["id"]: card["status"] for card in http.get("/v1/models").json()["data"]}
+
+
+def test_models_load_on_demand_and_show_their_status():
+    farm = Farm()
+    with _app(farm) as http:
+        assert _statuses(http) == {"a": "unloaded", "b": "unloaded", "c": "unloaded"}
+        assert _ask(http, "b").json()["choices"][0]["message"]["content"] == "I am b"
+        assert _statuses(http) == {"a": "unloaded", "b": "loaded", "c": "unloaded"}
+        card = http.get("/v1/models/b").json()
+        assert card["engine"] == "fake" and card["max_model_len"] == 256
+        assert _ask(http, "nope").status_code == 404
+    assert farm.loads == ["b"] and farm.unloads == ["b"]  # the app's shutdown unloads
+
+
+def test_max_loaded_models_unloads_the_least_recently_used():
+    farm = Farm()
+    with _app(farm, max_loaded=2) as http:
+        for model in ("a", "b", "a", "c"):
+            assert _ask(http, model).status_code == 200
+        assert _statuses(http) == {"a": "loaded", "b": "unloaded", "c": "loaded"}
+        assert _ask(http, "b").json()["choices"][0]["message"]["content"] == "I am b"
+        assert _statuses(http) == {"a": "unloaded", "b": "loaded", "c": "loaded"}
+    assert farm.unloads[:2] == ["b", "a"]
+
+
+def test_a_model_that_fails_to_load_answers_for_itself():
+    farm = Farm()
+    farm.broken.add("b")
+    with _app(farm) as http:
+        resp = _ask(http, "b")
+        assert resp.status_code == 500
+        error = resp.json()["error"]
+        assert error["code"] == "model_load_failed" and "model 'b' failed to load: cannot read b.gguf" in error["message"]
+        assert _ask(http, "a").status_code == 200
+        stream = _ask(http, "c", stream=True)
+        assert stream.status_code == 200 and "I am c" in "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+            for line in stream.text.splitlines() if line.startswith("data: {") and '"choices":[{' in line)
+
+
+def test_keep_alive_zero_unloads_after_the_reply():
+    farm = Farm()
+    with _app(farm) as http:
+        assert _ask(http, "b", keep_alive=0).status_code == 200
+        assert _statuses(http)["b"] == "unloaded"
+        assert _ask(http, "b", keep_alive="10m").status_code == 200
+        assert _statuses(http)["b"] == "loaded"
+        resp = _ask(http, "b", keep_alive="soon")
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "keep_alive"
+
+
+def test_load_and_unload_routes():
+    farm = Farm()
+    with _app(farm) as http:
+        assert http.post("/models/load", json={"model": "c"}).json() == {"model": "c", "status": "loaded"}
+        assert _statuses(http)["c"] == "loaded"
+        assert http.post("/models/unload", json={"model": "c"}).json() == {"model": "c", "status": "unloaded"}
+        assert _statuses(http)["c"] == "unloaded"
+        assert http.post("/models/load", json={"model": "zzz"}).status_code == 404
+        farm.broken.add("a")
+        resp = http.post("/models/load", json={"model": "a"})
+        assert resp.status_code == 500 and "model 'a' failed to load" in resp.json()["error"]["message"]
+
+
+def test_one_model_has_no_admin_routes():
+    engine = FakeEngine()
+    with TestClient(create_app(ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))) as http:
+        assert http.post("/models/load", json={"model": "fake"}).status_code == 404
+        assert http.get("/v1/models").json()["data"][0]["status"] == "loaded"
+
+
+# ---- the model list and each model's settings ---------------------------------------------
+
+
+@pytest.mark.parametrize("value, seconds", [(300, 300.0), ("300", 300.0), ("5m", 300.0), ("1h30m", 5400.0),
+                                            ("90s", 90.0), ("250ms", 0.25), (0, 0.0), (-1, math.inf), ("-1", math.inf)])
+def test_keep_alive_forms(value, seconds):
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 m", "m", True, [], "nan"])
+def test_bad_keep_alive(value):
+    with pytest.raises(ValueError):
+        parse_keep_alive(value)
+
+
+def test_models_dir_scan(tmp_path: Path):
+    (tmp_path / "glm-4-9b.Q4_K_M.gguf").write_bytes(b"GGUF")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "small.gguf").write_bytes(b"GGUF")
+    (tmp_path / "mmproj-glm.gguf").write_bytes(b"GGUF")
+    (tmp_path / "hf" / "smol").mkdir(parents=True)
+    (tmp_path / "hf" / "smol" / "config.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("x")
+    entries = scan_models_dir(tmp_path)
+    assert [(e.name, e.fields["engine"]) for e in entries] == [
+        ("glm-4-9b.Q4_K_M", "llama_cpp"), ("hf/smol", "transformers"), ("sub/small", "llama_cpp")]
+    assert scan_models_dir(tmp_path, "vllm")[1].fields["engine"] == "vllm"
+    with pytest.raises(ConfigError, match="not a folder"):
+        scan_models_dir(tmp_path / "missing")
+
+
+def test_config_file(tmp_path: Path):
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n"
+                    "  - {name: glm, model: /m/glm.gguf, aliases: [glm-4], keep_alive: 10m, n_ctx: 2048}\n"
+                    "  - {name: smol, model: /m/smol, engine: transformers, dtype: float32}\n")
+    glm, smol = read_config(path)
+    assert glm == ModelEntry("glm", {"model": "/m/glm.gguf", "n_ctx": 2048}, ("glm-4",), 600.0)
+    assert smol.fields == {"model": "/m/smol", "engine": "transformers", "dtype": "float32"}
+    json_path = tmp_path / "models.json"
+    json_path.write_text(json.dumps({"models": [{"name": "x", "model": "/m/x.gguf"}]}))
+    assert read_config(json_path) == [ModelEntry("x", {"model": "/m/x.gguf"})]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("models: 3", "'models' list"),
+    ("models:\n  - {model: /m/x.gguf}", "'name' is required"),
+    ("models:\n  - {name: x}", "'model' (a path) is required"),
+    ("models:\n  - {name: x, model: /m/x.gguf, port: 9000}", "port applies to the whole server"),
+    ("models:\n  - {name: x, model: /m/x.gguf, keep_alive: soon}", "not a duration"),
+    ("models: [unclosed", "not valid YAML"),
+])
+def test_bad_config_files(tmp_path: Path, text, fragment):
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=None) as exc:
+        read_config(path)
+    assert fragment in str(exc.value)
+
+
+def test_model_settings_take_the_entry_over_the_flags():
+    flags = ServeSettings(n_ctx=1024, n_threads=3, kv_layout="unified", engine="llama_cpp")
+    own = model_settings(flags, ModelEntry("smol", {"model": "/m/smol", "engine": "transformers", "n_ctx": 512}))
+    assert (own.engine, own.n_ctx, own.n_threads, own.served_model_name) == ("transformers", 512, 3, "smol")
+    assert "kv_layout" not in own.model_fields_set  # a llama_cpp flag does not reach a transformers model
+    with pytest.raises(ConfigError, match="model 'smol': --kv-layout is not used by the transformers engine"):
+        model_settings(flags, ModelEntry("smol", {"model": "/m/smol", "engine": "transformers",
+                                                  "kv_layout": "split"}))
+    with pytest.raises(ConfigError, match="model 'x': n_ctx"):
+        model_settings(flags, ModelEntry("x", {"model": "/m/x.gguf", "n_ctx": -5}))
