@@ -23,6 +23,7 @@ The registry knows nothing of engines: ``ModelSpec.load`` builds and starts a ru
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from typing import Any, Generic, TypeVar
 from glmserve.engine.base import one_line
 
 R = TypeVar("R")  # a loaded model's runtime
+log = logging.getLogger("glmserve.registry")
 
 
 class ModelStatus(str, Enum):
@@ -226,6 +228,7 @@ class ModelRegistry(Generic[R]):
             if entry.keep_alive == 0 and entry.status is ModelStatus.LOADED:
                 # unloaded as of now (the next request loads it again); the runtime is freed behind
                 runtime, entry.runtime, entry.status = entry.runtime, None, ModelStatus.UNLOADED
+                log.info("unloading model %s (keep_alive 0)", entry.spec.name)
                 self._publish(entry)
                 entry.unloading = loop.create_task(asyncio.to_thread(entry.spec.unload, runtime))
             loop.create_task(self._after_release())
@@ -252,10 +255,14 @@ class ModelRegistry(Generic[R]):
                 await self._make_room(entry)
                 entry.status, entry.error = ModelStatus.LOADING, None
                 self._publish(entry)
+            log.info("loading model %s", spec.name)
+            start = self._clock()
             try:
                 runtime = await asyncio.to_thread(spec.load)
             except Exception as exc:
+                log.warning("model %s failed to load: %s", spec.name, one_line(exc))
                 raise ModelLoadError(spec.name, f"model '{spec.name}' failed to load: {one_line(exc)}") from exc
+            log.info("model %s loaded in %.1f s", spec.name, self._clock() - start)
             async with self._lock:
                 entry.runtime, entry.status = runtime, ModelStatus.LOADED
                 entry.last_used = self._clock()
@@ -305,6 +312,7 @@ class ModelRegistry(Generic[R]):
         """Stop ``entry``'s runtime (lock held; it has no lease)."""
         runtime, entry.runtime = entry.runtime, None
         entry.status = ModelStatus.UNLOADED
+        log.info("unloading model %s (%s)", entry.spec.name, why)
         self._publish(entry)
         if runtime is not None:
             await asyncio.to_thread(entry.spec.unload, runtime)
