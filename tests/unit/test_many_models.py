@@ -202,3 +202,11 @@ def test_model_settings_take_the_entry_over_the_flags():
                                                   "kv_layout": "split"}))
     with pytest.raises(ConfigError, match="model 'x': n_ctx"):
         model_settings(flags, ModelEntry("x", {"model": "/m/x.gguf", "n_ctx": -5}))
+
+
+def test_one_model_ignores_keep_alive():
+    engine = FakeEngine()
+    with TestClient(create_app(ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))) as http:
+        assert _ask(http, "fake", keep_alive=0).status_code == 200
+        assert _ask(http, "fake").status_code == 200
+        assert http.get("/v1/models").json()["data"][0]["status"] == "loaded"

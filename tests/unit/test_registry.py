@@ -238,3 +238,22 @@ def test_explicit_load_unload_and_events():
         await registry.close()
 
     run(main())
+
+
+def test_a_pinned_model_stays():
+    models = Models()
+
+    async def main():
+        registry = ModelRegistry([models.spec("one", pinned=True), models.spec("other")], max_loaded=1, wait_s=0.1)
+        await registry.load("one")
+        async with await registry.acquire("one", keep_alive=0):
+            pass
+        await registry.expire_idle()
+        assert registry.loaded() == ["one"]
+        assert await registry.unload("one") is False
+        with pytest.raises(RegistryFull):  # not evicted to make room either
+            await registry.acquire("other")
+        await registry.close()
+
+    run(main())
+    assert models.loads == {"one": 1}

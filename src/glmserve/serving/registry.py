@@ -77,6 +77,7 @@ class ModelSpec(Generic[R]):
     aliases: tuple[str, ...] = ()
     keep_alive: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # shown as it is, e.g. the engine's name
+    pinned: bool = False  # never unloaded (keep_alive and eviction do not apply): a server of one model
 
 
 @dataclass(slots=True, eq=False)
@@ -202,19 +203,25 @@ class ModelRegistry(Generic[R]):
         if entry is None:
             self.resolve(name)
         while True:
+            # no await between the check and the lease: an unload marks a model unloaded before it
+            # awaits anything, so a loaded model needs no lock (and waits for no other model's work)
+            if entry.status is ModelStatus.LOADED:
+                entry.leases += 1
+                entry.idle.clear()
+                entry.last_used = self._clock()
+                entry.keep_alive = self._keep_alive(entry, keep_alive)
+                return Lease(self, entry)
             async with self._lock:
                 if entry.status is ModelStatus.LOADED:
-                    entry.leases += 1
-                    entry.idle.clear()
-                    entry.last_used = self._clock()
-                    entry.keep_alive = self._keep_alive(entry, keep_alive)
-                    return Lease(self, entry)
+                    continue
                 if entry.loading is None:
                     entry.loading = asyncio.get_running_loop().create_task(self._load(entry))
                 task = entry.loading
             await asyncio.shield(task)  # raises the load's error; a caller that leaves does not cancel it
 
     def _keep_alive(self, entry: _Entry[R], asked: float | None) -> float:
+        if entry.spec.pinned:
+            return math.inf
         if asked is not None:
             return math.inf if asked < 0 else asked
         return self.keep_alive if entry.spec.keep_alive is None else entry.spec.keep_alive
@@ -286,7 +293,7 @@ class ModelRegistry(Generic[R]):
         deadline = self._clock() + self.wait_s
         while not self._fits(entry):
             idle = [e for e in self._entries.values()
-                    if e is not entry and e.status is ModelStatus.LOADED and e.leases == 0]
+                    if e is not entry and e.status is ModelStatus.LOADED and e.leases == 0 and not e.spec.pinned]
             if idle:
                 await self._unload(min(idle, key=lambda e: e.last_used), "to make room for " + entry.spec.name)
                 continue
@@ -320,9 +327,11 @@ class ModelRegistry(Generic[R]):
 
     async def unload(self, name: str, wait_s: float | None = None) -> bool:
         """Unload model ``name`` (``POST /models/unload``) once its running requests end (up to
-        ``wait_s`` seconds, default ``self.wait_s``). Returns False when it was not loaded.
+        ``wait_s`` seconds, default ``self.wait_s``). Returns False when it was not loaded (or is pinned).
         Raises ``UnknownModel``, or ``RegistryFull`` when it stayed busy."""
         entry = self._entries[self.resolve(name)]
+        if entry.spec.pinned:
+            return False
         if entry.loading is not None:
             await asyncio.shield(entry.loading)
         try:

@@ -7,7 +7,6 @@ One model (``glmserve serve --model``) is a registry of one, loaded at start and
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING
 
@@ -56,7 +55,7 @@ class ServedModels:
         """One model, started already, kept loaded."""
         name = runtime.chat.model_name
         registry: ModelRegistry[Runtime] = ModelRegistry(
-            [ModelSpec(name, load=lambda: runtime, unload=lambda r: r.shutdown(), keep_alive=math.inf)])
+            [ModelSpec(name, load=lambda: runtime, unload=lambda r: r.shutdown(), pinned=True)])
         registry.adopt(name, runtime)
         return cls(registry, name)
 
