@@ -51,7 +51,7 @@ class Models:
             assert runtime == f"runtime of {name}"
             self.unloads[name] = self.unloads.get(name, 0) + 1
 
-        return ModelSpec(name, load, unload, size, **kw)
+        return ModelSpec(name, load, unload, lambda: size, **kw)
 
 
 def run(coro):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from glmserve.engine.base import Engine, EngineError, EngineOverloaded, GrammarError, Tokenizer
+from glmserve.models import ModelNotFoundError
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
 
 if TYPE_CHECKING:
@@ -48,6 +50,35 @@ def check_engine_settings(settings: ServeSettings) -> None:
                           f"(only by {', '.join(owners[name])})")
 
 
+def memory_estimate(settings: ServeSettings) -> int:
+    """Bytes of host memory the model of ``settings`` is expected to take once loaded on
+    ``settings.engine``: the engine's own estimate where it has one (llama_cpp: the GGUF file and
+    the KV cache it allocates at start), else the size of the weight files (transformers grows
+    its KV cache per request; vLLM's cache lives in GPU memory, sized by
+    ``--gpu-memory-utilization``). 0 for a model that is not a local path. Raises
+    ``EngineError`` for a file the engine cannot read."""
+    module = importlib.import_module(ENGINES[settings.engine])
+    estimate = getattr(module, "memory_estimate", None)
+    if estimate is not None:
+        try:
+            return estimate(settings)
+        except ImportError:  # the engine library is not installed: its load will say so
+            pass
+        except ModelNotFoundError:
+            return 0
+    return weight_file_bytes(Path(settings.model))
+
+
+def weight_file_bytes(path: Path) -> int:
+    """A model's weights on disk: the file, or a folder's ``.safetensors``/``.bin``/``.gguf``
+    files; 0 when ``path`` does not exist."""
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))
+    return 0
+
+
 def create_engine(settings: ServeSettings) -> Engine:
     """Import the engine named by ``settings.engine`` and build it (not started).
 
@@ -78,4 +109,5 @@ __all__ = [
     "SamplingParams",
     "Tokenizer",
     "create_engine",
+    "memory_estimate",
 ]

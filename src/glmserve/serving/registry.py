@@ -9,8 +9,8 @@ request: a duration, ``0`` unload at once, negative keep loaded):
   loaded; concurrent acquirers of a model that is loading wait on that one load. A model with a
   lease (running requests) is never unloaded.
 - Before a load, the least recently used idle models are unloaded until the new one fits
-  ``max_loaded`` models and ``memory_budget`` bytes (``ModelSpec.size_bytes`` estimates: file
-  sizes plus the KV cache). When only busy models are in the way, the load waits for one to go
+  ``max_loaded`` models and ``memory_budget`` bytes (each model's ``ModelSpec.estimate()``,
+  taken before its first load: file sizes plus the KV cache). When only busy models are in the way, the load waits for one to go
   idle, up to ``wait_s`` seconds (then ``RegistryFull``).
 - A model that fails to load raises ``ModelLoadError`` naming it and the cause to the requests
   that waited on that load; the other models go on; the next request tries again.
@@ -66,14 +66,15 @@ class RegistryFull(RegistryError):
 @dataclass(slots=True)
 class ModelSpec(Generic[R]):
     """One servable model. ``load()`` returns its started runtime (blocking; raises on failure),
-    ``unload(runtime)`` stops it; ``size_bytes``: its memory estimate; ``keep_alive``: seconds
+    ``unload(runtime)`` stops it; ``estimate()``: bytes it takes once loaded (blocking, called
+    once, before its first load; must not raise); ``keep_alive``: seconds
     it stays loaded when idle (None: the registry's default; ``math.inf``: until unloaded by
     hand or evicted)."""
 
     name: str
     load: Callable[[], R]
     unload: Callable[[R], None]
-    size_bytes: int = 0
+    estimate: Callable[[], int] = lambda: 0
     aliases: tuple[str, ...] = ()
     keep_alive: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # shown as it is, e.g. the engine's name
@@ -91,6 +92,7 @@ class _Entry(Generic[R]):
     last_used: float = 0.0
     keep_alive: float = 0.0  # seconds idle before unloading, as the last request asked
     error: str | None = None  # the last load failure
+    size_bytes: int | None = None  # spec.estimate(), once known
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no lease is held
 
 
@@ -153,6 +155,10 @@ class ModelRegistry(Generic[R]):
             raise UnknownModel(name, f"The model '{name}' does not exist or you do not have access to it.")
         return entry.spec.name
 
+    def metadata(self, name: str) -> dict[str, Any]:
+        """``ModelSpec.metadata`` of model ``name`` (a name or an alias). Raises ``UnknownModel``."""
+        return self._entries[self.resolve(name)].spec.metadata
+
     def status(self) -> list[dict[str, Any]]:
         """Every model, in the order given: ``model``, ``aliases``, ``status``, ``error`` (the last
         load failure), ``running`` (leases held), ``metadata``."""
@@ -174,6 +180,8 @@ class ModelRegistry(Generic[R]):
             raise ValueError(f"model {name!r} is {entry.status.value}")
         entry.runtime, entry.status, entry.last_used = runtime, ModelStatus.LOADED, self._clock()
         entry.keep_alive = self._keep_alive(entry, None)
+        if self.memory_budget is not None:
+            entry.size_bytes = entry.spec.estimate()
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of status events (``{"model", "status", "error"}``), starting with the status
@@ -258,6 +266,8 @@ class ModelRegistry(Generic[R]):
             await asyncio.gather(entry.unloading, return_exceptions=True)
             entry.unloading = None
         try:
+            if entry.size_bytes is None and self.memory_budget is not None:
+                entry.size_bytes = await asyncio.to_thread(spec.estimate)
             async with self._lock:
                 await self._make_room(entry)
                 entry.status, entry.error = ModelStatus.LOADING, None
@@ -286,10 +296,10 @@ class ModelRegistry(Generic[R]):
         """Unload least recently used idle models until ``entry`` fits (the lock is held, and
         released while waiting for a busy model to go idle). Raises ``ModelLoadError`` for a
         model larger than the whole budget, ``RegistryFull`` after ``wait_s``."""
-        size = entry.spec.size_bytes
+        size = entry.size_bytes or 0
         if self.memory_budget is not None and size > self.memory_budget:
             raise ModelLoadError(entry.spec.name, f"model '{entry.spec.name}' needs about {size} bytes, more than "
-                                 f"the memory budget of {self.memory_budget}")
+                                 f"the memory budget of {self.memory_budget} bytes")
         deadline = self._clock() + self.wait_s
         while not self._fits(entry):
             idle = [e for e in self._entries.values()
@@ -312,7 +322,7 @@ class ModelRegistry(Generic[R]):
         if self.max_loaded is not None and len(held) + 1 > self.max_loaded:
             return False
         if self.memory_budget is not None:
-            return sum(e.spec.size_bytes for e in held) + entry.spec.size_bytes <= self.memory_budget
+            return sum(e.size_bytes or 0 for e in held) + (entry.size_bytes or 0) <= self.memory_budget
         return True
 
     async def _unload(self, entry: _Entry[R], why: str) -> None:

@@ -11,7 +11,7 @@ from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.models import resolve_model
 
 if TYPE_CHECKING:
-    from glmserve.engine.llama_cpp.engine import LlamaCppEngine
+    from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
     from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
@@ -21,22 +21,33 @@ SETTINGS = frozenset(LlamaCppSettings.model_fields)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
 
 
-def build(settings: ServeSettings) -> LlamaCppEngine:
-    """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
-    from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
+def _config(settings: ServeSettings) -> EngineConfig:
+    from glmserve.engine.llama_cpp.engine import EngineConfig
 
-    return LlamaCppEngine(
-        resolve_model(settings.model),
-        EngineConfig(
-            n_ctx=settings.n_ctx,
-            n_threads=settings.n_threads,
-            max_num_seqs=max_num_seqs_in_force(settings),
-            max_num_batched_tokens=settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-            max_queue=settings.max_queue,
-            lora=settings.lora_adapters(),
-            kv_layout=settings.kv_layout,
-        ),
+    return EngineConfig(
+        n_ctx=settings.n_ctx,
+        n_threads=settings.n_threads,
+        max_num_seqs=max_num_seqs_in_force(settings),
+        max_num_batched_tokens=settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_queue=settings.max_queue,
+        lora=settings.lora_adapters(),
+        kv_layout=settings.kv_layout,
     )
 
 
-__all__ = ["LlamaCppSettings", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "build", "default_max_num_seqs"]
+def build(settings: ServeSettings) -> LlamaCppEngine:
+    """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
+    from glmserve.engine.llama_cpp.engine import LlamaCppEngine
+
+    return LlamaCppEngine(resolve_model(settings.model), _config(settings))
+
+
+def memory_estimate(settings: ServeSettings) -> int:
+    """Bytes the model of ``settings`` takes once loaded: its GGUF file and its KV cache
+    (``engine.memory_estimate``). Raises ``ModelNotFoundError``, ``EngineError``."""
+    from glmserve.engine.llama_cpp.engine import memory_estimate as estimate
+
+    return estimate(resolve_model(settings.model).path, _config(settings))
+
+
+__all__ = ["LlamaCppSettings", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "build", "default_max_num_seqs", "memory_estimate"]

@@ -64,6 +64,47 @@ class _SeqState:
     stop_ids: frozenset[int]  # end generation with "stop" (empty with ignore_eos)
 
 
+def kv_bytes_per_cell(metadata: dict[str, str], n_layer: int, n_head: int, n_head_kv: int, n_embd: int) -> int:
+    """Bytes of one KV cell over all layers: K and V (f16, llama.cpp's default type) of every KV
+    head (``n_head_kv`` x ``key_length`` from the GGUF metadata, which defaults to n_embd / n_head)."""
+    arch = metadata.get("general.architecture", "")
+    head_dim = int(metadata.get(f"{arch}.attention.key_length", 0) or n_embd // max(n_head, 1))
+    return 2 * 2 * n_layer * n_head_kv * head_dim
+
+
+def kv_cache_cells(config: EngineConfig, n_ctx_train: int) -> int:
+    """The KV cells ``config`` allocates: ``n_ctx`` (0: the training context) per sequence when
+    split, ``n_ctx`` in all when unified."""
+    wanted = config.n_ctx or n_ctx_train
+    return wanted * config.max_num_seqs if config.kv_layout == "split" else wanted
+
+
+def memory_estimate(path: Path, config: EngineConfig) -> int:
+    """Bytes the model at ``path`` takes once loaded with ``config``: the GGUF file (weights,
+    memory-mapped) and the KV cache, read from the GGUF metadata without loading the weights
+    (llama.cpp's ``vocab_only``). The file size alone when the metadata lacks a field (a
+    per-layer ``head_count_kv``, say). Raises ``EngineError`` for a file llama.cpp cannot read."""
+    size = path.stat().st_size
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    try:
+        with suppress_stdout_stderr(disable=False):
+            model = LlamaModel(path_model=str(path), params=params, verbose=False)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise EngineError(f"cannot load {path}: {exc}") from exc
+    try:
+        meta = model.metadata()
+        arch = meta.get("general.architecture", "")
+        n_layer, n_head, n_head_kv, n_embd, n_ctx_train = (
+            int(meta[f"{arch}.{key}"]) for key in ("block_count", "attention.head_count",
+                                                   "attention.head_count_kv", "embedding_length", "context_length"))
+    except (KeyError, ValueError):
+        return size
+    finally:
+        model.close()
+    return size + kv_cache_cells(config, n_ctx_train) * kv_bytes_per_cell(meta, n_layer, n_head, n_head_kv, n_embd)
+
+
 class LlamaCppEngine(StepWorker[Sequence]):
     """See module docstring. The worker loop, aborts and failure policy: ``StepWorker``."""
 
@@ -100,10 +141,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._load_adapters()
         split = cfg.kv_layout == "split"
         wanted = cfg.n_ctx or self._model.n_ctx_train()
-        self._check_kv_fits(wanted * cfg.max_num_seqs if split else wanted)
+        self._check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()))
         params = llama_cpp.llama_context_default_params()
         # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
-        params.n_ctx = wanted * cfg.max_num_seqs if split else wanted
+        params.n_ctx = kv_cache_cells(cfg, self._model.n_ctx_train())
         params.n_batch = cfg.max_num_batched_tokens
         params.n_ubatch = min(cfg.max_num_batched_tokens, 512)
         params.n_seq_max = cfg.max_num_seqs
@@ -159,14 +200,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
                    else ""))
 
     def _kv_bytes_per_cell(self) -> int:
-        """Bytes of one KV cell over all layers: K and V (f16, llama.cpp's default type) of
-        every KV head (``head_count_kv`` x ``key_length``, which defaults to n_embd / n_head)."""
         model = self._model.model
-        n_head = llama_cpp.llama_model_n_head(model)
-        arch = self._model.metadata().get("general.architecture", "")
-        head_dim = int(self._model.metadata().get(f"{arch}.attention.key_length", 0) or
-                       llama_cpp.llama_model_n_embd(model) // max(n_head, 1))
-        return 2 * 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model) * head_dim
+        return kv_bytes_per_cell(self._model.metadata(), llama_cpp.llama_model_n_layer(model),
+                                 llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model),
+                                 llama_cpp.llama_model_n_embd(model))
 
     def _load_adapters(self) -> None:
         """Load every ``--lora`` GGUF adapter. Raises ``EngineError`` (the model is closed first)."""
