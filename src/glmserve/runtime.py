@@ -7,6 +7,7 @@ the same.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
-from glmserve.engine import ENGINES, Engine, EngineError, check_engine_settings, create_engine, engine_settings
+from glmserve.engine import (
+    ENGINES,
+    Engine,
+    EngineError,
+    check_engine_settings,
+    create_engine,
+    engine_settings,
+    memory_estimate,
+)
 from glmserve.models import ModelNotFoundError
 from glmserve.models.catalog import (
     SERVER_FIELDS,
@@ -38,6 +47,8 @@ from glmserve.serving.served import ServedModels
 from glmserve.serving.tokenize import TokenizeService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
+
+log = logging.getLogger("glmserve.runtime")
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -91,8 +102,9 @@ def media_policy(settings: ServeSettings) -> MediaPolicy:
     )
 
 
-def start_runtime(settings: ServeSettings) -> Runtime:
-    """Build and start the engine and the services over it.
+def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Runtime:
+    """Build and start the engine and the services over it; ``aliases``: other names requests
+    may give the model.
 
     Raises one of ``STARTUP_ERRORS`` with a one-line message when the model cannot be found or
     loaded; the engine is shut down again if a later step fails."""
@@ -104,7 +116,8 @@ def start_runtime(settings: ServeSettings) -> Runtime:
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
         chat = ChatService(engine, name, template, parser, media_policy(settings), settings.schema_limits(),
-                           settings.max_n, settings.default_chat_template_kwargs, settings.override_generation_config)
+                           settings.max_n, settings.default_chat_template_kwargs, settings.override_generation_config,
+                           aliases)
         return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens)
     except BaseException:
         engine.shutdown()
@@ -171,14 +184,20 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
         entries += read_config(Path(settings.config).expanduser())
     name = default.chat.model_name
     specs = [ModelSpec(name, load=lambda: start_runtime(settings), unload=Runtime.shutdown, keep_alive=math.inf,
+                       estimate=lambda: _memory_estimate(settings),
                        metadata={"engine": settings.engine})]
     for entry in entries:
         if entry.name == name:
             continue  # --model found again in a folder: served once, as --model
         own = model_settings(settings, entry)
-        specs.append(ModelSpec(entry.name, load=lambda own=own: start_runtime(own), unload=Runtime.shutdown,
-                               size_bytes=_file_bytes(Path(own.model)), aliases=entry.aliases,
-                               keep_alive=entry.keep_alive, metadata={"engine": own.engine}))
+        if entry.embedding and own.engine == "vllm":
+            raise ConfigError(f"model {entry.name!r}: embedding: the vllm engine serves no embeddings; "
+                              "use llama_cpp or transformers")
+        specs.append(ModelSpec(entry.name, load=lambda own=own, aliases=entry.aliases: start_runtime(own, aliases),
+                               unload=Runtime.shutdown,
+                               estimate=lambda own=own: _memory_estimate(own), aliases=entry.aliases,
+                               keep_alive=entry.keep_alive,
+                               metadata={"engine": own.engine, **({"embedding_only": True} if entry.embedding else {})}))
     try:
         registry: ModelRegistry[Runtime] = ModelRegistry(
             specs, max_loaded=settings.max_loaded_models, memory_budget=settings.memory_budget,
@@ -189,10 +208,11 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
     return ServedModels(registry, name)
 
 
-def _file_bytes(path: Path) -> int:
-    """A model's size on disk: the file, or a folder's weight files (the memory estimate)."""
-    if path.is_file():
-        return path.stat().st_size
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))
-    return 0
+def _memory_estimate(settings: ServeSettings) -> int:
+    """``engine.memory_estimate``, or 0 for a model its engine cannot read (its load fails and
+    says why)."""
+    try:
+        return memory_estimate(settings)
+    except EngineError as exc:
+        log.warning("model %s: no memory estimate: %s", settings.served_model_name or settings.model, exc)
+        return 0

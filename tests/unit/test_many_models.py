@@ -34,19 +34,19 @@ class Farm:
         self.unloads: list[str] = []
         self.broken: set[str] = set()
 
-    def spec(self, name: str, **kw) -> ModelSpec:
+    def spec(self, name: str, embedding_size: int | None = None, **kw) -> ModelSpec:
         def load() -> Runtime:
             self.loads.append(name)
             if name in self.broken:
                 raise OSError(f"cannot read {name}.gguf")
-            engine = FakeEngine(reply=f"I am {name}")
+            engine = FakeEngine(reply=f"I am {name}", embedding_size=embedding_size)
             return Runtime.over(ChatService(engine, name, ChatTemplate(CHATML_TEMPLATE)))
 
         def unload(runtime: Runtime) -> None:
             self.unloads.append(name)
             runtime.shutdown()
 
-        return ModelSpec(name, load, unload, metadata={"engine": "fake"}, **kw)
+        return ModelSpec(name, load, unload, **{"metadata": {"engine": "fake"}, **kw})
 
 
 def _app(farm: Farm, names=("a", "b", "c"), **registry_kw) -> TestClient:
@@ -112,6 +112,26 @@ def test_keep_alive_zero_unloads_after_the_reply():
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "keep_alive"
 
 
+def test_a_model_served_for_embeddings_only():
+    farm = Farm()
+    registry = ModelRegistry([farm.spec("a"), farm.spec("vec", embedding_size=8,
+                                                         metadata={"engine": "fake", "embedding_only": True})])
+    with TestClient(create_app(ServedModels(registry, "a"))) as http:
+        for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/completions", {"prompt": "hi"}), ("/v1/responses", {"input": "hi"})]:
+            resp = http.post(path, json={"model": "vec", **body})
+            assert resp.status_code == 400, path
+            assert resp.json()["error"]["message"] == "model 'vec' is served for embeddings only (POST /v1/embeddings)"
+        resp = http.post("/v1/messages", json={"model": "vec", "max_tokens": 8,
+                                               "messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status_code == 400 and resp.json()["type"] == "error"  # Anthropic's envelope
+        assert farm.loads == []  # refused before loading
+        resp = http.post("/v1/embeddings", json={"model": "vec", "input": "hi"})
+        assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 8
+        assert http.get("/v1/models/vec").json()["capabilities"] == ["embedding"]
+        assert _ask(http, "a").status_code == 200
+
+
 def test_load_and_unload_routes():
     farm = Farm()
     with _app(farm) as http:
@@ -171,6 +191,8 @@ def test_config_file(tmp_path: Path):
     glm, smol = read_config(path)
     assert glm == ModelEntry("glm", {"model": "/m/glm.gguf", "n_ctx": 2048}, ("glm-4",), 600.0)
     assert smol.fields == {"model": "/m/smol", "engine": "transformers", "dtype": "float32"}
+    path.write_text("models:\n  - {name: vec, model: /m/vec.gguf, embedding: true}\n")
+    assert read_config(path)[0].embedding
     json_path = tmp_path / "models.json"
     json_path.write_text(json.dumps({"models": [{"name": "x", "model": "/m/x.gguf"}]}))
     assert read_config(json_path) == [ModelEntry("x", {"model": "/m/x.gguf"})]
@@ -183,6 +205,7 @@ def test_config_file(tmp_path: Path):
     ("models:\n  - {name: x, model: /m/x.gguf, port: 9000}", "port applies to the whole server"),
     ("models:\n  - {name: x, model: /m/x.gguf, keep_alive: soon}", "not a duration"),
     ("models: [unclosed", "not valid YAML"),
+    ("models:\n  - {name: x, model: /m/x.gguf, embedding: maybe}", "'embedding' must be true or false"),
 ])
 def test_bad_config_files(tmp_path: Path, text, fragment):
     path = tmp_path / "models.yaml"

@@ -6,7 +6,8 @@
   named by its path below DIR without ``.gguf`` (``glm-4-9b-chat.Q4_K_M``, ``org/model``).
   Multimodal projector files (``mmproj*``) are skipped, as llama-server's router skips them.
 - ``--config FILE`` (YAML or JSON): ``{"models": [{"name", "model", "aliases", "keep_alive",
-  ...}]}``; the other keys of an entry are ``glmserve serve``'s flags as they are named in its
+  "embedding", ...}]}`` (``embedding: true``: served for ``/v1/embeddings`` only; generation
+  routes refuse it with a 400); the other keys of an entry are ``glmserve serve``'s flags as they are named in its
   settings (``engine``, ``n_ctx``, ``n_threads``, ``chat_template``, ``tool_call_parser``,
   ``lora``, ...), for that model only. Server-wide flags (``port``, ``api_key``, ...) are refused
   in an entry.
@@ -49,6 +50,7 @@ class ModelEntry:
     fields: dict[str, Any] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     keep_alive: float | None = None
+    embedding: bool = False  # served for embeddings only
 
 
 def parse_keep_alive(value: Any) -> float:
@@ -134,9 +136,12 @@ def read_config(path: Path) -> list[ModelEntry]:
                 keep_alive = parse_keep_alive(item.pop("keep_alive"))
             except ValueError as exc:
                 raise ConfigError(f"{where} ({name}): {exc}") from None
+        embedding = item.pop("embedding", False)
+        if not isinstance(embedding, bool):
+            raise ConfigError(f"{where} ({name}): 'embedding' must be true or false")
         server_wide = sorted(set(item) & SERVER_FIELDS)
         if server_wide:
             raise ConfigError(f"{where} ({name}): {', '.join(server_wide)} applies to the whole server, not "
                               "one model")
-        entries.append(ModelEntry(name, item, tuple(aliases), keep_alive))
+        entries.append(ModelEntry(name, item, tuple(aliases), keep_alive, embedding))
     return entries

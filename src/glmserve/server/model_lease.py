@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 async def respond_with_model(request: Request, model: str | None, call: Callable[[Runtime], Awaitable[Any]],
                              dialect: SSEDialect = OPENAI, keep_alive: float | None = None) -> Response:
     """``respond(call(runtime))`` on the runtime serving ``model``, released when the response
-    no longer needs it. Raises ``APIError`` when the model is unknown or cannot be loaded."""
-    lease = await request.app.state.models.acquire(model, keep_alive)
+    no longer needs it: the routes that generate text. Raises ``APIError`` when the model is
+    unknown, cannot be loaded, or is served for embeddings only."""
+    lease = await request.app.state.models.acquire(model, keep_alive, generation=True)
     try:
         result = call(lease.runtime)
     except BaseException:

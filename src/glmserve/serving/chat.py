@@ -71,17 +71,20 @@ class ChatService:
                  tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
                  schema_limits: SchemaLimits | None = None, max_n: int = 1,
                  default_template_kwargs: dict[str, Any] | None = None,
-                 generation_defaults: dict[str, float] | None = None) -> None:
+                 generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = ()) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
         ``max_n``: the largest ``n`` a request may ask for; ``default_template_kwargs``: chat
         template variables every request gets unless it sets them (``--default-chat-template-kwargs``);
         ``generation_defaults``: sampling fields for requests that leave them out
-        (``--override-generation-config``).
-        Requests pick the base model by ``served_model_name`` or a LoRA adapter by its name."""
+        (``--override-generation-config``); ``aliases``: other names of the base model (a
+        ``--config`` entry's).
+        Requests pick the base model by ``served_model_name`` or an alias, or a LoRA adapter by
+        its name."""
         self.engine = engine
         self.model_name = served_model_name
+        self.aliases = frozenset(aliases)
         self.media_policy = media_policy or MediaPolicy()
         self.schema_limits = schema_limits or SchemaLimits()
         self.template = template
@@ -125,8 +128,9 @@ class ChatService:
         return self.engine.model_info.lora_adapters
 
     def check_model(self, model: str) -> None:
-        """Raises ``APIError`` 404 unless ``model`` is the served model or one of its adapters."""
-        if model != self.model_name and model not in self.adapters:
+        """Raises ``APIError`` 404 unless ``model`` is the served model, an alias of it or one
+        of its adapters."""
+        if model != self.model_name and model not in self.aliases and model not in self.adapters:
             raise model_not_found(model)
 
     async def _load_images(self, req: ChatCompletionRequest) -> list:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from glmserve.protocol.errors import APIError, model_not_found
+from glmserve.protocol.errors import APIError, invalid_request, model_not_found
 from glmserve.protocol.models import ModelCard, model_capabilities
 from glmserve.serving.registry import (
     Lease,
@@ -70,11 +70,18 @@ class ServedModels:
                     return name
             raise
 
-    async def acquire(self, model: str | None, keep_alive: float | None = None) -> Lease[Runtime]:
+    async def acquire(self, model: str | None, keep_alive: float | None = None,
+                      generation: bool = False) -> Lease[Runtime]:
         """A lease on the runtime serving ``model`` (None: the default model), loading it if
-        needed. Raises ``APIError`` (``registry_error``)."""
+        needed; ``generation``: for a route that generates text, which a model served for
+        embeddings only refuses (400, before loading it). Raises ``APIError``
+        (``registry_error``)."""
         try:
-            return await self.registry.acquire(self._model_of(model or self.default), keep_alive)
+            name = self._model_of(model or self.default)
+            if generation and self.registry.metadata(name).get("embedding_only"):
+                raise invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)",
+                                      "model", "model_not_supported")
+            return await self.registry.acquire(name, keep_alive)
         except (UnknownModel, ModelLoadError, RegistryFull) as exc:
             raise registry_error(exc) from exc
 
@@ -94,7 +101,8 @@ class ServedModels:
                                        status=item["status"], engine=engine))
                 continue
             info, chat = runtime.engine.model_info, runtime.chat
-            capabilities = model_capabilities(info.vision, chat.tool_parser, info.embedding_size is not None)
+            capabilities = (["embedding"] if item["metadata"].get("embedding_only") else
+                            model_capabilities(info.vision, chat.tool_parser, info.embedding_size is not None))
             for card_name in (chat.model_name, *info.lora_adapters):
                 cards.append(ModelCard(
                     id=card_name, created=self._created_at(card_name), owned_by=info.owned_by,

@@ -5,7 +5,7 @@ count tokens exactly."""
 from __future__ import annotations
 
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.protocol.errors import invalid_request, model_not_found
+from glmserve.protocol.errors import invalid_request
 from glmserve.protocol.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -26,8 +26,8 @@ class TokenizeService:
         self.tokenizer = chat.engine.tokenizer
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.chat.model_name and model not in self.chat.adapters:
-            raise model_not_found(model)
+        if model is not None:
+            self.chat.check_model(model)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self._check_model(req.model)
