@@ -37,6 +37,10 @@ class LocalBackend:
         except APIError as exc:
             raise ChatError(exc.message) from exc
 
+    def models(self) -> list[tuple[str, str]]:
+        """``(id, status)`` of each model this backend can chat with: the one in-process."""
+        return [(self.model, "loaded")]
+
     def close(self) -> None:
         self._llm.close()
 
@@ -69,6 +73,15 @@ class RemoteBackend:
         if isinstance(exc, IndexError):
             return f"{self.where} serves no model"
         return f"{type(exc).__name__}: {exc}"
+
+    def models(self) -> list[tuple[str, str]]:
+        """``(id, status)`` of each model the server lists (``status`` from a glmserve of several
+        models: loaded, loading, unloaded; else "-"). Raises ``ChatError``."""
+        try:
+            cards = self._client.models.list().data
+        except self._openai.APIError as exc:
+            raise ChatError(self._describe(exc)) from exc
+        return [(card.id, (card.model_extra or {}).get("status", "-")) for card in cards]
 
     def stream(self, messages: list[dict], **params: Any) -> Iterator:
         try:

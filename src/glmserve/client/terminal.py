@@ -1,6 +1,6 @@
 """``glmserve chat``: a terminal chat that streams replies, then renders them as Markdown.
 
-Commands: /help, /reset, /system TEXT, /save FILE, /load FILE, /exit (or Ctrl-D). Ctrl-C stops
+Commands: /help, /reset, /system TEXT, /model [NAME], /save FILE, /load FILE, /exit (or Ctrl-D). Ctrl-C stops
 the reply being generated (the generation is aborted) and keeps the program running. Enter
 sends; Alt-Enter (Esc then Enter) starts a new line; pasted text keeps its newlines. When
 stdin is not a terminal, all of stdin is one message: the reply is printed and the program
@@ -28,6 +28,7 @@ HELP = """commands:
   /help          this list
   /reset         forget the conversation (keeps the system prompt)
   /system TEXT   set the system prompt (and start over)
+  /model [NAME]  list the server's models, or chat with NAME from now on
   /save FILE     write the conversation as OpenAI-format JSON
   /load FILE     read a conversation saved with /save
   /exit          quit (or Ctrl-D)
@@ -136,6 +137,8 @@ class ChatApp:
             self.conversation.turns = []
             self.console.print("[dim]system prompt set; conversation cleared[/dim]" if arg
                                else "[dim]system prompt removed; conversation cleared[/dim]")
+        elif name == "/model":
+            self.pick_model(arg)
         elif name in {"/save", "/load"}:
             if not arg:
                 self.console.print(f"[red]usage: {name} FILE[/red]")
@@ -149,6 +152,24 @@ class ChatApp:
         else:
             self.console.print(f"[red]unknown command {name}; /help lists them[/red]")
         return True
+
+    def pick_model(self, name: str) -> None:
+        """``/model``: list the models (the current one marked), or switch to ``name`` (one the
+        server lists; the conversation goes on with it)."""
+        try:
+            models = self.backend.models()
+        except ChatError as exc:
+            self.console.print(f"[red]error: {exc}[/red]")
+            return
+        if not name:
+            for model, status in models:
+                mark = "*" if model == self.backend.model else " "
+                self.console.print(f"{mark} {model}  [dim]{status}[/dim]", highlight=False)
+        elif name not in {model for model, _ in models}:
+            self.console.print(f"[red]no model {name!r}; /model lists them[/red]")
+        else:
+            self.backend.model = name
+            self.console.print(f"[dim]chatting with {name}[/dim]")
 
     # ---- loops ---------------------------------------------------------------------------
 
