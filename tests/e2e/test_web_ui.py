@@ -14,8 +14,10 @@ import json
 import re
 import time
 
+import httpx
 import pytest
 
+from glmserve.models import default_model_path
 from tests.conftest import DEFAULT_MODEL, RemoteServer
 from tests.e2e.browser import screenshot
 
@@ -357,6 +359,33 @@ def test_adapter_picked_from_the_model_list(adapter_server, context):
     expect(ui.assistant().locator(".meta")).to_have_text(re.compile(r"^tuned · \d+ tokens"))
     ui.reload()
     expect(page.locator("#model")).to_have_value("tuned")
+    assert ui.errors == []
+
+
+@pytest.fixture(scope="module")
+def many_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    (folder / "alpha.gguf").symlink_to(default_model_path())
+    server = RemoteServer("--models-dir", str(folder), "--n-ctx", "1024")
+    yield server
+    server.stop()
+
+
+def test_the_model_picker_follows_loads_and_unloads(many_server, context):
+    ui = Page(context, many_server.url)
+    page = ui.page
+    options = page.locator("#model option")
+    expect(options).to_have_text([DEFAULT_MODEL, "alpha (unloaded)"])
+    assert httpx.post(f"{many_server.url}/models/load", json={"model": "alpha"}, timeout=120).status_code == 200
+    expect(options).to_have_text([DEFAULT_MODEL, "alpha"])  # from GET /models/events, no reload
+    page.select_option("#model", "alpha")
+    ui.settings(max_tokens="8")
+    ui.ask(QUESTION)
+    ui.wait_replies(1)
+    assert ui.chat_bodies()[-1]["model"] == "alpha"
+    assert httpx.post(f"{many_server.url}/models/unload", json={"model": "alpha"}, timeout=120).status_code == 200
+    expect(options).to_have_text([DEFAULT_MODEL, "alpha (unloaded)"])
+    expect(page.locator("#model")).to_have_value("alpha")  # still chosen: the next question loads it
     assert ui.errors == []
 
 

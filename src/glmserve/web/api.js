@@ -1,5 +1,5 @@
-// The server's OpenAI API as the page uses it: GET /v1/models and streamed
-// POST /v1/chat/completions, with the API key (when there is one) in the Authorization header
+// The server's OpenAI API as the page uses it: GET /v1/models, streamed
+// POST /v1/chat/completions and, on a server of several models, GET /models/events, with the API key (when there is one) in the Authorization header
 // only, never in a URL.
 
 /** An OpenAI error body ({"error": {"message", "type", "param", "code"}}) or a failed call. */
@@ -89,6 +89,15 @@ export class Api {
   async models() {
     const response = await this.call("/v1/models");
     return (await response.json()).data;
+  }
+
+  /**
+   * GET /models/events (a server of several models): yields {model, status, error} each time a
+   * model starts loading, is loaded or is unloaded; first the status of every model.
+   */
+  async *modelEvents(signal) {
+    const response = await this.call("/models/events", { signal });
+    yield* sseData(response.body);
   }
 
   /** POST /v1/chat/completions with `stream: true`: yields the chunks; `signal` aborts it. */

@@ -84,15 +84,49 @@ async function loadModels() {
   clearBanner();
   ui.forgetKey.hidden = !state.apiKey;
   const saved = store.loadModel();
+  const chosen = ui.model.value || saved;
   ui.model.replaceChildren(...state.models.map((card) => {
     const option = document.createElement("option");
     option.value = card.id;
-    option.textContent = card.parent ? `${card.id} (LoRA adapter of ${card.parent})` : card.id;
+    option.textContent = modelLabel(card);
     return option;
   }));
-  if (state.models.some((m) => m.id === saved)) ui.model.value = saved;
+  if (state.models.some((m) => m.id === chosen)) ui.model.value = chosen;
   updateAttachButton();
+  if (state.models.filter((m) => m.status && !m.parent).length > 1) followModels();
   return true;
+}
+
+/** "name", "name (unloaded)", "name (loading…)", "tuned (LoRA adapter of base)". */
+function modelLabel(card) {
+  if (card.parent) return `${card.id} (LoRA adapter of ${card.parent})`;
+  if (card.status === "loading") return `${card.id} (loading…)`;
+  return card.status && card.status !== "loaded" ? `${card.id} (${card.status})` : card.id;
+}
+
+// A server of several models loads and unloads them as requests come: the picker follows
+// GET /models/events, and reads the list again when a model is loaded or unloaded (its LoRA
+// adapters and capabilities come and go with it). One follower for the page's life; it starts
+// again 5 s after the stream drops.
+let following = false;
+
+async function followModels() {
+  if (following) return;
+  following = true;
+  try {
+    for await (const event of api.modelEvents()) {
+      const card = state.models.find((m) => m.id === event.model && !m.parent);
+      if (!card || card.status === event.status) continue;
+      card.status = event.status;
+      const option = [...ui.model.options].find((o) => o.value === card.id);
+      if (option) option.textContent = modelLabel(card);
+      if (event.status !== "loading") loadModels(); // the follower goes on: `following` is set
+    }
+  } catch {
+    // the server went away or restarted: try again in a while
+  }
+  following = false;
+  setTimeout(followModels, 5000);
 }
 
 ui.keyForm.addEventListener("submit", async (event) => {
