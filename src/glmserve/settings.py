@@ -288,6 +288,13 @@ class DeploySettings(ServeSettings):
                 raise ValueError("give --replicas (a fixed count) or --min/max-replicas (autoscaling), not both")
             if autoscale[0] > autoscale[1]:
                 raise ValueError("--min-replicas is larger than --max-replicas")
+        if self.on_ray and self.many_models:
+            raise ValueError("--models-dir and --config serve several models in one process; Ray Serve replicas "
+                             "serve one model each: deploy one application per model (README, Many replicas on Ray)")
+        if not self.many_models:
+            for name in ("max_loaded_models", "memory_budget", "keep_alive"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"--{name.replace('_', '-')} needs several models (--models-dir or --config)")
         if self.on_ray and self.allow_runtime_lora_updating:
             raise ValueError("--allow-runtime-lora-updating would load an adapter into one replica only; give "
                              "the adapters with --lora when serving Ray Serve replicas")

@@ -61,6 +61,9 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     (["--kv-layout", "ring"], "kv_layout"),
     (["--n-threads", "0"], "n_threads"),
     (["--replicas", "2", "--allow-runtime-lora-updating"], "one replica only"),
+    (["--replicas", "2", "--models-dir", "/tmp"], "serve one model each"),
+    (["--max-loaded-models", "2"], "--max-loaded-models needs several models"),
+    (["--keep-alive", "1m"], "--keep-alive needs several models"),
 ])
 def test_engine_field_validation_still_applies(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
