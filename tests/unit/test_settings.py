@@ -15,7 +15,8 @@ from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
 
 # what each engine read before the split (flat ServeSettings + SETTINGS name sets): unchanged
 BEFORE = {
-    "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout"},
+    "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
+                  "spec_ngram_max", "spec_draft_max"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg"},
@@ -64,6 +65,9 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     (["--replicas", "2", "--models-dir", "/tmp"], "serve one model each"),
     (["--max-loaded-models", "2"], "--max-loaded-models needs several models"),
     (["--keep-alive", "1m"], "--keep-alive needs several models"),
+    (["--spec-draft-max", "8"], "--spec-draft-max needs --speculative ngram"),
+    (["--speculative", "ngram", "--spec-ngram-min", "5"], "--spec-ngram-min is larger than --spec-ngram-max"),
+    (["--speculative", "draft"], "speculative"),
 ])
 def test_engine_field_validation_still_applies(args, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -340,6 +340,12 @@ class Scheduler:
     def append_token(self, seq: Sequence, token: int) -> None:
         seq.tokens.append(token)
 
+    def accept_draft(self, seq: Sequence, n: int) -> None:
+        """``n`` draft tokens decoded after ``seq``'s last token were accepted (speculative
+        decoding): their cells stay and count as computed; the engine drops the rest."""
+        seq.num_computed += n
+        self.slots[seq.slot].n_kv = seq.num_computed
+
     def finish(self, seq: Sequence, keep_cache: bool = True) -> int | None:
         """End ``seq`` (done, stopped, aborted or failed). A running sequence's slot keeps its KV
         as a reusable prefix cache, unless ``keep_cache`` is False (its cells may be half

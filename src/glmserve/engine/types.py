@@ -128,11 +128,13 @@ class GenerationOutput:
 class EngineStats:
     """A snapshot of an engine's load: requests ``running`` (at most ``max_num_seqs``) and
     ``waiting`` (admitted, queued), and the share of the KV cache in use (0..1, idle prefix
-    caches included; None when the engine does not know it)."""
+    caches included; None when the engine does not know it). ``spec_decode``: speculative
+    decoding's (drafts, draft tokens, accepted tokens) since start; None without speculation."""
 
     running: int
     waiting: int
     kv_cache_usage: float | None = None
+    spec_decode: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True, frozen=True)

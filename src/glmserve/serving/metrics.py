@@ -9,7 +9,9 @@ Per requested model (the base model or a LoRA adapter: label ``model_name``):
 ``time_to_first_token_seconds``, ``time_per_output_token_seconds``,
 ``e2e_request_latency_seconds``. Read from the engine at each scrape:
 ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (0..1; engines that
-do not know it leave it out).
+do not know it leave it out), and with speculative decoding vLLM's counters
+``spec_decode_num_drafts_total``, ``spec_decode_num_draft_tokens_total``,
+``spec_decode_num_accepted_tokens_total``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from glmserve.engine.base import Engine
 
@@ -46,6 +48,17 @@ class _EngineCollector:
         ):
             if value is not None:
                 family = GaugeMetricFamily(name, doc, labels=["model_name"])
+                family.add_metric([self._model], value)
+                yield family
+        if stats.spec_decode is not None:
+            for name, doc, value in zip(
+                ("glmserve:spec_decode_num_drafts", "glmserve:spec_decode_num_draft_tokens",
+                 "glmserve:spec_decode_num_accepted_tokens"),
+                ("Speculative decoding: drafts verified.", "Speculative decoding: tokens drafted.",
+                 "Speculative decoding: drafted tokens accepted."),
+                stats.spec_decode,
+            ):
+                family = CounterMetricFamily(name, doc, labels=["model_name"])
                 family.add_metric([self._model], value)
                 yield family
 

@@ -23,6 +23,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
 
 def _config(settings: ServeSettings) -> EngineConfig:
     from glmserve.engine.llama_cpp.engine import EngineConfig
+    from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 
     return EngineConfig(
         n_ctx=settings.n_ctx,
@@ -32,6 +33,8 @@ def _config(settings: ServeSettings) -> EngineConfig:
         max_queue=settings.max_queue,
         lora=settings.lora_adapters(),
         kv_layout=settings.kv_layout,
+        speculative=None if settings.speculative is None else SpeculativeConfig(
+            settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max),
     )
 
 

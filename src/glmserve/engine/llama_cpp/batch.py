@@ -1,6 +1,7 @@
 """One engine step on a llama.cpp context: apply the scheduler's KV operations, fill a
-``llama_batch`` with every scheduled chunk (each row tagged with its sequence's slot), decode it
-once, and report which batch rows carry logits to sample from."""
+``llama_batch`` with every scheduled chunk (each row tagged with its sequence's slot) and the
+draft tokens of speculative decoding after them, decode it once, and report which batch rows
+carry logits to sample from."""
 
 from __future__ import annotations
 
@@ -33,10 +34,19 @@ class BatchDecoder:
     def clear_slot(self, slot: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
 
-    def decode(self, chunks: list[Chunk]) -> list[tuple[Sequence, int]]:
+    def truncate(self, slot: int, p0: int) -> None:
+        """Drop ``slot``'s cells at positions >= ``p0`` (rejected draft tokens)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, p0, -1)
+
+    def decode(self, chunks: list[Chunk], drafts: dict[Sequence, list[int]] | None = None,
+               ) -> list[tuple[Sequence, int]]:
         """Decode ``chunks`` in one batch; returns ``(sequence, batch_row)`` for each chunk that
-        samples. Raises ``RuntimeError`` when llama.cpp fails."""
-        total = sum(chunk.length for chunk in chunks)
+        samples. A sampling chunk's sequence with a draft in ``drafts`` has the draft's tokens
+        decoded after its chunk, at the next positions, with logits: its rows are ``batch_row``
+        (the chunk's last token) to ``batch_row + len(draft)``. Raises ``RuntimeError`` when
+        llama.cpp fails."""
+        drafts = drafts or {}
+        total = sum(chunk.length for chunk in chunks) + sum(len(d) for d in drafts.values())
         if total > self.capacity:
             raise RuntimeError(f"batch of {total} tokens exceeds capacity {self.capacity}")
         if self._by_slot:
@@ -58,6 +68,15 @@ class BatchDecoder:
             if chunk.sample:
                 logits[i - 1] = 1
                 rows.append((seq, i - 1))
+                p = chunk.start + chunk.length
+                for t in drafts.get(seq, ()):
+                    token[i] = t
+                    pos[i] = p
+                    n_seq_id[i] = 1
+                    seq_id[i][0] = slot
+                    logits[i] = 1
+                    i += 1
+                    p += 1
         batch.n_tokens = i
         ret = llama_cpp.llama_decode(self._ctx, batch)
         if ret != 0:

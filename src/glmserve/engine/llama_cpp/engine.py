@@ -13,12 +13,19 @@ GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded at start, and at run t
 (``load_lora_adapter``). llama.cpp applies
 adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
 among groups) and the context's adapter is switched between steps when the group changes.
+
+Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``): in the same
+step, each decoding sequence may append an n-gram draft to its one token, within the batch's
+``max_num_batched_tokens`` (so batches stay below llama.cpp's 64-token threshold by default and
+outputs stay independent of batching); its rows are sampled in order until a sampled token
+differs from the draft, and the KV cells of the rejected draft tokens are dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -33,11 +40,14 @@ from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.embedding import Embedder
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
+from glmserve.engine.llama_cpp.speculative import (MAX_DRAFTING_BATCH, NgramDrafter, SpecDecodeCounters,
+                                                   SpeculativeConfig)
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import KVLayout, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
-from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
+from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
+                                   TokenLogprob)
 from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS, StepWorker
 from glmserve.models import ResolvedModel
 
@@ -53,6 +63,7 @@ class EngineConfig:
     max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
     lora: dict | None = None  # adapter name -> GGUF LoRA file
     kv_layout: KVLayout = "split"
+    speculative: SpeculativeConfig | None = None  # --speculative ngram
 
 
 @dataclass(slots=True)
@@ -62,6 +73,7 @@ class _SeqState:
     sampler: SamplerChain
     decoder: IncrementalDecoder
     stop_ids: frozenset[int]  # end generation with "stop" (empty with ignore_eos)
+    drafter: NgramDrafter | None = None  # speculative decoding
 
 
 def kv_bytes_per_cell(metadata: dict[str, str], n_layer: int, n_head: int, n_head_kv: int, n_embd: int) -> int:
@@ -122,6 +134,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._by_id: dict[str, Sequence] = {}
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._active_group: str | None = None
+        self.spec_decode = SpecDecodeCounters() if config.speculative else None
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
         self.multimodal = None  # no image input
@@ -181,6 +194,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
             max_queue=self._admission.max_queue,
             embedding_size=self._embedder.size,
         )
+        if cfg.speculative is not None:
+            spec = cfg.speculative
+            log.info("speculative decoding: ngram (prompt lookup), n-grams of %d to %d tokens, drafts of up to %d "
+                     "tokens within --max-num-batched-tokens %d", spec.ngram_min, spec.ngram_max, spec.draft_max,
+                     cfg.max_num_batched_tokens)
         self._start_worker("llama-cpp-engine")
 
     def _check_kv_fits(self, cells: int) -> None:
@@ -280,6 +298,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
     def shutdown(self) -> None:
         """Abort what is still running, stop the worker, free llama.cpp resources."""
         self._stop_worker()
+        if self.spec_decode is not None and self.spec_decode.num_drafts:
+            log.info("speculative decoding: %s", self.spec_decode.describe())
         if self._decoder is not None:
             self._decoder.free()
             self._decoder = None
@@ -308,8 +328,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
             sampler.free()
             raise
         stream = OutputStream(loop)
+        spec = self.config.speculative
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
-                          stop_token_ids(request.sampling, self.tokenizer.eog_ids))
+                          stop_token_ids(request.sampling, self.tokenizer.eog_ids),
+                          NgramDrafter(spec) if spec is not None else None)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
         return RequestStream(request.request_id, stream, self.abort)
 
@@ -319,6 +341,13 @@ class LlamaCppEngine(StepWorker[Sequence]):
         return await self._on_worker(lambda: embedder.embed(token_ids))
 
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        stats, counters = super().stats(), self.spec_decode
+        if counters is None:
+            return stats
+        return dataclasses.replace(stats, spec_decode=(counters.num_drafts, counters.num_draft_tokens,
+                                                       counters.num_accepted_tokens))
 
     def _kv_cache_usage(self) -> float | None:
         scheduler = self._scheduler
@@ -353,16 +382,74 @@ class LlamaCppEngine(StepWorker[Sequence]):
             return
         self._use_adapter(out.group)
         self._decoder.apply(out.kv_ops)
+        drafts = self._drafts(out.chunks, out.num_tokens) if self.spec_decode is not None else {}
         try:
-            rows = self._decoder.decode(out.chunks)
+            rows = self._decoder.decode(out.chunks, drafts)
         except RuntimeError as exc:
             for chunk in out.chunks:
                 self._finish(chunk.seq, "error", str(exc))
             return
         for seq, row in rows:
-            token = seq.payload.sampler.sample(self._ctx, row)
-            k = seq.payload.request.sampling.logprobs
-            logprob = None if k is None else token_logprob(self._ctx, row, self.tokenizer.n_vocab, token, k)
+            draft = drafts.get(seq)
+            if draft:
+                self._verify(seq, row, draft)
+                continue
+            token, logprob = self._sample(seq, row)
+            self._scheduler.append_token(seq, token)
+            self._emit(seq, token, logprob)
+
+    def _sample(self, seq: Sequence, row: int) -> tuple[int, TokenLogprob | None]:
+        token = seq.payload.sampler.sample(self._ctx, row)
+        k = seq.payload.request.sampling.logprobs
+        return token, None if k is None else token_logprob(self._ctx, row, self.tokenizer.n_vocab, token, k)
+
+    def _drafts(self, chunks: list, num_tokens: int) -> dict[Sequence, list[int]]:
+        """A draft for each decoding sequence whose drafter has one, within the batch's free
+        rows (and, unified layout, the free KV cells), ``max_tokens`` and ``n_ctx``: the whole
+        draft plus the token after it must fit, so only a step's last token can end a request.
+        None in a step that decodes more than ``MAX_DRAFTING_BATCH`` sequences."""
+        if sum(chunk.sample for chunk in chunks) > MAX_DRAFTING_BATCH:
+            return {}
+        scheduler = self._scheduler
+        room = self.config.max_num_batched_tokens - num_tokens
+        if not scheduler.split:
+            room = min(room, scheduler.kv_free)
+        drafts: dict[Sequence, list[int]] = {}
+        for chunk in chunks:
+            if room < 1:
+                break
+            seq = chunk.seq
+            drafter = seq.payload.drafter
+            if not chunk.sample or seq.num_generated == 0 or drafter is None:
+                continue
+            limit = min(room, seq.payload.request.sampling.max_tokens - seq.num_generated - 1,
+                        scheduler.n_ctx - len(seq.tokens) - 1)
+            draft = drafter.propose(seq.tokens, limit) if limit > 0 else []
+            if draft:
+                drafts[seq] = draft
+                room -= len(draft)
+        return drafts
+
+    def _verify(self, seq: Sequence, row: int, draft: list[int]) -> None:
+        """Sample rows ``row...`` (the sequence's last token, then its draft) until a sampled
+        token differs from the draft or ends the request; keep the accepted draft tokens' KV
+        cells, drop the others, emit every sampled token (``speculative.py`` for why this keeps
+        the output distribution)."""
+        stop_ids = seq.payload.stop_ids
+        sampled: list[tuple[int, TokenLogprob | None]] = []
+        for i in range(len(draft) + 1):
+            token, logprob = self._sample(seq, row + i)
+            sampled.append((token, logprob))
+            if i == len(draft) or token != draft[i] or token in stop_ids:
+                break
+        accepted = len(sampled) - 1  # the draft tokens whose KV cells hold the right inputs
+        self.spec_decode.add(len(draft), accepted + (sampled[-1][0] == draft[accepted] if accepted < len(draft)
+                                                     else 0))
+        seq.payload.drafter.record(len(draft), accepted)
+        self._scheduler.accept_draft(seq, accepted)
+        if accepted < len(draft):
+            self._decoder.truncate(seq.slot, seq.num_computed)
+        for token, logprob in sampled:
             self._scheduler.append_token(seq, token)
             self._emit(seq, token, logprob)
 

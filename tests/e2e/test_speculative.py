@@ -1,0 +1,177 @@
+"""``--speculative ngram`` end to end, through the ``openai`` client: the same greedy answers as a
+server without speculation (plain, streamed, with stop strings and with a json_schema), the
+same sampling distribution at temperature 1, vLLM's spec-decode counters in ``/metrics``, and
+an abort while drafts are being verified frees the sequence.
+
+Both servers get the same requests in the same order, from an empty KV cache: the README's known
+limit (attention rounding follows the order of KV cells after heavy cache reuse) applies to both
+alike."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import DEFAULT_MODEL, RemoteServer
+
+CODE = '''def total(items, scale=2):
+    """Sum the values of items, scaled."""
+    result = 0
+    for item in items:
+        result += item["value"] * scale
+    return result
+'''
+DOC = {"name": "glmserve", "version": "1.4.2", "engines": ["llama_cpp", "transformers", "vllm"],
+       "limits": {"max_num_seqs": 8, "n_ctx": 4096}}
+# input-grounded (drafts are accepted) and natural prompts
+PROMPTS = [
+    f"Repeat this code exactly:\n\n{CODE}",
+    f"Rewrite this code, renaming total to grand_total:\n\n{CODE}",
+    f"Repeat this JSON exactly:\n\n{json.dumps(DOC, indent=2)}",
+    f"Repeat this JSON, changing the version to 2.0.0:\n\n{json.dumps(DOC)}",
+    "Repeat after me: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog.",
+    "Count from one to twenty in words, separated by commas.",
+    "List the days of the week, then list them again.",
+    "Copy this sentence three times: Speculative decoding drafts tokens from the prompt.",
+    "Write the alphabet in capital letters with spaces between them.",
+    f"Add a docstring to this function and repeat it:\n\n{CODE}",
+    "What is the capital of France?",
+    "Write a haiku about autumn.",
+    "Explain what a CPU does in one sentence.",
+    "Tell me a joke about cats.",
+    "Name three famous painters.",
+    "Describe the ocean in a few words.",
+    "Why is the sky blue?",
+    "Give me a tip for learning to cook.",
+    "What does a librarian do?",
+    "Write two sentences about a lighthouse.",
+]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "engines": {"type": "array", "items":
+          {"type": "string"}}}, "required": ["name", "engines"]}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    base = RemoteServer("--max-num-seqs", "2")
+    try:
+        spec = RemoteServer("--max-num-seqs", "2", "--speculative", "ngram")
+    except BaseException:
+        base.stop()
+        raise
+    yield base, spec
+    base.stop()
+    spec.stop()
+
+
+def _messages(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _answers(server: RemoteServer, stream: bool, **extra) -> list[tuple[str, str, int]]:
+    client = server.client()
+    out = []
+    for prompt in PROMPTS:
+        kwargs = dict(model=DEFAULT_MODEL, messages=_messages(prompt), temperature=0, max_tokens=80, **extra)
+        if not stream:
+            r = client.chat.completions.create(**kwargs)
+            out.append((r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens))
+            continue
+        text, finish, usage = [], None, None
+        for chunk in client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
+            if chunk.choices:
+                text.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        out.append(("".join(text), finish, usage))
+    return out
+
+
+def _spec_counters(server: RemoteServer) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics").text
+    return {name: float(value) for name, value in
+            re.findall(r"^glmserve:(spec_decode_\w+)_total\{[^}]*\} (\S+)$", text, re.M)}
+
+
+def test_greedy_answers_are_those_without_speculation(servers):
+    base, spec = servers
+    for stream in (False, True):
+        expected = _answers(base, stream)
+        got = _answers(spec, stream)
+        for prompt, want, have in zip(PROMPTS, expected, got):
+            assert have == want, (stream, prompt)
+    # the grounded prompts were drafted and mostly accepted
+    counters = _spec_counters(spec)
+    assert counters["spec_decode_num_drafts"] > 0
+    assert 0 < counters["spec_decode_num_accepted_tokens"] <= counters["spec_decode_num_draft_tokens"]
+    assert counters["spec_decode_num_accepted_tokens"] / counters["spec_decode_num_draft_tokens"] > 0.3
+
+
+def test_stop_strings_and_json_schema_hold(servers):
+    base, spec = servers
+    before = _spec_counters(spec)
+    for extra in ({"stop": ["\n\n", "fox"]},
+                  {"response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": SCHEMA}}}):
+        want, got = _answers(base, False, **extra), _answers(spec, False, **extra)
+        assert got == want, extra
+        if "stop" in extra:
+            assert all("fox" not in text for text, _, _ in got)
+        else:
+            for text, finish, _ in got:
+                if finish == "stop":
+                    assert set(json.loads(text)) >= {"name", "engines"}
+    assert _spec_counters(spec)["spec_decode_num_accepted_tokens"] > before["spec_decode_num_accepted_tokens"]
+
+
+def test_sampling_distribution_is_unchanged(servers):
+    """60 seeded samples at temperature 1 from each server: the token frequencies of the two
+    sets of answers are within a total variation distance of 0.1 (the same seed draws the same
+    random numbers in the same order with or without drafts, so nearly every answer matches)."""
+    base, spec = servers
+    prompt = "Repeat this list, then continue it: apple, banana, cherry, apple, banana, cherry, apple, banana,"
+
+    def sample(server: RemoteServer) -> collections.Counter:
+        client = server.client()
+        counts: collections.Counter = collections.Counter()
+        for seed in range(60):
+            r = client.completions.create(model=DEFAULT_MODEL, prompt=prompt, temperature=1.0, max_tokens=12,
+                                          seed=seed, logprobs=0)
+            counts.update(r.choices[0].logprobs.tokens)
+        return counts
+
+    before = _spec_counters(spec)
+    a, b = sample(base), sample(spec)
+    na, nb = sum(a.values()), sum(b.values())
+    tv = 0.5 * sum(abs(a[t] / na - b[t] / nb) for t in set(a) | set(b))
+    assert tv < 0.1, (tv, a.most_common(10), b.most_common(10))
+    assert _spec_counters(spec)["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
+
+
+def test_abort_while_drafting_frees_the_sequence(servers):
+    _, spec = servers
+    body = {"model": DEFAULT_MODEL, "messages": _messages(PROMPTS[2] * 4), "temperature": 0, "max_tokens": 600,
+            "stream": True}
+    before = _spec_counters(spec)["spec_decode_num_drafts"]
+    for _ in range(2):  # both sequences of --max-num-seqs 2
+        with httpx.stream("POST", f"{spec.url}/v1/chat/completions", json=body, timeout=60) as resp:
+            for n, _line in enumerate(resp.iter_lines()):
+                if n > 40:
+                    break  # closes the connection mid-generation
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        metrics = httpx.get(f"{spec.url}/metrics").text
+        running = re.search(r"^glmserve:num_requests_running\{[^}]*\} (\S+)$", metrics, re.M)
+        if running and float(running.group(1)) == 0:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the aborted requests still run")
+    assert _spec_counters(spec)["spec_decode_num_drafts"] > before
+    r = spec.client().chat.completions.create(
+        model=DEFAULT_MODEL, messages=_messages(PROMPTS[0]), temperature=0, max_tokens=40, n=2)
+    assert [c.finish_reason for c in r.choices] == ["length", "length"]
