@@ -1,0 +1,209 @@
+"""Speculative decoding (``--speculative ngram``) against decoding without it and against
+llama.cpp's C++ ``llama-server`` with its own prompt-lookup speculation, in alternating rounds of
+one run; prints medians over the rounds and the issue's targets.
+
+Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096 tokens each):
+- ``glmserve``: ``glmserve serve`` as shipped (no speculation);
+- ``glmserve --speculative ngram``: its n-gram drafts, default ``--spec-ngram-min/max`` and
+  ``--spec-draft-max``;
+- ``llama-server --spec-type ngram-simple`` (if ``--llama-server`` is given): llama.cpp's
+  prompt-lookup drafts (its "ngram-simple": the last ``--spec-ngram-simple-size-n`` tokens
+  looked up in the context, drafting up to ``size-m`` tokens; its defaults), ``-np 8 -c 32768
+  --no-kv-unified`` so each slot has 4096 cells too. Built from the llama-cpp-python source
+  package glmserve uses (see ``compare_llama_server.py`` for the commands).
+
+Workloads (greedy, each request's own prompt, up to ``--max-tokens``):
+- ``grounded``: input-grounded edits: rewrite a ~300-token Python module with one function
+  renamed, or repeat a JSON document with one field changed;
+- ``natural``: open questions (short stories, explanations), where drafts find little.
+
+Each round starts each system in turn (the order rotates every round), runs every workload at
+each concurrency (``4 x c`` requests, ``c`` in flight), reads the draft acceptance (glmserve:
+``/metrics``; llama-server: each response's ``timings.draft_n`` / ``draft_n_accepted``), and
+stops it. Output tok/s is generated tokens over the level's wall time; TTFT is per request
+(streaming).
+
+    python benchmarks/speculative.py [--llama-server build/bin/llama-server] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import statistics
+import sys
+import time
+
+import httpx
+from rounds import save  # benchmarks/rounds.py
+
+from glmserve.bench.report import hardware
+from glmserve.models import default_model_path
+from glmserve.testing import DEFAULT_MODEL, RemoteServer
+
+WORDS = ["alpha", "bravo", "delta", "echo", "kilo", "lima", "oscar", "sierra", "tango", "victor", "zulu",
+         "orbit", "ember", "quartz", "maple", "cobalt", "harbor", "willow", "falcon", "saffron"]
+TOPICS = ["a lighthouse keeper who finds a map", "why the sky is blue", "how bread rises", "a robot learning to "
+          "paint", "the history of the bicycle", "how volcanoes form", "a cat that guards a library",
+          "why we dream", "the first voyage to the moon", "how bees make honey", "a city under the sea",
+          "how rainbows form", "a dragon who is afraid of heights", "how compasses work", "a letter to the future",
+          "why leaves change colour"]
+
+
+def code_prompt(rng: random.Random) -> str:
+    names = rng.sample(WORDS, 6)
+    funcs = []
+    for i, name in enumerate(names):
+        funcs.append(f"def {name}_total(items, scale={i + 2}):\n"
+                     f"    \"\"\"Sum the {name} values of items, scaled by {i + 2}.\"\"\"\n"
+                     f"    total = 0\n    for item in items:\n        if item.get(\"{name}\") is not None:\n"
+                     f"            total += item[\"{name}\"] * scale\n    return total\n")
+    old = names[rng.randrange(len(names))]
+    new = rng.choice([w for w in WORDS if w not in names])
+    return (f"Rewrite this Python module, renaming the function {old}_total to {new}_total. Change nothing "
+            f"else and output the whole module.\n\n" + "\n".join(funcs))
+
+
+def json_prompt(rng: random.Random) -> str:
+    doc = {"id": rng.randrange(10**6), "name": rng.choice(WORDS).title() + " " + rng.choice(WORDS).title(),
+           "email": f"{rng.choice(WORDS)}@example.com", "active": rng.random() < 0.5,
+           "roles": rng.sample(["admin", "editor", "viewer", "owner", "billing"], 3),
+           "address": {"street": f"{rng.randrange(1, 999)} {rng.choice(WORDS).title()} Street",
+                       "city": rng.choice(WORDS).title(), "zip": f"{rng.randrange(10000, 99999)}"},
+           "limits": {"requests_per_minute": rng.choice([60, 120, 600]), "max_tokens": rng.choice([512, 1024])},
+           "tags": rng.sample(WORDS, 4)}
+    return (f"Repeat this JSON document exactly, changing only the city to {rng.choice(WORDS).title()}. Output "
+            f"only the JSON.\n\n" + json.dumps(doc, indent=2))
+
+
+def prompts(workload: str, n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    if workload == "grounded":
+        return [(code_prompt if i % 2 == 0 else json_prompt)(rng) for i in range(n)]
+    return [f"Write a few paragraphs about {rng.choice(TOPICS)}." for _ in range(n)]
+
+
+async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    start, first, tokens, timings = time.perf_counter(), None, None, {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            timings = chunk.get("timings") or timings
+    return {"ttft": (first or time.perf_counter()) - start, "tokens": tokens or timings.get("predicted_n", 0),
+            "draft": (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0))}
+
+
+async def level(url: str, model: str, texts: list[str], c: int, max_tokens: int) -> tuple[float, list[dict]]:
+    sem = asyncio.Semaphore(c)
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        async def run(text: str) -> dict:
+            async with sem:
+                return await one(client, model, text, max_tokens)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(run(t) for t in texts))
+        return time.perf_counter() - start, results
+
+
+def spec_counters(url: str) -> tuple[float, float]:
+    """glmserve's (draft tokens, accepted tokens) so far; (0, 0) without speculation."""
+    text = httpx.get(f"{url}/metrics").text
+    def value(name: str) -> float:
+        return sum(float(m) for m in re.findall(rf"^glmserve:{name}_total{{[^}}]*}} (\S+)$", text, re.M))
+    return value("spec_decode_num_draft_tokens"), value("spec_decode_num_accepted_tokens")
+
+
+def systems(args) -> dict[str, dict]:
+    glm = ("--max-num-seqs", "8", "--n-ctx", "4096", "--max-queue", "1024")
+    out = {"glmserve": {"args": glm}, "glmserve --speculative ngram": {"args": (*glm, "--speculative", "ngram")}}
+    if args.llama_server:
+        out["llama-server --spec-type ngram-simple"] = {"command": [
+            args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1", "-t", str(args.threads),
+            "-tb", str(args.threads), "-c", "32768", "-np", "8", "--no-kv-unified", "--no-webui",
+            "--spec-type", "ngram-simple"]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-server", help="path to the llama-server binary (left out: glmserve only)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    specs = systems(args)
+    names = list(specs)
+    workloads = ["grounded", "natural"]
+    runs: dict = {name: {w: {c: [] for c in args.concurrency} for w in workloads} for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            spec = specs[name]
+            server = (RemoteServer(command=spec["command"], startup_timeout=120) if "command" in spec
+                      else RemoteServer(*spec["args"], n_threads=args.threads))
+            try:
+                for w in workloads:
+                    for c in args.concurrency:
+                        texts = prompts(w, 4 * c, seed=1000 * r + c)
+                        before = spec_counters(server.url) if "args" in spec else (0, 0)
+                        wall, results = asyncio.run(level(server.url, DEFAULT_MODEL, texts, c, args.max_tokens))
+                        after = spec_counters(server.url) if "args" in spec else (0, 0)
+                        drafted = after[0] - before[0] + sum(x["draft"][0] for x in results)
+                        accepted = after[1] - before[1] + sum(x["draft"][1] for x in results)
+                        runs[name][w][c].append({
+                            "tok_s": sum(x["tokens"] for x in results) / wall,
+                            "ttft_ms": statistics.median(x["ttft"] for x in results) * 1000,
+                            "tokens": sum(x["tokens"] for x in results),
+                            "acceptance": accepted / drafted if drafted else None})
+            finally:
+                server.stop()
+    stats = {name: {w: {c: {"output_tok_s": statistics.median(x["tok_s"] for x in rs),
+                            "rounds": [round(x["tok_s"], 1) for x in rs],
+                            "ttft_p50_ms": statistics.median(x["ttft_ms"] for x in rs),
+                            "tokens": [x["tokens"] for x in rs],
+                            "acceptance": (statistics.median(a) if (a := [x["acceptance"] for x in rs
+                                                                          if x["acceptance"] is not None]) else None)}
+                        for c, rs in by_c.items()} for w, by_c in by_w.items()} for name, by_w in runs.items()}
+    lines = ["| workload | concurrency | system | output tok/s (median) | per round | TTFT p50 ms | "
+             "draft acceptance | generated tokens per round |", "|---|---:|---|---:|---|---:|---:|---|"]
+    for w in workloads:
+        for c in args.concurrency:
+            for name in names:
+                m = stats[name][w][c]
+                acc = "-" if m["acceptance"] is None else f"{m['acceptance']:.0%}"
+                lines.append(f"| {w} | {c} | {name} | {m['output_tok_s']:.1f} | {m['rounds']} | "
+                             f"{m['ttft_p50_ms']:.0f} | {acc} | {m['tokens']} |")
+    base, spec = stats["glmserve"], stats["glmserve --speculative ngram"]
+    checks = []
+    for w in workloads:
+        for c in args.concurrency:
+            ratio = spec[w][c]["output_tok_s"] / base[w][c]["output_tok_s"]
+            line = f"- {w}, c={c}: --speculative ngram / no speculation {ratio:.2f}x"
+            if len(names) > 2:
+                line += (f"; / llama-server's speculation "
+                         f"{spec[w][c]['output_tok_s'] / stats[names[2]][w][c]['output_tok_s']:.2f}x")
+            checks.append(line)
+    checks.append("- targets: grounded c=1 >= 1.5x without speculation and >= llama-server's speculation; "
+                  "natural >= 0.97x without speculation")
+    report = "\n".join([
+        f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
+        f"8 parallel sequences, 4096 tokens each | greedy, max_tokens {args.max_tokens}, streaming | 4 x c requests "
+        f"per level | {args.rounds} alternating rounds, medians", "", *lines, "", *checks])
+    save("speculative", "Speculative decoding: glmserve with and without --speculative ngram, and llama-server",
+         report, stats, command=" ".join(["python", "benchmarks/speculative.py", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()
