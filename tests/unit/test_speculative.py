@@ -7,8 +7,8 @@ import pytest
 
 from glmserve.engine import check_engine_settings
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.speculative import (FIRST_DRAFT, MAX_COOLDOWN, NgramDrafter, SpecDecodeCounters,
-                                                   SpeculativeConfig)
+from glmserve.engine.llama_cpp.speculative import FIRST_DRAFT, MAX_COOLDOWN, NgramDrafter, SpeculativeConfig
+from glmserve.engine.types import SpecDecodeCounters
 from glmserve.settings import ServeSettings
 
 
@@ -37,6 +37,21 @@ def test_no_match_no_draft_and_the_index_follows_growth():
     assert d.propose(tokens, limit=4) == []
     tokens += [1, 2]  # the sequence grew: (1, 2) was seen at 0, followed by 3, 4
     assert d.propose(tokens, limit=4) == [3, 4, 1, 2]
+
+
+def test_drafts_go_on_from_the_place_being_copied():
+    d = drafter(ngram_min=2, ngram_max=2, draft_max=4)
+    # two lookalike blocks: a copy of block A must go on drafting A, not the latest lookalike (B)
+    a, b = [1, 2, 10, 11, 12, 13], [1, 2, 20, 21, 22, 23]
+    tokens = a + b + [1, 2]
+    assert d.propose(tokens, limit=2) == [20, 21]  # no place yet: the latest occurrence of (1, 2)
+    tokens = a + b + [1, 2, 10]  # the sequence took A's token instead: no place, (2, 10) is in A only
+    assert d.propose(tokens, limit=2) == [11, 12]
+    tokens += [11, 12]  # it follows A: the place moves on with it
+    assert d.propose(tokens, limit=4) == [13, 1, 2, 20]
+    tokens += [99]  # a one-for-one substitution keeps the place ...
+    tokens += [1]  # ... as soon as the sequence is back on it
+    assert d.propose(tokens, limit=2) == [2, 20]
 
 
 def test_the_draft_fits_the_limit_and_the_current_length():
@@ -85,7 +100,15 @@ def test_counters():
     assert "acceptance rate 50.0%" in c.describe()
 
 
-@pytest.mark.parametrize("engine", ["transformers", "vllm"])
-def test_other_engines_refuse_speculative(engine):
-    with pytest.raises(EngineError, match="speculative"):
-        check_engine_settings(ServeSettings(engine=engine, speculative="ngram"))
+def test_transformers_refuses_speculative_and_vllm_takes_it():
+    for flags in ({"speculative": "ngram"}, {"speculative": "ngram", "spec_draft_max": 4}):
+        with pytest.raises(EngineError, match="--spec.* is not used by the transformers engine"):
+            check_engine_settings(ServeSettings(engine="transformers", **flags))
+        check_engine_settings(ServeSettings(engine="vllm", **flags))  # vLLM's own ngram speculative_config
+
+
+def test_spec_flags_need_speculative():
+    with pytest.raises(ValueError, match="--spec-draft-max needs --speculative ngram"):
+        ServeSettings(spec_draft_max=4)
+    with pytest.raises(ValueError, match="--spec-ngram-min is larger"):
+        ServeSettings(speculative="ngram", spec_ngram_min=5, spec_ngram_max=3)

@@ -53,6 +53,20 @@ def test_engine_args_parse_json_values_and_refuse_unknown_or_flag_backed_keys():
         _settings(engine_arg=["no-equals"])
 
 
+def test_speculative_ngram_is_vllms_ngram_speculative_config():
+    config = EngineConfig.from_settings(_settings(speculative="ngram", spec_ngram_min=3, spec_ngram_max=6,
+                                                  spec_draft_max=5))
+    assert engine_args(Path("/models/x"), config).speculative_config == {
+        "method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 6, "num_speculative_tokens": 5}
+    assert engine_args(Path("/models/x"), EngineConfig.from_settings(_settings())).speculative_config is None
+    # vLLM's other methods stay reachable through --engine-arg, but not beside --speculative
+    draft = {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 3}
+    assert engine_args(Path("/m"), EngineConfig(engine_args={"speculative_config": draft})).speculative_config == draft
+    with pytest.raises(EngineError, match="speculative_config: glmserve sets it"):
+        engine_args(Path("/m"), EngineConfig(speculative=config.speculative,
+                                             engine_args={"speculative_config": draft}))
+
+
 def _adapter(folder: Path, r: int, shapes: dict[str, tuple[int, int]]) -> Path:
     folder.mkdir()
     (folder / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": 16}))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field, model_validator
 
 Dtype = Annotated[Literal["auto", "float32", "bfloat16", "float16"], Field(
     "auto", description="transformers, vllm: weight dtype; auto = bfloat16/float16 on GPU, float32 on CPU "
@@ -23,3 +23,32 @@ MaxNumBatchedTokens = Annotated[int | None, Field(
     "(chunked prefill). llama_cpp: default 63; below 64, llama.cpp's CPU backend computes every batch the "
     "same way, so a request's output does not depend on what it is batched with. vllm: default vLLM's "
     "own (2048 on most GPUs, 8192 on H100/H200-class ones).")]
+
+
+class SpeculativeSettings(BaseModel):
+    """``--speculative ngram`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``;
+    vllm: vLLM's ``speculative_config`` of method ``ngram``, the same three numbers)."""
+
+    speculative: Literal["ngram"] | None = Field(
+        None, description="llama_cpp, vllm: speculative decoding. ngram: prompt lookup, each decoding sequence "
+        "drafts the tokens that followed an earlier occurrence of its last n tokens (prompt and output so far), "
+        "and one batch verifies every draft; the output distribution is that of decoding without it. Helps "
+        "input-grounded work (edit this code, repeat this JSON); natural text drafts little.",
+    )
+    spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: shortest "
+                                "n-gram looked up (tokens; vLLM's prompt_lookup_min).")
+    spec_ngram_max: int = Field(4, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: longest n-gram "
+                                "looked up (tokens; vLLM's prompt_lookup_max); the longest match wins.")
+    spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm --speculative ngram: most tokens "
+                                "drafted per sequence and step (vLLM's num_speculative_tokens; llama_cpp: drafts "
+                                "also fit within --max-num-batched-tokens).")
+
+    @model_validator(mode="after")
+    def _check_speculative(self):
+        if self.speculative is None:
+            for name in ("spec_ngram_min", "spec_ngram_max", "spec_draft_max"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"--{name.replace('_', '-')} needs --speculative ngram")
+        elif self.spec_ngram_min > self.spec_ngram_max:
+            raise ValueError("--spec-ngram-min is larger than --spec-ngram-max")
+        return self

@@ -137,6 +137,33 @@ class EngineStats:
     spec_decode: tuple[int, int, int] | None = None
 
 
+@dataclass(slots=True)
+class SpecDecodeCounters:
+    """vLLM's spec-decode counters (``vllm:spec_decode_num_drafts`` and the rest): drafts
+    verified, tokens drafted, drafted tokens accepted; ``as_stats()`` is ``EngineStats.spec_decode``."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    def as_stats(self) -> tuple[int, int, int]:
+        return self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
+
+    def describe(self) -> str:
+        rate = self.acceptance_rate
+        return (f"{self.num_drafts} drafts, {self.num_draft_tokens} draft tokens, {self.num_accepted_tokens} "
+                f"accepted" + ("" if rate is None else f" (acceptance rate {rate:.1%})"))
+
+
 @dataclass(slots=True, frozen=True)
 class ModelInfo:
     """What an engine serves: the model's id, its context length (tokens) and capabilities.

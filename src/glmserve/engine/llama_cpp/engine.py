@@ -40,14 +40,13 @@ from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.embedding import Embedder
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
-from glmserve.engine.llama_cpp.speculative import (MAX_DRAFTING_BATCH, NgramDrafter, SpecDecodeCounters,
-                                                   SpeculativeConfig)
+from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter, SpeculativeConfig
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import KVLayout, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
-                                   TokenLogprob)
+                                   SpecDecodeCounters, TokenLogprob)
 from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS, StepWorker
 from glmserve.models import ResolvedModel
 
@@ -346,8 +345,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         stats, counters = super().stats(), self.spec_decode
         if counters is None:
             return stats
-        return dataclasses.replace(stats, spec_decode=(counters.num_drafts, counters.num_draft_tokens,
-                                                       counters.num_accepted_tokens))
+        return dataclasses.replace(stats, spec_decode=counters.as_stats())
 
     def _kv_cache_usage(self) -> float | None:
         scheduler = self._scheduler

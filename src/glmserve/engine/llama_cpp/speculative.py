@@ -4,8 +4,13 @@ verification rule.
 Drafting (prompt lookup decoding, Saxena 2023; vLLM's ``ngram`` method, llama.cpp's
 ``--spec-type ngram-simple``): the last ``n`` tokens of a sequence (prompt and output so far),
 for ``n`` from ``ngram_max`` down to ``ngram_min``, are looked up among its earlier tokens; the
-tokens that followed their most recent earlier occurrence are the draft. Input-grounded work
-(rewrite this file with one change, repeat this JSON) is drafted right most of the time.
+tokens that followed their most recent earlier occurrence are the draft. Once a draft is taken
+from a place, the next drafts continue from that same place (moved on by as many tokens as the
+sequence grew) for as long as the sequence keeps following it, that is, while its last token is
+the one before the place: a reply that copies a module of six similar functions is drafted from
+the function it is copying, not from the most recent lookalike line, and a one-for-one
+substitution (a renamed identifier of as many tokens) does not lose the place. Input-grounded work (rewrite this file with one change, repeat this
+JSON) is drafted right most of the time.
 
 Verification (the engine): the sequence's last token and its draft are decoded in the step's
 one batch, with logits on every row; the engine then samples row after row with the sequence's
@@ -55,36 +60,12 @@ class SpeculativeConfig:
             raise ValueError("spec_draft_max >= 1 required")
 
 
-@dataclass(slots=True)
-class SpecDecodeCounters:
-    """vLLM's spec-decode counters (``vllm:spec_decode_num_drafts`` and the rest): drafts
-    verified, tokens drafted, drafted tokens accepted."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-
-    def add(self, drafted: int, accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += drafted
-        self.num_accepted_tokens += accepted
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-
-    def describe(self) -> str:
-        rate = self.acceptance_rate
-        return (f"{self.num_drafts} drafts, {self.num_draft_tokens} draft tokens, {self.num_accepted_tokens} "
-                f"accepted" + ("" if rate is None else f" (acceptance rate {rate:.1%})"))
-
-
 class NgramDrafter:
     """One sequence's n-gram index and draft length. ``propose(tokens, limit)`` returns at most
     ``limit`` draft tokens (empty: no match, or resting after rejections); ``record(drafted,
     accepted)`` tells it how the draft went. ``tokens`` only ever grows between calls."""
 
-    __slots__ = ("config", "_maps", "_indexed", "_length", "_misses", "_cooldown")
+    __slots__ = ("config", "_maps", "_indexed", "_length", "_misses", "_cooldown", "_source", "_source_at")
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -96,6 +77,10 @@ class NgramDrafter:
         self._length = min(FIRST_DRAFT, config.draft_max)
         self._misses = 0
         self._cooldown = 0
+        # the place the last draft came from: tokens[_source] followed the sequence's last token
+        # when it was _source_at tokens long
+        self._source: int | None = None
+        self._source_at = 0
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         if self._cooldown:
@@ -110,12 +95,28 @@ class NgramDrafter:
                 if e + 1 >= n:
                     positions[tuple(tokens[e + 1 - n:e + 1])] = e + 1
         self._indexed = max(self._indexed, end)
-        for n in range(self.config.ngram_max, self.config.ngram_min - 1, -1):
-            if len(tokens) >= n:
-                at = self._maps[n].get(tuple(tokens[-n:]))
-                if at is not None:
-                    return tokens[at:at + limit]
-        return []
+        at = self._followed(tokens)
+        if at is None:
+            for n in range(self.config.ngram_max, self.config.ngram_min - 1, -1):
+                if len(tokens) >= n:
+                    at = self._maps[n].get(tuple(tokens[-n:]))
+                    if at is not None:
+                        break
+        if at is None:
+            return []
+        self._source, self._source_at = at, len(tokens)
+        return tokens[at:at + limit]
+
+    def _followed(self, tokens: list[int]) -> int | None:
+        """Where the last draft's place has moved to, if the sequence still follows it: the token
+        before that place is the sequence's last token (so a one-for-one substitution, such as
+        a renamed identifier, keeps the place)."""
+        if self._source is None:
+            return None
+        at = self._source + len(tokens) - self._source_at
+        if 1 <= at < len(tokens) and tokens[at - 1] == tokens[-1]:
+            return at
+        return None
 
     def record(self, drafted: int, accepted: int) -> None:
         if accepted == 0:

@@ -1,7 +1,9 @@
 """glmserve's settings -> vLLM's ``AsyncEngineArgs``.
 
 Flags keep vLLM's names (``--tensor-parallel-size`` ...); ``--n-ctx`` is vLLM's
-``max_model_len``; ``--engine-arg KEY=VALUE`` reaches any other ``AsyncEngineArgs`` field.
+``max_model_len``; ``--speculative ngram`` with ``--spec-ngram-min/max`` and ``--spec-draft-max``
+is vLLM's ``speculative_config`` ``{"method": "ngram", "prompt_lookup_min", "prompt_lookup_max",
+"num_speculative_tokens"}``; ``--engine-arg KEY=VALUE`` reaches any other ``AsyncEngineArgs`` field.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     enforce_eager: bool = False
     lora: dict[str, Path] = field(default_factory=dict)
+    speculative: dict[str, Any] | None = None  # vLLM's speculative_config (--speculative ngram)
     engine_args: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -57,6 +60,9 @@ class EngineConfig:
             kv_cache_memory=settings.kv_cache_memory,
             enforce_eager=settings.enforce_eager,
             lora=settings.lora_adapters(),
+            speculative=None if settings.speculative is None else {
+                "method": "ngram", "prompt_lookup_min": settings.spec_ngram_min,
+                "prompt_lookup_max": settings.spec_ngram_max, "num_speculative_tokens": settings.spec_draft_max},
             engine_args=parse_engine_args(settings.engine_arg),
         )
 
@@ -93,7 +99,7 @@ def engine_args(model: Path, config: EngineConfig) -> AsyncEngineArgs:
     optional = {"max_model_len": config.n_ctx or None, "max_num_seqs": config.max_num_seqs,
                 "max_num_batched_tokens": config.max_num_batched_tokens,
                 "distributed_executor_backend": config.distributed_executor_backend,
-                "kv_cache_memory_bytes": config.kv_cache_memory}
+                "kv_cache_memory_bytes": config.kv_cache_memory, "speculative_config": config.speculative}
     args.update({k: v for k, v in optional.items() if v is not None})
     if config.lora:
         for name, path in config.lora.items():
@@ -110,6 +116,8 @@ def engine_args(model: Path, config: EngineConfig) -> AsyncEngineArgs:
     for key in config.engine_args:
         if key not in fields:
             raise EngineError(f"--engine-arg {key}: not a vLLM engine argument (AsyncEngineArgs field)")
+        if key == "speculative_config" and config.speculative is None:
+            continue  # vLLM's other methods (a draft model, EAGLE ...) stay reachable
         if key in flag_backed or key in optional or key in ("enable_lora", "max_loras", "max_lora_rank"):
             raise EngineError(f"--engine-arg {key}: glmserve sets it; use its own flag")
     args.update(config.engine_args)

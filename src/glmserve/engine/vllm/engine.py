@@ -63,9 +63,11 @@ from glmserve.engine.types import (
     GenerationRequest,
     ModelInfo,
     SamplingParams,
+    SpecDecodeCounters,
     TokenLogprob,
 )
 from glmserve.engine.vllm.args import EngineConfig, engine_args
+from glmserve.engine.vllm.spec_metrics import SpecDecodeLogger
 from glmserve.models import ResolvedModel
 
 try:  # vLLM's request errors (4xx to its own server): VLLMClientError in newer vLLM, ValueError before
@@ -98,6 +100,7 @@ class VllmEngine:
         self._lora_requests: dict[str, LoRARequest] = {}
         self._lora_in_flight: collections.Counter[str] = collections.Counter()  # admitted requests per adapter
         self._lora_lock = threading.Lock()  # generate() may run on any thread
+        self.spec_decode = SpecDecodeCounters() if config.speculative is not None else None
         self.tokenizer: HFTokenizer
         self.model_info: ModelInfo
         self.multimodal: VllmImages | None = None  # set at start() for a model vLLM takes images for
@@ -109,7 +112,9 @@ class VllmEngine:
         args = engine_args(self._resolved.path, self.config)
         try:
             # as vLLM's API server: its defaults (max_num_seqs, max_num_batched_tokens) are the server's
-            self._llm = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
+            self._llm = AsyncLLM.from_engine_args(
+                args, usage_context=UsageContext.OPENAI_API_SERVER,
+                stat_loggers=None if self.spec_decode is None else [SpecDecodeLogger.factory(self.spec_decode)])
         except Exception as exc:  # vLLM raises many kinds: config, memory, load errors
             raise EngineError(f"vLLM cannot serve {self._resolved.path}: {one_line(exc)}") from exc
         for i, name in enumerate(self.config.lora, start=1):
@@ -140,9 +145,13 @@ class VllmEngine:
         log.info("vLLM serves %s (%s), context %d tokens%s%s", self._resolved.path, model_config.dtype,
                  model_config.max_model_len, ", image input" if self.multimodal is not None else "",
                  f", adapters {', '.join(self._lora_requests)}" if self._lora_requests else "")
+        if self.config.speculative is not None:
+            log.info("speculative decoding: vLLM's %s", self.config.speculative)
 
     def shutdown(self) -> None:
         """Abort what is still running and stop vLLM's engine core."""
+        if self.spec_decode is not None and self.spec_decode.num_drafts:
+            log.info("speculative decoding: %s", self.spec_decode.describe())
         for future in list(self._tasks.values()):
             future.cancel()
         llm, self._llm = self._llm, None
@@ -227,7 +236,8 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         running, waiting = self._admission.split()
-        return EngineStats(running, waiting)
+        spec = self.spec_decode
+        return EngineStats(running, waiting, spec_decode=None if spec is None else spec.as_stats())
 
     def check_health(self) -> None:
         llm = self._llm

