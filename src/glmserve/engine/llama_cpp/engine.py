@@ -14,8 +14,8 @@ GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded at start, and at run t
 adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
 among groups) and the context's adapter is switched between steps when the group changes.
 
-Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``): in the same
-step, each decoding sequence may append an n-gram draft to its one token, within the batch's
+Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``): in a step
+that decodes one sequence alone, it may append an n-gram draft to its one token, within the batch's
 ``max_num_batched_tokens`` (so batches stay below llama.cpp's 64-token threshold by default and
 outputs stay independent of batching); its rows are sampled in order until a sampled token
 differs from the draft, and the KV cells of the rejected draft tokens are dropped.
@@ -405,8 +405,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
         """A draft for each decoding sequence whose drafter has one, within the batch's free
         rows (and, unified layout, the free KV cells), ``max_tokens`` and ``n_ctx``: the whole
         draft plus the token after it must fit, so only a step's last token can end a request.
-        None in a step that decodes more than ``MAX_DRAFTING_BATCH`` sequences."""
-        if sum(chunk.sample for chunk in chunks) > MAX_DRAFTING_BATCH:
+        None in a step that decodes more than ``MAX_DRAFTING_BATCH`` sequences or holds a prompt
+        chunk of more than one token."""
+        if sum(chunk.sample for chunk in chunks) > MAX_DRAFTING_BATCH or num_tokens > len(chunks):
             return {}
         scheduler = self._scheduler
         room = self.config.max_num_batched_tokens - num_tokens

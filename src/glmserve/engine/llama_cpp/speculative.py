@@ -37,10 +37,12 @@ from dataclasses import dataclass
 
 MAX_COOLDOWN = 16  # steps without drafting after repeated first-token rejections
 MIN_DRAFT = 2  # a draft shorter than this costs a batch row and rarely pays
-# drafts only in steps that decode at most this many sequences (vLLM's
-# speculative_disable_by_batch_size): a CPU step of more is compute-bound, and each draft token
-# then costs about what a decoded one does (measured: c=8 0.82 to 0.84x with drafts in every step)
-MAX_DRAFTING_BATCH = 2
+# drafts only in steps that decode at most this many sequences and carry no prompt chunk (vLLM's
+# speculative_disable_by_batch_size): a CPU step of more rows is compute-bound, each draft token
+# then costs about what a decoded one does (measured, benchmarks/speculative.py, grounded c=8, one
+# round each: drafts in steps of up to 2 decoding sequences, prompt chunks included, 0.95x of no
+# speculation; with no prompt chunk 0.98x; one decoding sequence alone 1.07x)
+MAX_DRAFTING_BATCH = 1
 FIRST_DRAFT = 4  # a sequence's first drafts are this long at most; they double while all accepted
 
 
