@@ -6,10 +6,11 @@ ngram speculation with the same answers and counters.
 
 Both servers get the same requests in the same order, from an empty KV cache: the README's known
 limit (attention rounding follows the order of KV cells after heavy cache reuse) applies to both
-alike. The prompts and answers stay within 512 KV cells: from there on llama.cpp's CPU
-attention computes a lone query row (a decode step without a draft) with the KV range split over
-the threads, and a row verified among others without that split, so that a near-tie may be
-broken the other way after a few hundred tokens (README, speculative decoding)."""
+alike. Prompt and answer stay within 256 tokens: past that, llama.cpp's KV window (padded to 256
+cells) reaches 512 cells, where its CPU attention computes a lone query row (a decode step
+without a draft) with the KV range split over the threads and a row verified among others in one
+pass, so that a near-tie may be broken the other way after a few hundred tokens
+(``benchmarks/verify_cost.py``; README, speculative decoding)."""
 
 from __future__ import annotations
 
