@@ -9,8 +9,8 @@ from a place, the next drafts continue from that same place (moved on by as many
 sequence grew) for as long as the sequence keeps following it, that is, while its last token is
 the one before the place: a reply that copies a module of six similar functions is drafted from
 the function it is copying, not from the most recent lookalike line, and a one-for-one
-substitution (a renamed identifier of as many tokens) does not lose the place. Input-grounded work (rewrite this file with one change, repeat this
-JSON) is drafted right most of the time.
+substitution (a renamed identifier of as many tokens) does not lose the place. Input-grounded
+work (rewrite this file with one change, repeat this JSON) is drafted right most of the time.
 
 Verification (the engine): the sequence's last token and its draft are decoded in the step's
 one batch, with logits on every row; the engine then samples row after row with the sequence's
