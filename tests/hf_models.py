@@ -229,14 +229,21 @@ def tiny_glm45_thinker(out: Path, messages: list[dict], reply: str, steps: int =
     return out
 
 
-def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int = 400) -> Path:
+def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int = 400,
+                     agent: tuple[list[dict], list[dict]] | None = None) -> Path:
     """A tiny random Llama with ``base``'s tokenizer and the hermes fixture template
     (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (about a
     two minutes on a CPU) to write ``call`` (a ``<tool_call>`` block) after any user turn and
     ``answer`` after a turn of ``<tool_response>`` results, each followed by ``<|im_end|>``,
     whatever the words (trained on prompts laid out as an agent's, with random words): an agent's model whose turns are known, for driving a real agent
     client (Claude Code) through a whole tool round trip. Raises ``RuntimeError`` if it did
-    not learn them."""
+    not learn them.
+
+    ``agent``: the chat messages (system and user turns) and tools of a real agent's request, as
+    the server maps them (Claude Code's, captured by the test); a quarter of the examples use
+    them instead of random words, so that the model has seen the very prompt it will be sent
+    (Claude Code's prompt holds the date and the working directory: random words alone left the
+    model switching from the call to the answer on some days' prompts)."""
     import json
     import random
 
@@ -256,7 +263,7 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
     def text(n: int) -> str:  # n random tokens' text: words, JSON punctuation, code
         return tokenizer.decode([rng.randrange(256, len(tokenizer) - 200) for _ in range(n)])
 
-    def example(length: int) -> tuple[list[int], list[int]]:
+    def example(length: int, use_agent: bool = False) -> tuple[list[int], list[int]]:
         """A prompt laid out as an agent's (system text, a tool whose name and argument are the
         call's, a user turn, for the answer also the call and its result) with random words."""
         fn = {"name": call_json["name"], "description": text(rng.randrange(8, length)), "parameters": {
@@ -265,20 +272,23 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
             "required": list(call_json["arguments"])}}
         messages = [{"role": "system", "content": text(rng.randrange(2, length))},
                     {"role": "user", "content": text(rng.randrange(2, 60))}]
+        tools = [{"type": "function", "function": fn}]
+        if use_agent:
+            messages, tools = [dict(m) for m in agent[0]], agent[1]
         reply = call
         if rng.random() < 0.5:
             messages += [{"role": "assistant", "content": "", "tool_calls": [
                 {"type": "function", "function": {"name": call_json["name"], "arguments": call_json["arguments"]}}]},
                 {"role": "tool", "content": text(rng.randrange(1, 30))}]
             reply = answer
-        prompt = tokenizer.apply_chat_template(messages, tools=[{"type": "function", "function": fn}],
+        prompt = tokenizer.apply_chat_template(messages, tools=tools,
                                                add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(prompt, add_special_tokens=False), tokenizer.encode(reply) + [end]
 
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for step in range(steps):
-        batch = [example(rng.randrange(16, 200)) for _ in range(8)]
+        batch = [example(rng.randrange(16, 200), use_agent=agent is not None and i % 4 == 0) for i in range(8)]
         width = max(len(p) + len(r) for p, r in batch)
         tail = max(len(r) for _, r in batch)
         ids = torch.full((len(batch), width), end)
@@ -297,9 +307,9 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
         if loss.item() < 1e-4:
             break
     model.eval()
-    for length in (50, 700):
+    for length, use_agent in ((50, False), (700, False), (50, agent is not None)):
         for _ in range(2):
-            prompt, reply = example(length)
+            prompt, reply = example(length, use_agent)
             with torch.no_grad():
                 written = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False)
             if written[0, len(prompt):].tolist() != reply:
