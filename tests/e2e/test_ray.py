@@ -154,6 +154,7 @@ def _stream(url: str, started: concurrent.futures.Future) -> dict:
 
 
 def test_kill_a_replica_during_streams(server, client):
+    _until_both_replicas_serve(client)
     started = [concurrent.futures.Future() for _ in range(2)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(_stream, server.url, s) for s in started]
@@ -177,12 +178,16 @@ def test_kill_a_replica_during_plain_requests(server, client):
         return httpx.post(f"{server.url}/v1/chat/completions", timeout=300, json={
             "model": DEFAULT_MODEL, "messages": [SYSTEM, QUESTION], "max_tokens": 400, "ignore_eos": True})
 
+    _until_both_replicas_serve(client)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(one, i) for i in range(2)]
-        deadline = time.monotonic() + 60  # until both are being served (one per replica)
-        while time.monotonic() < deadline and _ongoing() != [1, 1]:
+        deadline = time.monotonic() + 120  # until both are being served (one per replica)
+        ongoing = _ongoing()
+        while time.monotonic() < deadline and sorted(ongoing.values()) != [1, 1]:
             time.sleep(0.2)
-        _kill_replica(next(iter(replica_actors())))
+            ongoing = _ongoing()
+        assert sorted(ongoing.values()) == [1, 1], f"the two requests never ran one per replica: {ongoing}"
+        _kill_replica(next(iter(ongoing)))
         replies = [f.result(timeout=300) for f in futures]
     assert sorted(r.status_code for r in replies) == [200, 502]
     failed = next(r for r in replies if r.status_code == 502)
@@ -192,10 +197,26 @@ def test_kill_a_replica_during_plain_requests(server, client):
     server.wait_for_replicas(2, SETTLE_S)
 
 
-def _ongoing() -> list[int]:
-    """Requests each replica is serving, from Ray Serve's replica actors."""
-    actors = [ray.get_actor(a.name, namespace="serve") for a in replica_actors().values()]
-    return ray.get([a.get_num_ongoing_requests.remote() for a in actors], timeout=30)
+def _until_both_replicas_serve(client: openai.OpenAI) -> None:
+    """Until concurrent requests are answered by both live replicas: a replica Ray started
+    again is RUNNING (``wait_for_replicas``) before every router sends it requests."""
+    deadline = time.monotonic() + SETTLE_S
+    seen: set[str] = set()
+    while time.monotonic() < deadline:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda _: client.chat.completions.with_raw_response.create(
+                model=DEFAULT_MODEL, messages=[SYSTEM, QUESTION], max_tokens=8), range(2)))
+        seen = {r.headers[REPLICA] for r in replies}
+        if seen == set(replica_actors()):
+            return
+        time.sleep(1)
+    raise AssertionError(f"only replicas {seen} of {set(replica_actors())} answered")
+
+
+def _ongoing() -> dict[str, int]:
+    """Requests each replica is serving, by replica id, from Ray Serve's replica actors."""
+    ids, actors = zip(*((i, ray.get_actor(a.name, namespace="serve")) for i, a in replica_actors().items()))
+    return dict(zip(ids, ray.get([a.get_num_ongoing_requests.remote() for a in actors], timeout=30)))
 
 
 def test_sigterm_drains_running_streams(server):
