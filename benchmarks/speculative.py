@@ -1,6 +1,7 @@
-"""Speculative decoding (``--speculative ngram``) against decoding without it and against
-llama.cpp's C++ ``llama-server`` with its own prompt-lookup speculation, in alternating rounds of
-one run; prints medians over the rounds and the issue's targets.
+"""Speculative decoding (``--speculative ngram``, and ``--speculative draft`` with
+``--draft-model``) against decoding without it and against llama.cpp's C++ ``llama-server`` with
+its own speculation, in alternating rounds of one run; prints medians over the rounds and the
+issue's targets.
 
 Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096 tokens each):
 - ``glmserve``: ``glmserve serve`` as shipped (no speculation);
@@ -10,7 +11,12 @@ Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096
   prompt-lookup drafts (its "ngram-simple": the last ``--spec-ngram-simple-size-n`` tokens
   looked up in the context, drafting up to ``size-m`` tokens; its defaults), ``-np 8 -c 32768
   --no-kv-unified`` so each slot has 4096 cells too. Built from the llama-cpp-python source
-  package glmserve uses (see ``compare_llama_server.py`` for the commands).
+  package glmserve uses (see ``compare_llama_server.py`` for the commands);
+- with ``--draft-model PATH``: ``glmserve --speculative draft --draft-model PATH`` and
+  ``llama-server --spec-type draft-simple -md PATH`` with the same draft length (16) and
+  probability floor (``--spec-draft-p-min 0.75``, glmserve's ``P_MIN``). With the embedded model
+  as its own draft (no smaller GGUF of its vocabulary is at hand here) it shows what the draft
+  machinery costs, not a speed-up.
 
 Workloads (greedy, each request's own prompt, up to ``--max-tokens``):
 - ``grounded``: input-grounded edits: rewrite a ~300-token Python class with the class renamed,
@@ -26,6 +32,7 @@ from its first token to its last (speculation changes only this part; the median
 TTFT is per request (streaming).
 
     python benchmarks/speculative.py [--llama-server build/bin/llama-server] [--rounds 3]
+        [--draft-model PATH] [--systems NAME,...]
 """
 
 from __future__ import annotations
@@ -169,6 +176,16 @@ def systems(args) -> dict[str, dict]:
             args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1", "-t", str(args.threads),
             "-tb", str(args.threads), "-c", "32768", "-np", "8", "--no-kv-unified", "--no-webui",
             "--spec-type", "ngram-simple"]}
+    if args.draft_model:
+        out["glmserve --speculative draft"] = {"args": (*glm, "--speculative", "draft", "--draft-model",
+                                                        args.draft_model)}
+        if args.llama_server:
+            out["llama-server --spec-type draft-simple"] = {"command": [
+                *out["llama-server --spec-type ngram-simple"]["command"][:-2], "--spec-type", "draft-simple",
+                "-md", args.draft_model, "--spec-draft-n-max", "16", "--spec-draft-p-min", "0.75",
+                "-td", str(args.threads), "-tbd", str(args.threads)]}
+    if args.systems:
+        out = {name: out[name] for name in args.systems}
     return out
 
 
@@ -181,6 +198,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["grounded", "natural"],
                     help="comma-separated: grounded, natural")
+    ap.add_argument("--draft-model", help="a draft GGUF: adds glmserve --speculative draft (and llama-server's "
+                    "draft-simple with --llama-server)")
+    ap.add_argument("--systems", type=lambda s: s.split(","),
+                    help="comma-separated system names to run (default: all; 'glmserve' first, it is the baseline)")
     args = ap.parse_args()
     specs = systems(args)
     names = list(specs)
@@ -227,26 +248,31 @@ def main() -> None:
                 acc = "-" if m["acceptance"] is None else f"{m['acceptance']:.0%}"
                 lines.append(f"| {w} | {c} | {name} | {m['output_tok_s']:.1f} | {m['rounds']} | "
                              f"{m['decode_tok_s']:.1f} | {m['ttft_p50_ms']:.0f} | {acc} | {m['tokens']} |")
-    base, spec = stats["glmserve"], stats["glmserve --speculative ngram"]
     checks = []
-    for w in workloads:
-        for c in args.concurrency:
-            ratio = spec[w][c]["output_tok_s"] / base[w][c]["output_tok_s"]
-            decode = spec[w][c]["decode_tok_s"] / base[w][c]["decode_tok_s"]
-            line = f"- {w}, c={c}: --speculative ngram / no speculation: output {ratio:.2f}x, decode {decode:.2f}x"
-            if len(names) > 2:
-                other = stats[names[2]][w][c]
-                line += (f"; / llama-server's speculation: output {spec[w][c]['output_tok_s'] / other['output_tok_s']:.2f}x"
-                         f", decode {spec[w][c]['decode_tok_s'] / other['decode_tok_s']:.2f}x")
-            checks.append(line)
+    for method, theirs in (("ngram", "ngram-simple"), ("draft", "draft-simple")):
+        spec, other = stats.get(f"glmserve --speculative {method}"), stats.get(f"llama-server --spec-type {theirs}")
+        if spec is None:
+            continue
+        for w in workloads:
+            for c in args.concurrency:
+                line = f"- {w}, c={c}: --speculative {method}"
+                if "glmserve" in stats:
+                    base = stats["glmserve"][w][c]
+                    line += (f" / no speculation: output {spec[w][c]['output_tok_s'] / base['output_tok_s']:.2f}x, "
+                             f"decode {spec[w][c]['decode_tok_s'] / base['decode_tok_s']:.2f}x")
+                if other is not None:
+                    line += (f"; / llama-server's {theirs}: output "
+                             f"{spec[w][c]['output_tok_s'] / other[w][c]['output_tok_s']:.2f}x, decode "
+                             f"{spec[w][c]['decode_tok_s'] / other[w][c]['decode_tok_s']:.2f}x")
+                checks.append(line)
     checks.append("- targets: grounded c=1 >= 1.5x without speculation and >= llama-server's speculation; "
                   "natural >= 0.97x without speculation")
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"8 parallel sequences, 4096 tokens each | greedy, max_tokens {args.max_tokens}, streaming | max(4, 2c) "
         f"requests per level | {args.rounds} alternating rounds, medians", "", *lines, "", *checks])
-    save("speculative", "Speculative decoding: glmserve with and without --speculative ngram, and llama-server",
-         report, stats, command=" ".join(["python", "benchmarks/speculative.py", *sys.argv[1:]]))
+    save("speculative-draft" if args.draft_model else "speculative",
+         "Speculative decoding: glmserve with and without --speculative, and llama-server", report, stats, command=" ".join(["python", "benchmarks/speculative.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

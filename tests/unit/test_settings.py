@@ -14,10 +14,11 @@ from glmserve.engine import ENGINES, engine_settings
 from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
 
 # what each engine reads (flat ServeSettings + SETTINGS name sets): unchanged by the split into classes;
-# vllm reads --speculative and its flags since they map to its ngram speculative_config
+# vllm reads --speculative and its flags since they map to its ngram speculative_config; --draft-model
+# (--speculative draft) is llama_cpp's alone
 BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
-                  "spec_ngram_max", "spec_draft_max"},
+                  "spec_ngram_max", "spec_draft_max", "draft_model"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
@@ -67,9 +68,14 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     (["--replicas", "2", "--models-dir", "/tmp"], "serve one model each"),
     (["--max-loaded-models", "2"], "--max-loaded-models needs several models"),
     (["--keep-alive", "1m"], "--keep-alive needs several models"),
-    (["--spec-draft-max", "8"], "--spec-draft-max needs --speculative ngram"),
+    (["--spec-draft-max", "8"], "--spec-draft-max needs --speculative"),
     (["--speculative", "ngram", "--spec-ngram-min", "5"], "--spec-ngram-min is larger than --spec-ngram-max"),
-    (["--speculative", "draft"], "speculative"),
+    (["--speculative", "draft"], "--speculative draft needs --draft-model"),
+    (["--speculative", "eagle"], "speculative"),
+    (["--draft-model", "x.gguf"], "--draft-model needs --speculative"),
+    (["--speculative", "ngram", "--draft-model", "x.gguf"], "--draft-model is for --speculative draft"),
+    (["--speculative", "draft", "--draft-model", "x.gguf", "--spec-ngram-max", "3"],
+     "--spec-ngram-max is for --speculative ngram, not draft"),
 ])
 def test_engine_field_validation_still_applies(args, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -107,8 +107,16 @@ def test_transformers_refuses_speculative_and_vllm_takes_it():
         check_engine_settings(ServeSettings(engine="vllm", **flags))  # vLLM's own ngram speculative_config
 
 
+def test_draft_model_is_llama_cpps_alone():
+    flags = {"speculative": "draft", "draft_model": "draft.gguf"}
+    for engine in ("transformers", "vllm"):
+        with pytest.raises(EngineError, match=f"--draft-model is not used by the {engine} engine"):
+            check_engine_settings(ServeSettings(engine=engine, **flags))
+    check_engine_settings(ServeSettings(**flags))
+
+
 def test_spec_flags_need_speculative():
-    with pytest.raises(ValueError, match="--spec-draft-max needs --speculative ngram"):
+    with pytest.raises(ValueError, match="--spec-draft-max needs --speculative"):
         ServeSettings(spec_draft_max=4)
     with pytest.raises(ValueError, match="--spec-ngram-min is larger"):
         ServeSettings(speculative="ngram", spec_ngram_min=5, spec_ngram_max=3)

@@ -26,29 +26,40 @@ MaxNumBatchedTokens = Annotated[int | None, Field(
 
 
 class SpeculativeSettings(BaseModel):
-    """``--speculative ngram`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``;
-    vllm: vLLM's ``speculative_config`` of method ``ngram``, the same three numbers)."""
+    """``--speculative ngram|draft`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``
+    and ``draft_model.py``; vllm: vLLM's ``speculative_config`` of method ``ngram``, the same three
+    numbers; ``draft`` is llama_cpp's, whose settings declare ``draft_model``)."""
 
-    speculative: Literal["ngram"] | None = Field(
-        None, description="llama_cpp, vllm: speculative decoding. ngram: prompt lookup, each decoding sequence "
-        "drafts the tokens that followed an earlier occurrence of its last n tokens (prompt and output so far), "
-        "and one batch verifies every draft; the output distribution is that of decoding without it. Helps "
-        "input-grounded work (edit this code, repeat this JSON); natural text drafts little.",
+    speculative: Literal["ngram", "draft"] | None = Field(
+        None, description="llama_cpp, vllm: speculative decoding: each decoding sequence drafts tokens and one "
+        "batch verifies them; the output distribution is that of decoding without it. ngram: prompt lookup, the "
+        "tokens that followed an earlier occurrence of the last n tokens (prompt and output so far); helps "
+        "input-grounded work (edit this code, repeat this JSON), natural text drafts little. draft "
+        "(llama_cpp): a smaller model of the same vocabulary (--draft-model) drafts greedily.",
     )
     spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: shortest "
                                 "n-gram looked up (tokens; vLLM's prompt_lookup_min).")
     spec_ngram_max: int = Field(4, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: longest n-gram "
                                 "looked up (tokens; vLLM's prompt_lookup_max); the longest match wins.")
-    spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm --speculative ngram: most tokens "
+    spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm --speculative: most tokens "
                                 "drafted per sequence and step (vLLM's num_speculative_tokens; llama_cpp: drafts "
                                 "also fit within --max-num-batched-tokens).")
 
     @model_validator(mode="after")
     def _check_speculative(self):
+        draft_model = getattr(self, "draft_model", None)
         if self.speculative is None:
-            for name in ("spec_ngram_min", "spec_ngram_max", "spec_draft_max"):
+            for name in ("spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model"):
                 if name in self.model_fields_set:
-                    raise ValueError(f"--{name.replace('_', '-')} needs --speculative ngram")
+                    raise ValueError(f"--{name.replace('_', '-')} needs --speculative")
+        elif self.speculative == "draft":
+            if not draft_model:
+                raise ValueError("--speculative draft needs --draft-model (a GGUF file or model name)")
+            for name in ("spec_ngram_min", "spec_ngram_max"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"--{name.replace('_', '-')} is for --speculative ngram, not draft")
+        elif "draft_model" in self.model_fields_set:
+            raise ValueError("--draft-model is for --speculative draft")
         elif self.spec_ngram_min > self.spec_ngram_max:
             raise ValueError("--spec-ngram-min is larger than --spec-ngram-max")
         return self

@@ -22,6 +22,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
 
 
 def _config(settings: ServeSettings) -> EngineConfig:
+    """Raises ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file."""
     from glmserve.engine.llama_cpp.engine import EngineConfig
     from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 
@@ -34,7 +35,8 @@ def _config(settings: ServeSettings) -> EngineConfig:
         lora=settings.lora_adapters(),
         kv_layout=settings.kv_layout,
         speculative=None if settings.speculative is None else SpeculativeConfig(
-            settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max),
+            settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
+            resolve_model(settings.draft_model).path if settings.speculative == "draft" else None),
     )
 
 

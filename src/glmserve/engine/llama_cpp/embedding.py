@@ -19,6 +19,7 @@ import numpy as np
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
+from glmserve.engine.llama_cpp.handles import free_handles
 
 MICRO_BATCH = 512  # tokens per llama_decode (n_batch = n_ubatch)
 
@@ -80,10 +81,5 @@ class Embedder:
         return (mean / norm if norm > 0 else mean).astype(np.float32).tolist()
 
     def free(self) -> None:
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            with suppress_stdout_stderr(disable=False):
-                llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        free_handles(self._batch, self._ctx)
+        self._batch = self._ctx = None

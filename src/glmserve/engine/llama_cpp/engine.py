@@ -14,8 +14,8 @@ GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded at start, and at run t
 adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
 among groups) and the context's adapter is switched between steps when the group changes.
 
-Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``): in a step
-that decodes one sequence alone, it may append an n-gram draft to its one token, within the batch's
+Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``; ``--speculative
+draft``, ``draft_model.py``): in a step that decodes one sequence alone, it may append a draft to its one token, within the batch's
 ``max_num_batched_tokens`` (so batches stay below llama.cpp's 64-token threshold by default and
 outputs stay independent of batching); its rows are sampled in order until a sampled token
 differs from the draft, and the KV cells of the rejected draft tokens are dropped.
@@ -38,7 +38,9 @@ from llama_cpp._utils import suppress_stdout_stderr
 from glmserve.engine.base import EngineError, LoRAAdapterError
 from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
+from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder
+from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter, SpeculativeConfig
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
@@ -62,7 +64,7 @@ class EngineConfig:
     max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
     lora: dict | None = None  # adapter name -> GGUF LoRA file
     kv_layout: KVLayout = "split"
-    speculative: SpeculativeConfig | None = None  # --speculative ngram
+    speculative: SpeculativeConfig | None = None  # --speculative ngram|draft
 
 
 @dataclass(slots=True)
@@ -72,7 +74,7 @@ class _SeqState:
     sampler: SamplerChain
     decoder: IncrementalDecoder
     stop_ids: frozenset[int]  # end generation with "stop" (empty with ignore_eos)
-    drafter: NgramDrafter | None = None  # speculative decoding
+    drafter: NgramDrafter | ModelDrafter | None = None  # speculative decoding
 
 
 def kv_bytes_per_cell(metadata: dict[str, str], n_layer: int, n_head: int, n_head_kv: int, n_embd: int) -> int:
@@ -113,6 +115,8 @@ def memory_estimate(path: Path, config: EngineConfig) -> int:
         return size
     finally:
         model.close()
+    if config.speculative is not None and config.speculative.draft_model is not None:
+        size += memory_estimate(config.speculative.draft_model, dataclasses.replace(config, speculative=None))
     return size + kv_cache_cells(config, n_ctx_train) * kv_bytes_per_cell(meta, n_layer, n_head, n_head_kv, n_embd)
 
 
@@ -128,6 +132,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._ctx = None
         self._decoder: BatchDecoder | None = None
         self._embedder: Embedder | None = None
+        self._draft: DraftModel | None = None  # --speculative draft
         self._scheduler: Scheduler | None = None
         self._init_worker(config.max_num_seqs, config.max_queue)
         self._by_id: dict[str, Sequence] = {}
@@ -193,8 +198,17 @@ class LlamaCppEngine(StepWorker[Sequence]):
             max_queue=self._admission.max_queue,
             embedding_size=self._embedder.size,
         )
-        if cfg.speculative is not None:
-            spec = cfg.speculative
+        spec = cfg.speculative
+        if spec is not None and spec.draft_model is not None:
+            try:
+                self._draft = DraftModel(spec.draft_model, self._model, params.n_ctx, cfg.max_num_seqs, not split,
+                                         cfg.n_threads)
+            except EngineError:
+                self.shutdown()
+                raise
+            log.info("speculative decoding: draft model %s, greedy drafts of up to %d tokens within "
+                     "--max-num-batched-tokens %d", spec.draft_model, spec.draft_max, cfg.max_num_batched_tokens)
+        elif spec is not None:
             log.info("speculative decoding: ngram (prompt lookup), n-grams of %d to %d tokens, drafts of up to %d "
                      "tokens within --max-num-batched-tokens %d", spec.ngram_min, spec.ngram_max, spec.draft_max,
                      cfg.max_num_batched_tokens)
@@ -305,13 +319,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if self._embedder is not None:
             self._embedder.free()
             self._embedder = None
-        if self._ctx:
-            with suppress_stdout_stderr(disable=False):
-                llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            self._model.close()
-            self._model = None
+        if self._draft is not None:
+            self._draft.free()
+            self._draft = None
+        free_handles(ctx=self._ctx, model=self._model)
+        self._ctx = self._model = None
 
     # ---- requests (any thread) ----------------------------------------------------------
 
@@ -328,9 +340,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
             raise
         stream = OutputStream(loop)
         spec = self.config.speculative
+        drafter = None if spec is None else NgramDrafter(spec) if self._draft is None else ModelDrafter(spec, self._draft)
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
-                          stop_token_ids(request.sampling, self.tokenizer.eog_ids),
-                          NgramDrafter(spec) if spec is not None else None)
+                          stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
         return RequestStream(request.request_id, stream, self.abort)
 
@@ -423,7 +435,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
                 continue
             limit = min(room, seq.payload.request.sampling.max_tokens - seq.num_generated - 1,
                         scheduler.n_ctx - len(seq.tokens) - 1)
-            draft = drafter.propose(seq.tokens, limit) if limit > 0 else []
+            draft = drafter.propose(seq.tokens, limit, seq.slot) if limit > 0 else []
             if draft:
                 drafts[seq] = draft
                 room -= len(draft)

@@ -1,5 +1,6 @@
-"""Speculative decoding for the llama_cpp engine: n-gram drafts (prompt lookup) and their
-verification rule.
+"""Speculative decoding for the llama_cpp engine: n-gram drafts (prompt lookup), the adaptive
+draft length every drafter shares, and the verification rule (a draft model's drafts:
+``draft_model.py``).
 
 Drafting (prompt lookup decoding, Saxena 2023; vLLM's ``ngram`` method, llama.cpp's
 ``--spec-type ngram-simple``): the last ``n`` tokens of a sequence (prompt and output so far),
@@ -24,7 +25,7 @@ unchanged at any temperature; greedy output, penalties, ``logit_bias`` and gramm
 (the chain records each accepted token) are those of decoding without a draft, and a seeded
 request draws the same random numbers in the same order.
 
-Adaptive: a sequence's drafts start short (``FIRST_DRAFT``) and double while wholly accepted,
+Adaptive (``DraftLength``, both drafters): a sequence's drafts start short (``FIRST_DRAFT``) and double while wholly accepted,
 up to ``draft_max``; a sequence whose draft is rejected at its first token skips drafting for a
 number of steps that doubles with each such draft in a row (up to ``MAX_COOLDOWN``), and its
 next draft is half as long. A rejected draft costs its rows in the step's batch, so natural
@@ -34,6 +35,7 @@ text, where n-grams recur without their continuations, is not slowed down by it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_COOLDOWN = 16  # steps without drafting after repeated first-token rejections
 MIN_DRAFT = 2  # a draft shorter than this costs a batch row and rarely pays
@@ -49,11 +51,13 @@ FIRST_DRAFT = 4  # a sequence's first drafts are this long at most; they double 
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
     """``--speculative ngram`` with ``--spec-ngram-min/max`` (n-gram lengths looked up, in
-    tokens) and ``--spec-draft-max`` (tokens drafted per sequence and step)."""
+    tokens), or ``--speculative draft`` with ``draft_model`` (the draft GGUF file); either with
+    ``--spec-draft-max`` (tokens drafted per sequence and step)."""
 
     ngram_min: int = 2
     ngram_max: int = 4
     draft_max: int = 16
+    draft_model: Path | None = None  # --speculative draft
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -61,34 +65,64 @@ class SpeculativeConfig:
         if self.draft_max < 1:
             raise ValueError("spec_draft_max >= 1 required")
 
+    @property
+    def method(self) -> str:
+        return "ngram" if self.draft_model is None else "draft"
 
-class NgramDrafter:
-    """One sequence's n-gram index and draft length. ``propose(tokens, limit)`` returns at most
-    ``limit`` draft tokens (empty: no match, or resting after rejections); ``record(drafted,
-    accepted)`` tells it how the draft went. ``tokens`` only ever grows between calls."""
 
-    __slots__ = ("config", "_maps", "_indexed", "_length", "_misses", "_cooldown", "_source", "_source_at")
+class DraftLength:
+    """A sequence's adaptive draft length (module docstring): ``budget(limit)`` is how many
+    tokens it may draft this step (0: resting after rejections), ``record(drafted, accepted)``
+    tells it how the draft went."""
+
+    __slots__ = ("_max", "_length", "_misses", "_cooldown")
+
+    def __init__(self, draft_max: int) -> None:
+        self._max = draft_max
+        self._length = min(FIRST_DRAFT, draft_max)
+        self._misses = 0
+        self._cooldown = 0
+
+    def budget(self, limit: int) -> int:
+        if self._cooldown:
+            self._cooldown -= 1
+            return 0
+        return max(0, min(limit, self._length))
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if accepted == 0:
+            self._misses += 1
+            self._cooldown = min(1 << (self._misses - 1), MAX_COOLDOWN)
+            self._length = max(MIN_DRAFT, self._length // 2)
+        else:
+            self._misses = 0
+            if accepted == drafted:
+                self._length = min(self._max, self._length * 2)
+
+
+class NgramDrafter(DraftLength):
+    """One sequence's n-gram index and draft length. ``propose(tokens, limit, slot)`` returns at
+    most ``limit`` draft tokens (empty: no match, or resting after rejections; ``slot`` is unused
+    here, a draft model keeps its cache there); ``record(drafted, accepted)`` tells it how the
+    draft went. ``tokens`` only ever grows between calls."""
+
+    __slots__ = ("config", "_maps", "_indexed", "_source", "_source_at")
 
     def __init__(self, config: SpeculativeConfig) -> None:
+        super().__init__(config.draft_max)
         self.config = config
         # n -> {n-gram: position after its latest occurrence}; holds the n-grams that end
         # before a sequence's last token, so that a continuation exists
         self._maps: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(config.ngram_min, config.ngram_max + 1)}
         self._indexed = 0  # n-grams ending before this position are in the maps
-        self._length = min(FIRST_DRAFT, config.draft_max)
-        self._misses = 0
-        self._cooldown = 0
         # the place the last draft came from: tokens[_source] followed the sequence's last token
         # when it was _source_at tokens long
         self._source: int | None = None
         self._source_at = 0
 
-    def propose(self, tokens: list[int], limit: int) -> list[int]:
-        if self._cooldown:
-            self._cooldown -= 1
-            return []
-        limit = min(limit, self._length)
+    def propose(self, tokens: list[int], limit: int, slot: int = 0) -> list[int]:
+        limit = self.budget(limit)
         if limit < 1:
             return []
         end = len(tokens) - 1
@@ -119,13 +153,3 @@ class NgramDrafter:
         if 1 <= at < len(tokens) and tokens[at - 1] == tokens[-1]:
             return at
         return None
-
-    def record(self, drafted: int, accepted: int) -> None:
-        if accepted == 0:
-            self._misses += 1
-            self._cooldown = min(1 << (self._misses - 1), MAX_COOLDOWN)
-            self._length = max(MIN_DRAFT, self._length // 2)
-        else:
-            self._misses = 0
-            if accepted == drafted:
-                self._length = min(self.config.draft_max, self._length * 2)
