@@ -12,6 +12,7 @@ Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096
   looked up in the context, drafting up to ``size-m`` tokens; its defaults), ``-np 8 -c 32768
   --no-kv-unified`` so each slot has 4096 cells too. Built from the llama-cpp-python source
   package glmserve uses (see ``compare_llama_server.py`` for the commands);
+- ``llama-server`` without speculation, only when named in ``--systems``;
 - with ``--draft-model PATH``: ``glmserve --speculative draft --draft-model PATH`` and
   ``llama-server --spec-type draft-simple -md PATH`` with the same draft length (16) and
   probability floor (``--spec-draft-p-min 0.75``, glmserve's ``P_MIN``). With the embedded model
@@ -172,21 +173,21 @@ def systems(args) -> dict[str, dict]:
     glm = ("--max-num-seqs", "8", "--n-ctx", "4096", "--max-queue", "1024")
     out = {"glmserve": {"args": glm}, "glmserve --speculative ngram": {"args": (*glm, "--speculative", "ngram")}}
     if args.llama_server:
-        out["llama-server --spec-type ngram-simple"] = {"command": [
-            args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1", "-t", str(args.threads),
-            "-tb", str(args.threads), "-c", "32768", "-np", "8", "--no-kv-unified", "--no-webui",
-            "--spec-type", "ngram-simple"]}
+        plain = [args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1", "-t", str(args.threads),
+                 "-tb", str(args.threads), "-c", "32768", "-np", "8", "--no-kv-unified", "--no-webui"]
+        out["llama-server --spec-type ngram-simple"] = {"command": [*plain, "--spec-type", "ngram-simple"]}
+        out["llama-server"] = {"command": plain}  # no speculation: what its own speculation gains
     if args.draft_model:
         out["glmserve --speculative draft"] = {"args": (*glm, "--speculative", "draft", "--draft-model",
                                                         args.draft_model)}
         if args.llama_server:
             out["llama-server --spec-type draft-simple"] = {"command": [
-                *out["llama-server --spec-type ngram-simple"]["command"][:-2], "--spec-type", "draft-simple",
+                *plain, "--spec-type", "draft-simple",
                 "-md", args.draft_model, "--spec-draft-n-max", "16", "--spec-draft-p-min", "0.75",
                 "-td", str(args.threads), "-tbd", str(args.threads)]}
     if args.systems:
-        out = {name: out[name] for name in args.systems}
-    return out
+        return {name: out[name] for name in args.systems}
+    return {name: spec for name, spec in out.items() if name != "llama-server"}  # on request only
 
 
 def main() -> None:

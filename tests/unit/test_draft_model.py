@@ -50,7 +50,7 @@ def test_vocab_mismatch_names_the_token(model, other_vocab):
 def test_start_refuses_a_draft_model_of_another_vocabulary(other_vocab):
     with pytest.raises(EngineError, match="another vocabulary than the model: token 1000"):
         LLM(speculative="draft", draft_model=str(other_vocab), n_threads=1)
-    with pytest.raises(ModelNotFoundError):
+    with pytest.raises(ModelNotFoundError, match="--draft-model /nonexistent/draft.gguf: no such file"):
         LLM(speculative="draft", draft_model="/nonexistent/draft.gguf", n_threads=1)
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.worker import default_max_num_seqs
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-from glmserve.models import resolve_model
+from glmserve.models import ModelNotFoundError, resolve_model
 
 if TYPE_CHECKING:
     from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
@@ -36,8 +36,15 @@ def _config(settings: ServeSettings) -> EngineConfig:
         kv_layout=settings.kv_layout,
         speculative=None if settings.speculative is None else SpeculativeConfig(
             settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
-            resolve_model(settings.draft_model).path if settings.speculative == "draft" else None),
+            _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None),
     )
+
+
+def _draft_model_path(draft_model: str):
+    try:
+        return resolve_model(draft_model).path
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"--draft-model {exc}") from exc
 
 
 def build(settings: ServeSettings) -> LlamaCppEngine:
