@@ -20,6 +20,7 @@ import re
 import time
 
 import httpx
+import openai
 import pytest
 
 from glmserve.models import default_model_path
@@ -204,13 +205,16 @@ def test_abort_while_drafting_frees_the_sequence(servers):
     assert [c.finish_reason for c in r.choices] == ["length", "length"]
 
 
-def test_vllm_maps_speculative_ngram_to_its_own(smollm2_hf):
-    """``--engine vllm --speculative ngram``: vLLM's ngram speculative_config; greedy answers
-    equal those of the same server without it, and its drafts reach ``/metrics``."""
+def test_vllm_maps_speculative_to_its_own(smollm2_hf):
+    """``--engine vllm --speculative ngram`` and ``--speculative draft --draft-model FOLDER`` (the
+    model drafting for itself): vLLM's ngram and draft_model speculative_config; greedy answers
+    equal those of the same server without them, their drafts reach ``/metrics``, and a request
+    vLLM's speculation cannot serve (``logit_bias``) is a 400."""
     folder = smollm2_hf
     prompts = PROMPTS[:4] + PROMPTS[10:12]
-    answers = []
-    for extra in ((), ("--speculative", "ngram", "--spec-draft-max", "4")):
+    answers, counters = [], []
+    for extra in ((), ("--speculative", "ngram", "--spec-draft-max", "4"),
+                  ("--speculative", "draft", "--draft-model", str(folder), "--spec-draft-max", "4")):
         server = vllm_server(folder, "--served-model-name", DEFAULT_MODEL, "--max-num-seqs", "2", "--n-ctx", "1024",
                              *extra)
         try:
@@ -219,10 +223,16 @@ def test_vllm_maps_speculative_ngram_to_its_own(smollm2_hf):
                                                            max_tokens=40).choices[0].message.content
                             for p in prompts])
             if extra:
-                counters = _spec_counters(server)
-                assert "speculative decoding: vLLM's {'method': 'ngram'" in server.log()
+                counters.append(_spec_counters(server))
+                method = "ngram" if extra[1] == "ngram" else "draft_model"
+                assert f"speculative decoding: vLLM's {{'method': '{method}'" in server.log()
+                with pytest.raises(openai.BadRequestError, match="logit_bias"):
+                    client.chat.completions.create(model=DEFAULT_MODEL, messages=_messages(prompts[0]), max_tokens=4,
+                                                   logit_bias={"42": 5})
         finally:
             server.stop()
-    assert answers[1] == answers[0]
-    assert counters["spec_decode_num_drafts"] > 0
-    assert 0 < counters["spec_decode_num_accepted_tokens"] <= counters["spec_decode_num_draft_tokens"]
+    assert answers[1] == answers[0] and answers[2] == answers[0]
+    for c in counters:
+        assert c["spec_decode_num_drafts"] > 0
+        assert 0 < c["spec_decode_num_accepted_tokens"] <= c["spec_decode_num_draft_tokens"]
+    assert counters[1]["spec_decode_num_accepted_tokens"] / counters[1]["spec_decode_num_draft_tokens"] > 0.9

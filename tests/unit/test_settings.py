@@ -14,15 +14,14 @@ from glmserve.engine import ENGINES, engine_settings
 from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
 
 # what each engine reads (flat ServeSettings + SETTINGS name sets): unchanged by the split into classes;
-# vllm reads --speculative and its flags since they map to its ngram speculative_config; --draft-model
-# (--speculative draft) is llama_cpp's alone
+# vllm reads --speculative and its flags since they map to its ngram and draft_model speculative_config
 BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
                   "spec_ngram_max", "spec_draft_max", "draft_model"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
-             "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max"},
+             "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model"},
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 from glmserve.engine.base import EngineError
 from glmserve.engine.vllm.args import EngineConfig, engine_args, parse_engine_args
 from glmserve.engine.peft_lora import check_adapter, lora_rank
+from glmserve.models import ModelNotFoundError
 from glmserve.settings import ServeSettings
 
 pytest.importorskip("vllm")
@@ -65,6 +66,17 @@ def test_speculative_ngram_is_vllms_ngram_speculative_config():
     with pytest.raises(EngineError, match="speculative_config: glmserve sets it"):
         engine_args(Path("/m"), EngineConfig(speculative=config.speculative,
                                              engine_args={"speculative_config": draft}))
+
+
+def test_speculative_draft_is_vllms_draft_model_speculative_config(tmp_path):
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "config.json").write_text("{}")
+    config = EngineConfig.from_settings(_settings(speculative="draft", draft_model=str(tmp_path / "small"),
+                                                  spec_draft_max=4))
+    assert engine_args(Path("/models/x"), config).speculative_config == {
+        "method": "draft_model", "model": str(tmp_path / "small"), "num_speculative_tokens": 4}
+    with pytest.raises(ModelNotFoundError, match="--draft-model .*nope"):
+        EngineConfig.from_settings(_settings(speculative="draft", draft_model=str(tmp_path / "nope")))
 
 
 def _adapter(folder: Path, r: int, shapes: dict[str, tuple[int, int]]) -> Path:

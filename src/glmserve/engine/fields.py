@@ -27,15 +27,15 @@ MaxNumBatchedTokens = Annotated[int | None, Field(
 
 class SpeculativeSettings(BaseModel):
     """``--speculative ngram|draft`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``
-    and ``draft_model.py``; vllm: vLLM's ``speculative_config`` of method ``ngram``, the same three
-    numbers; ``draft`` is llama_cpp's, whose settings declare ``draft_model``)."""
+    and ``draft_model.py``; vllm: vLLM's ``speculative_config`` of method ``ngram`` or
+    ``draft_model``, from the same numbers)."""
 
     speculative: Literal["ngram", "draft"] | None = Field(
         None, description="llama_cpp, vllm: speculative decoding: each decoding sequence drafts tokens and one "
         "batch verifies them; the output distribution is that of decoding without it. ngram: prompt lookup, the "
         "tokens that followed an earlier occurrence of the last n tokens (prompt and output so far); helps "
-        "input-grounded work (edit this code, repeat this JSON), natural text drafts little. draft "
-        "(llama_cpp): a smaller model of the same vocabulary (--draft-model) drafts greedily.",
+        "input-grounded work (edit this code, repeat this JSON), natural text drafts little. draft: a "
+        "smaller model of the same vocabulary (--draft-model) drafts (vllm: vLLM's draft_model method).",
     )
     spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: shortest "
                                 "n-gram looked up (tokens; vLLM's prompt_lookup_min).")
@@ -44,17 +44,22 @@ class SpeculativeSettings(BaseModel):
     spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm --speculative: most tokens "
                                 "drafted per sequence and step (vLLM's num_speculative_tokens; llama_cpp: drafts "
                                 "also fit within --max-num-batched-tokens).")
+    draft_model: str | None = Field(
+        None, description="llama_cpp, vllm --speculative draft: the draft model, smaller, with the model's "
+        "vocabulary; llama_cpp: a GGUF file or model name as for --model, drafting greedily and stopping "
+        "before a token it gives less than 0.75 probability (as llama.cpp's --spec-draft-p-min 0.75); vllm: a "
+        "Hugging Face model folder, vLLM's speculative_config model.",
+    )
 
     @model_validator(mode="after")
     def _check_speculative(self):
-        draft_model = getattr(self, "draft_model", None)
         if self.speculative is None:
             for name in ("spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model"):
                 if name in self.model_fields_set:
                     raise ValueError(f"--{name.replace('_', '-')} needs --speculative")
         elif self.speculative == "draft":
-            if not draft_model:
-                raise ValueError("--speculative draft needs --draft-model (a GGUF file or model name)")
+            if not self.draft_model:
+                raise ValueError("--speculative draft needs --draft-model ")
             for name in ("spec_ngram_min", "spec_ngram_max"):
                 if name in self.model_fields_set:
                     raise ValueError(f"--{name.replace('_', '-')} is for --speculative ngram, not draft")

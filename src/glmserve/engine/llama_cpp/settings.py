@@ -20,8 +20,3 @@ class LlamaCppSettings(SpeculativeSettings):
         "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
         "is full). Either way every request may use the whole n-ctx.",
     )
-    draft_model: str | None = Field(
-        None, description="llama_cpp --speculative draft: the draft model, a GGUF file or model name as for "
-        "--model (smaller, with the model's vocabulary); it drafts greedily, stopping at a token it gives less "
-        "than 0.75 probability (as llama.cpp's --spec-draft-p-min 0.75).",
-    )

@@ -3,7 +3,8 @@
 Flags keep vLLM's names (``--tensor-parallel-size`` ...); ``--n-ctx`` is vLLM's
 ``max_model_len``; ``--speculative ngram`` with ``--spec-ngram-min/max`` and ``--spec-draft-max``
 is vLLM's ``speculative_config`` ``{"method": "ngram", "prompt_lookup_min", "prompt_lookup_max",
-"num_speculative_tokens"}``; ``--engine-arg KEY=VALUE`` reaches any other ``AsyncEngineArgs`` field.
+"num_speculative_tokens"}``, ``--speculative draft --draft-model FOLDER`` its ``{"method":
+"draft_model", "model", "num_speculative_tokens"}``; ``--engine-arg KEY=VALUE`` reaches any other ``AsyncEngineArgs`` field.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.peft_lora import LORA_RANKS, check_adapter, lora_rank
+from glmserve.models import ModelNotFoundError, resolve_hf_model
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -39,7 +41,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     enforce_eager: bool = False
     lora: dict[str, Path] = field(default_factory=dict)
-    speculative: dict[str, Any] | None = None  # vLLM's speculative_config (--speculative ngram)
+    speculative: dict[str, Any] | None = None  # vLLM's speculative_config (--speculative)
     engine_args: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -60,11 +62,25 @@ class EngineConfig:
             kv_cache_memory=settings.kv_cache_memory,
             enforce_eager=settings.enforce_eager,
             lora=settings.lora_adapters(),
-            speculative=None if settings.speculative is None else {
-                "method": "ngram", "prompt_lookup_min": settings.spec_ngram_min,
-                "prompt_lookup_max": settings.spec_ngram_max, "num_speculative_tokens": settings.spec_draft_max},
+            speculative=speculative_config(settings),
             engine_args=parse_engine_args(settings.engine_arg),
         )
+
+
+def speculative_config(settings: ServeSettings) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for ``--speculative``: ``ngram`` with ``prompt_lookup_min/max``,
+    or ``draft_model`` with the ``--draft-model`` folder; ``num_speculative_tokens`` from
+    ``--spec-draft-max``. Raises ``ModelNotFoundError`` for a draft model that is no model folder."""
+    if settings.speculative is None:
+        return None
+    if settings.speculative == "draft":
+        try:
+            draft = resolve_hf_model(settings.draft_model).path
+        except ModelNotFoundError as exc:
+            raise ModelNotFoundError(f"--draft-model {exc}") from exc
+        return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": settings.spec_draft_max}
+    return {"method": "ngram", "prompt_lookup_min": settings.spec_ngram_min,
+            "prompt_lookup_max": settings.spec_ngram_max, "num_speculative_tokens": settings.spec_draft_max}
 
 
 def parse_engine_args(items: list[str]) -> dict[str, Any]:
