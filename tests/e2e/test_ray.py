@@ -174,27 +174,53 @@ def test_kill_a_replica_during_streams(server, client):
 
 
 def test_kill_a_replica_during_plain_requests(server, client):
+    """The first request's replica is killed while it serves it (found by Ray Serve's count of
+    its ongoing requests, once the replicas are idle); the second request, sent once the first
+    runs, is served by the other replica (each replica serves one request at a time) and must
+    succeed."""
     def one(_):
         return httpx.post(f"{server.url}/v1/chat/completions", timeout=300, json={
             "model": DEFAULT_MODEL, "messages": [SYSTEM, QUESTION], "max_tokens": 400, "ignore_eos": True})
 
     _until_both_replicas_serve(client)
+    _until_idle()  # a replica's count of ongoing requests drops a moment after its reply
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(one, i) for i in range(2)]
-        deadline = time.monotonic() + 120  # until both are being served (one per replica)
-        ongoing = _ongoing()
-        while time.monotonic() < deadline and sorted(ongoing.values()) != [1, 1]:
-            time.sleep(0.2)
-            ongoing = _ongoing()
-        assert sorted(ongoing.values()) == [1, 1], f"the two requests never ran one per replica: {ongoing}"
-        _kill_replica(next(iter(ongoing)))
-        replies = [f.result(timeout=300) for f in futures]
-    assert sorted(r.status_code for r in replies) == [200, 502]
-    failed = next(r for r in replies if r.status_code == 502)
-    assert failed.json()["error"]["code"] == "replica_failed"
-    assert next(r for r in replies if r.status_code == 200).json()["usage"]["completion_tokens"] == 400
+        first = pool.submit(one, 0)
+        serving = _until_serving(lambda ongoing: [r for r, n in ongoing.items() if n == 1], first)
+        second = pool.submit(one, 1)
+        time.sleep(0.5)  # on its way to the other replica (the first one is full)
+        _kill_replica(serving[0])
+        failed, survived = first.result(timeout=300), second.result(timeout=300)
+    assert failed.status_code == 502 and failed.json()["error"]["code"] == "replica_failed"
+    assert survived.status_code == 200 and survived.json()["usage"]["completion_tokens"] == 400
     assert "Paris" in _chat(client, max_tokens=32).choices[0].message.content
     server.wait_for_replicas(2, SETTLE_S)
+
+
+def _until_idle(timeout: float = 60) -> None:
+    """Until no replica counts an ongoing request in three polls in a row."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 3:
+        ongoing = _ongoing()
+        quiet = quiet + 1 if not any(ongoing.values()) else 0
+        assert time.monotonic() < deadline, f"the replicas stay busy: {ongoing}"
+        time.sleep(0.2)
+
+
+def _until_serving(found, request: concurrent.futures.Future, timeout: float = 120) -> list[str]:
+    """Poll the replicas' ongoing requests until ``found(ongoing)`` names a replica, and return
+    the names; fails when ``request`` ends first or ``timeout`` s pass, with every state seen."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline and not request.done():
+        ongoing = _ongoing()
+        if names := found(ongoing):
+            return names
+        if not seen or seen[-1] != ongoing:
+            seen.append(ongoing)
+        time.sleep(0.1)
+    raise AssertionError(f"no replica was seen serving the request (done: {request.done()}); states: {seen}")
 
 
 def _until_both_replicas_serve(client: openai.OpenAI) -> None:
