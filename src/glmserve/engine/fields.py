@@ -59,7 +59,7 @@ class SpeculativeSettings(BaseModel):
                     raise ValueError(f"--{name.replace('_', '-')} needs --speculative")
         elif self.speculative == "draft":
             if not self.draft_model:
-                raise ValueError("--speculative draft needs --draft-model ")
+                raise ValueError("--speculative draft needs --draft-model PATH")
             for name in ("spec_ngram_min", "spec_ngram_max"):
                 if name in self.model_fields_set:
                     raise ValueError(f"--{name.replace('_', '-')} is for --speculative ngram, not draft")

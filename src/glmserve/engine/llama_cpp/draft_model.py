@@ -85,7 +85,6 @@ class DraftModel:
         self._batch = llama_cpp.llama_batch_init(PREFILL_BATCH, 0, 1)
         self._n_vocab = self._model.n_vocab()
         self._cached: dict[int, list[int]] = {}  # slot -> the tokens its KV cells hold, in order
-        self.path = path
 
     def propose(self, slot: int, tokens: list[int], limit: int) -> list[int]:
         """Up to ``limit`` tokens the draft model expects after ``tokens`` (a sequence in KV slot
