@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 from glmserve.bench.metrics import Summary
 from glmserve.bench.runner import run_all
@@ -82,3 +85,25 @@ def save(name: str, title: str, report: str, stats: dict, command: str | None = 
     command = command or f"python benchmarks/{name}.py"
     (results / f"{name}.md").write_text(f"# {title}\n\n`{command}`\n\n{report}\n")
     (results / f"{name}.json").write_text(json.dumps(stats, indent=2))
+
+
+async def stream_chat(client: httpx.AsyncClient, body: dict) -> dict:
+    """POST ``body`` (a streamed chat completion) to ``client``'s ``/v1/chat/completions``;
+    returns its ``text``, the ``start``, ``first`` (first content delta, None if none) and ``end``
+    times (``time.perf_counter``), the last ``usage`` seen and llama-server's ``timings``."""
+    start, first, text, usage, timings = time.perf_counter(), None, [], {}, {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                delta = (choice.get("delta") or {}).get("content")
+                if delta:
+                    first = first or time.perf_counter()
+                    text.append(delta)
+            usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
+    return {"text": "".join(text), "start": start, "first": first, "end": time.perf_counter(), "usage": usage,
+            "timings": timings}

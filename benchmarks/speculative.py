@@ -48,7 +48,7 @@ import sys
 import time
 
 import httpx
-from rounds import save  # benchmarks/rounds.py
+from rounds import save, stream_chat  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -128,21 +128,10 @@ def prompts(workload: str, n: int, seed: int) -> list[str]:
 async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
-    start, first, tokens, timings = time.perf_counter(), None, None, {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
-                first = time.perf_counter()
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            timings = chunk.get("timings") or timings
-    end = time.perf_counter()
-    tokens = tokens or timings.get("predicted_n", 0)
-    return {"ttft": (first or end) - start, "tokens": tokens,
+    r = await stream_chat(client, body)
+    first, end, timings = r["first"], r["end"], r["timings"]
+    tokens = r["usage"].get("completion_tokens") or timings.get("predicted_n", 0)
+    return {"ttft": (first or end) - r["start"], "tokens": tokens,
             "decode_tok_s": (tokens - 1) / (end - first) if first is not None and tokens > 1 and end > first else None,
             "draft": (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0))}
 

@@ -1,4 +1,4 @@
-"""Continuous batching end to end: batching must not change results; aborts free sequences;
+"""Continuous batching end to end: batching must not change results (--batch-invariant); aborts free sequences;
 overload is a 429 with Retry-After, never a hang."""
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ async def _stream(client: openai.AsyncOpenAI, prompt: str, max_tokens: int = 48)
 
 
 def test_concurrent_greedy_streams_equal_sequential():
-    server = RemoteServer()  # its own, so that the run starts from an empty KV cache (see below)
+    # its own, so that the run starts from an empty KV cache (see below); batch-invariant mode, the
+    # one in which batching must not change results (at the default 512 tokens a step, prompts
+    # batched together are computed by other llama.cpp kernels than a prompt alone)
+    server = RemoteServer("--batch-invariant")
+    assert server.client().models.list().data[0].model_extra["max_num_batched_tokens"] == 63
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
 
     async def run():

@@ -144,8 +144,8 @@ def test_models_and_health(server, client):
     assert models[0].model_extra["max_model_len"] == 4096
     # the llama_cpp engine's defaults for the unset batch flags, and the queue that scales with them
     limits = {k: models[0].model_extra[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_queue")}
-    assert limits == {"max_num_seqs": 8, "max_num_batched_tokens": 63, "max_queue": 64}
-    assert "max_num_seqs=8, max_num_batched_tokens=63, max_queue=64" in server.log()
+    assert limits == {"max_num_seqs": 8, "max_num_batched_tokens": 512, "max_queue": 64}
+    assert "max_num_seqs=8, max_num_batched_tokens=512, max_queue=64" in server.log()
     assert client.models.retrieve(DEFAULT_MODEL).id == DEFAULT_MODEL
     import httpx
 

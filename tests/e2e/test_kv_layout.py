@@ -17,7 +17,8 @@ N_CTX = 512
 
 @pytest.fixture(scope="module", params=["split", "unified"])
 def server(request):
-    srv = RemoteServer("--n-ctx", str(N_CTX), "--max-num-seqs", "2", "--kv-layout", request.param)
+    # --batch-invariant: a shared prefix's cells must be those a request would compute alone
+    srv = RemoteServer("--n-ctx", str(N_CTX), "--max-num-seqs", "2", "--kv-layout", request.param, "--batch-invariant")
     srv.layout = request.param
     yield srv
     srv.stop()

@@ -256,6 +256,9 @@ def test_flags_vllm_does_not_use_and_bad_engine_args_stop_startup(smollm2_hf):
     assert "--engine-arg no_such_arg: not a vLLM engine argument" in last
     last = _serve_fails("--engine", "llama_cpp", "--tensor-parallel-size", "2")
     assert "--tensor-parallel-size is not used by the llama_cpp engine (only by vllm)" in last
+    last = _serve_fails("--engine", "vllm", "--model", str(smollm2_hf), "--batch-invariant")
+    assert last == ("glmserve: error: cannot start: --batch-invariant on vllm needs an NVIDIA GPU of compute "
+                    "capability 8.0 or higher (vLLM's batch-invariant mode); this machine's vLLM platform is cpu")
 
 
 @pytest.mark.parametrize("case", ["misfit", "not-an-adapter"])

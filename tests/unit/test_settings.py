@@ -10,18 +10,18 @@ import re
 import pytest
 
 from glmserve import cli
-from glmserve.engine import ENGINES, engine_settings
+from glmserve.engine import ENGINES, EngineError, check_engine_settings, engine_settings
 from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
 
 # what each engine reads (flat ServeSettings + SETTINGS name sets): unchanged by the split into classes;
 # vllm reads --speculative and its flags since they map to its ngram and draft_model speculative_config
 BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
-                  "spec_ngram_max", "spec_draft_max", "draft_model"},
+                  "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
-             "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model"},
+             "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant"},
 }
 
 
@@ -30,6 +30,25 @@ def test_each_engine_owns_its_fields():
     for engine, cls in ENGINE_SETTINGS.items():
         assert set(cls.model_fields) == BEFORE[engine] == set(engine_settings(engine))
         assert set(cls.model_fields) <= set(ServeSettings.model_fields)
+
+
+def test_llama_cpp_batch_size_and_prompt_cache_in_force():
+    from glmserve.engine.llama_cpp import _config
+
+    default = _config(ServeSettings())
+    assert (default.max_num_batched_tokens, default.cache_ram) == (512, 2048)
+    assert _config(ServeSettings(batch_invariant=True)).max_num_batched_tokens == 63
+    assert _config(ServeSettings(batch_invariant=True, max_num_batched_tokens=32)).max_num_batched_tokens == 32
+    assert _config(ServeSettings(max_num_batched_tokens=2048)).max_num_batched_tokens == 2048
+    with pytest.raises(EngineError, match="--max-num-batched-tokens 64 is over 63, where llama.cpp's CPU kernels"):
+        _config(ServeSettings(batch_invariant=True, max_num_batched_tokens=64))
+    assert _config(ServeSettings(kv_layout="unified")).cache_ram == 0
+    assert _config(ServeSettings(kv_layout="unified", cache_ram=0)).cache_ram == 0
+    with pytest.raises(EngineError, match="--cache-ram needs --kv-layout split"):
+        _config(ServeSettings(kv_layout="unified", cache_ram=64))
+    for flag in ("batch_invariant", "cache_ram"):
+        with pytest.raises(EngineError, match=f"--{flag.replace('_', '-')} is not used by the transformers engine"):
+            check_engine_settings(ServeSettings(engine="transformers", **{flag: 1}))
 
 
 def test_a_field_two_engines_read_is_the_same_field():

@@ -20,9 +20,13 @@ NThreads = Annotated[int, Field(
 MaxNumBatchedTokens = Annotated[int | None, Field(
     None, ge=1, le=1 << 16,
     description="llama_cpp, vllm: tokens per engine step: one per running sequence plus prompt chunks "
-    "(chunked prefill). llama_cpp: default 63; below 64, llama.cpp's CPU backend computes every batch the "
-    "same way, so a request's output does not depend on what it is batched with. vllm: default vLLM's "
-    "own (2048 on most GPUs, 8192 on H100/H200-class ones).")]
+    "(chunked prefill). llama_cpp: default 512 (llama.cpp's micro-batch), 63 with --batch-invariant (at "
+    "most 63 there). vllm: default vLLM's own (2048 on most GPUs, 8192 on H100/H200-class ones).")]
+BatchInvariant = Annotated[bool, Field(
+    False, description="llama_cpp, vllm: batch-invariant outputs: a request's output does not depend on what it "
+    "is batched with (vLLM's batch-invariant mode). llama_cpp: every step stays below 64 tokens, where "
+    "llama.cpp's CPU backend computes every batch the same way (slower prefill of long prompts); vllm: "
+    "VLLM_BATCH_INVARIANT=1, NVIDIA GPUs of compute capability 8.0 or higher.")]
 
 
 class SpeculativeSettings(BaseModel):

@@ -20,7 +20,14 @@ whose prompt starts with those tokens (the same system prompt, the earlier turns
 reuses them instead of recomputing; a prefix held by another slot is copied (``seq_cp``: in a
 unified cache the cells are shared, not duplicated; across split streams llama.cpp copies the
 whole stream, and the copy's cells past the prefix are then dropped, so a copy is made only when
-it saves ``SPLIT_COPY_MIN_TOKENS`` of prefill).
+it saves ``SPLIT_COPY_MIN_TOKENS`` of prefill). A request whose prompt shares a longer prefix with
+a running sequence that is still prefilling it waits until that prefix is computed, and then
+reuses it (N agents sending one long system prompt at once compute it once).
+
+Host prompt cache (``HostPromptCache``, split layout; llama-server's ``--cache-ram``): before a
+free slot's cells are reclaimed for another request, the slot's state is saved to host memory
+(``KVOp("save")``); a request whose prompt shares a longer prefix with a saved state than with
+any slot gets that state loaded into its slot (``KVOp("load")``) instead of recomputing it.
 
 Per step: every running sequence gets its next token (decode) or its next prompt chunk
 (chunked prefill), within ``max_num_batched_tokens``; then waiting requests are admitted in
@@ -44,6 +51,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from glmserve.engine.base import EngineOverloaded
+from glmserve.engine.prompt_cache import CachedPrompt, HostPromptCache, common_prefix
 
 KVLayout = Literal["split", "unified"]
 
@@ -51,6 +59,12 @@ KVLayout = Literal["split", "unified"]
 # for SmolLM2-135M at n_ctx 4096 (90 MiB) that is about 20 ms here, the prefill time of a few
 # dozen tokens. A copy is made only when it saves at least this many tokens of prefill.
 SPLIT_COPY_MIN_TOKENS = 64
+# Host prompt cache (split layout): a slot's cells are saved to host memory before they are
+# reclaimed when at least this many of them would be lost (a save copies the whole sequence:
+# about 45 KB a token for SmolLM2-135M, some 10 us, against milliseconds of prefill a token)...
+HOST_SAVE_MIN_TOKENS = 128
+# ...and a saved state is loaded when it gives at least this many more tokens than any slot.
+HOST_RESTORE_MIN_TOKENS = 64
 
 
 class SeqStatus(Enum):
@@ -100,13 +114,18 @@ class Slot:
 class KVOp:
     """``rm``: drop ``slot``'s cells at positions >= ``p0``. ``cp``: make positions
     ``[0, p1)`` of ``src`` visible to ``slot`` too (``p1`` -1: all of them, replacing what
-    ``slot`` held; the split layout copies whole streams)."""
+    ``slot`` held; the split layout copies whole streams). ``save``: keep ``slot``'s state (its
+    cells, positions ``[0, p1)``: ``tokens``, computed under ``group``) in the host prompt
+    cache. ``load``: replace ``slot``'s cells with ``entry``'s state from the host cache."""
 
-    kind: Literal["rm", "cp"]
+    kind: Literal["rm", "cp", "save", "load"]
     slot: int
     p0: int = 0
     p1: int = -1
     src: int = -1
+    tokens: tuple[int, ...] = ()
+    group: str | None = None
+    entry: CachedPrompt | None = None
 
 
 @dataclass(slots=True)
@@ -132,24 +151,18 @@ class SchedulerOutput:
         return sum(c.length for c in self.chunks)
 
 
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if n >= limit or x != y:
-            break
-        n += 1
-    return n
-
-
 class Scheduler:
     """See module docstring. Not thread-safe: the engine thread owns it."""
 
     def __init__(self, max_num_seqs: int, n_ctx: int, max_num_batched_tokens: int,
-                 kv_layout: KVLayout = "unified") -> None:
+                 kv_layout: KVLayout = "unified", host_cache: HostPromptCache | None = None) -> None:
         if max_num_seqs < 1 or n_ctx < 2 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs >= 1, n_ctx >= 2 and max_num_batched_tokens >= 1 required")
         if kv_layout not in ("split", "unified"):
             raise ValueError(f"kv_layout must be split or unified, not {kv_layout!r}")
+        if host_cache is not None and kv_layout != "split":
+            raise ValueError("a host prompt cache needs the split layout")
+        self.host_cache = host_cache
         self.max_num_seqs = max_num_seqs
         self.n_ctx = n_ctx  # the most tokens one sequence may hold
         self.kv_layout = kv_layout
@@ -205,7 +218,7 @@ class Scheduler:
         while (self.waiting and len(self.running) < self.max_num_seqs and budget > 0
                and self.waiting[0].group == out.group):
             seq = self.waiting[0]
-            if not self._admit(seq, out):
+            if self._prefix_in_prefill(seq) or not self._admit(seq, out):
                 break
             self.waiting.popleft()
             remaining = len(seq.tokens) - seq.num_computed
@@ -213,6 +226,19 @@ class Scheduler:
             out.chunks.append(self._advance(seq, n, remaining))
             budget -= n
         return out
+
+    def _prefix_in_prefill(self, seq: Sequence) -> bool:
+        """A running sequence of ``seq``'s group is still prefilling a prefix it shares with
+        ``seq``, ``SPLIT_COPY_MIN_TOKENS`` or more past what it has computed: ``seq`` waits for it
+        and then reuses that prefix, instead of computing it a second time beside it (many agents
+        sending one long system prompt at once)."""
+        limit = len(seq.tokens) - 1
+        for r in self.running:
+            done = self._committed[r.slot]  # decoded by earlier steps: what ``seq`` could reuse now
+            if (r.group == seq.group and done < r.num_prompt
+                    and common_prefix(r.tokens[:r.num_prompt], seq.tokens, limit) >= done + SPLIT_COPY_MIN_TOKENS):
+                return True
+        return False
 
     def _pick_group(self) -> str | None:
         """The group this step serves: the only one with work, or the next in turn."""
@@ -294,6 +320,11 @@ class Scheduler:
         if self.split and matches[src.id] - matches[own.id] < SPLIT_COPY_MIN_TOKENS:
             src = own
         n_reuse = matches[src.id]
+        # a state in the host prompt cache (split layout) that gives a longer prefix than any slot
+        entry, n_host = self.host_cache.best(seq.tokens, seq.group, limit) if self.host_cache else (None, 0)
+        restore = entry is not None and n_host >= n_reuse + HOST_RESTORE_MIN_TOKENS
+        if restore:
+            src, n_reuse = own, n_host
         if not self.split:
             # the slot's old cells give way to the reused prefix plus the rest of the prompt
             need = len(seq.tokens) - own.n_kv
@@ -301,7 +332,13 @@ class Scheduler:
                 pass
             if self.kv_free < need:
                 return False
-        if src.id == own.id:
+        # own's cells past the reused prefix are reclaimed (all of them when others come in)
+        self._save(own, n_reuse if src.id == own.id and not restore else 0, out)
+        if restore:
+            out.kv_ops.append(KVOp("load", own.id, entry=entry))
+            out.kv_ops.append(KVOp("rm", own.id, n_host))
+            self.host_cache.touch(entry)
+        elif src.id == own.id:
             if own.n_kv > n_reuse:
                 out.kv_ops.append(KVOp("rm", own.id, n_reuse))
         elif self.split:  # llama.cpp copies whole streams: copy, then drop what is past the prefix
@@ -319,6 +356,17 @@ class Scheduler:
         self.running.append(seq)
         return True
 
+    def _save(self, slot: Slot, keep: int, out: SchedulerOutput) -> None:
+        """Before ``slot``'s cells past position ``keep`` are reclaimed: have the engine save the
+        slot's state to the host prompt cache, when that loses ``HOST_SAVE_MIN_TOKENS`` or more
+        and no entry holds those tokens already."""
+        n = min(slot.n_kv, self._committed[slot.id])
+        if self.host_cache is None or n - keep < HOST_SAVE_MIN_TOKENS:
+            return
+        tokens = tuple(slot.tokens[:n])
+        if not self.host_cache.covers(tokens, slot.group):
+            out.kv_ops.append(KVOp("save", slot.id, p1=n, tokens=tokens, group=slot.group))
+
     def has_group(self, group: str) -> bool:
         """Any running or waiting sequence of ``group``."""
         return any(seq.group == group for seq in (*self.running, *self.waiting))
@@ -327,6 +375,8 @@ class Scheduler:
         """Forget the idle prefix caches of ``group`` (its LoRA adapter is being unloaded; a later
         adapter of the same name has other KV values); returns their slot ids, for the engine to
         drop their cells. Call when no sequence of ``group`` is unfinished."""
+        if self.host_cache is not None:
+            self.host_cache.drop_group(group)
         dropped = []
         for slot in self.slots:
             if slot.seq is None and slot.group == group and slot.n_kv:

@@ -129,12 +129,15 @@ class EngineStats:
     """A snapshot of an engine's load: requests ``running`` (at most ``max_num_seqs``) and
     ``waiting`` (admitted, queued), and the share of the KV cache in use (0..1, idle prefix
     caches included; None when the engine does not know it). ``spec_decode``: speculative
-    decoding's (drafts, draft tokens, accepted tokens) since start; None without speculation."""
+    decoding's (drafts, draft tokens, accepted tokens) since start; None without speculation.
+    ``prompt_cache_ram``: the host-memory prompt cache's (bytes held, entries, restores since
+    start); None without one."""
 
     running: int
     waiting: int
     kv_cache_usage: float | None = None
     spec_decode: tuple[int, int, int] | None = None
+    prompt_cache_ram: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)

@@ -11,7 +11,8 @@ Per requested model (the base model or a LoRA adapter: label ``model_name``):
 ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (0..1; engines that
 do not know it leave it out), and with speculative decoding vLLM's counters
 ``spec_decode_num_drafts_total``, ``spec_decode_num_draft_tokens_total``,
-``spec_decode_num_accepted_tokens_total``.
+``spec_decode_num_accepted_tokens_total``; with a host prompt cache (``--cache-ram``),
+``prompt_cache_ram_bytes``, ``prompt_cache_ram_entries`` and ``prompt_cache_ram_restores_total``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ class _EngineCollector:
         ):
             if value is not None:
                 family = GaugeMetricFamily(name, doc, labels=["model_name"])
+                family.add_metric([self._model], value)
+                yield family
+        if stats.prompt_cache_ram is not None:
+            nbytes, entries, restores = stats.prompt_cache_ram
+            for family, value in (
+                (GaugeMetricFamily("glmserve:prompt_cache_ram_bytes", "Host prompt cache: bytes of sequence "
+                                   "states held (at most --cache-ram MiB).", labels=["model_name"]), nbytes),
+                (GaugeMetricFamily("glmserve:prompt_cache_ram_entries", "Host prompt cache: sequence states held.",
+                                   labels=["model_name"]), entries),
+                (CounterMetricFamily("glmserve:prompt_cache_ram_restores", "Host prompt cache: states loaded "
+                                     "into a sequence instead of recomputing their prompt.", labels=["model_name"]),
+                 restores),
+            ):
                 family.add_metric([self._model], value)
                 yield family
         if stats.spec_decode is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.base import EngineError
 from glmserve.engine.worker import default_max_num_seqs
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.models import ModelNotFoundError, resolve_model
@@ -16,13 +17,30 @@ if TYPE_CHECKING:
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = frozenset(LlamaCppSettings.model_fields)
-# --max-num-batched-tokens when not set: below 64, llama.cpp's CPU backend computes every batch
-# the same way, so a request's output does not depend on what it is batched with
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 63
+# --max-num-batched-tokens when not set: llama.cpp's default micro-batch (n_ubatch), the prompt
+# chunk its CPU backend computes at full speed (llama-server's pace on long prompts)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+# --batch-invariant: below 64 tokens a step, llama.cpp's CPU backend computes every batch the same
+# way, so a request's output does not depend on what it is batched with
+BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS = 63
+
+
+def max_num_batched_tokens(settings: ServeSettings) -> int:
+    """The tokens per step in force: ``--max-num-batched-tokens``, else 512, or 63 with
+    ``--batch-invariant``. Raises ``EngineError`` for more than 63 with ``--batch-invariant``."""
+    if not settings.batch_invariant:
+        return settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    limit = BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS
+    if (settings.max_num_batched_tokens or 0) > limit:
+        raise EngineError(f"--max-num-batched-tokens {settings.max_num_batched_tokens} is over {limit}, where "
+                          f"llama.cpp's CPU kernels stop being batch-invariant; with --batch-invariant give at "
+                          f"most {limit}")
+    return settings.max_num_batched_tokens or limit
 
 
 def _config(settings: ServeSettings) -> EngineConfig:
-    """Raises ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file."""
+    """Raises ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file,
+    ``EngineError`` for ``--batch-invariant`` with more than 63 tokens per step."""
     from glmserve.engine.llama_cpp.engine import EngineConfig
     from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 
@@ -30,14 +48,26 @@ def _config(settings: ServeSettings) -> EngineConfig:
         n_ctx=settings.n_ctx,
         n_threads=settings.n_threads,
         max_num_seqs=max_num_seqs_in_force(settings),
-        max_num_batched_tokens=settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_num_batched_tokens=max_num_batched_tokens(settings),
         max_queue=settings.max_queue,
         lora=settings.lora_adapters(),
         kv_layout=settings.kv_layout,
+        cache_ram=_cache_ram(settings),
         speculative=None if settings.speculative is None else SpeculativeConfig(
             settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
             _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None),
     )
+
+
+def _cache_ram(settings: ServeSettings) -> int:
+    """``--cache-ram`` in force: off with ``--kv-layout unified`` unless given (then
+    ``EngineError``: the host prompt cache restores whole split streams)."""
+    if settings.kv_layout == "split":
+        return settings.cache_ram
+    if settings.cache_ram and "cache_ram" in settings.model_fields_set:
+        raise EngineError("--cache-ram needs --kv-layout split (it saves and restores a sequence's own KV "
+                          "stream); give --cache-ram 0 or drop it with --kv-layout unified")
+    return 0
 
 
 def _draft_model_path(draft_model: str):

@@ -1,12 +1,16 @@
-"""One engine step on a llama.cpp context: apply the scheduler's KV operations, fill a
+"""One engine step on a llama.cpp context: apply the scheduler's KV operations (host prompt
+cache saves and loads included), fill a
 ``llama_batch`` with every scheduled chunk (each row tagged with its sequence's slot) and the
 draft tokens of speculative decoding after them, decode it once, and report which batch rows
 carry logits to sample from."""
 
 from __future__ import annotations
 
+import ctypes
+
 import llama_cpp
 
+from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.scheduler import Chunk, KVOp, Sequence
 
 
@@ -24,12 +28,30 @@ class BatchDecoder:
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
         self.capacity = capacity
 
-    def apply(self, ops: list[KVOp]) -> None:
+    def apply(self, ops: list[KVOp], host_cache: HostPromptCache | None = None) -> None:
+        """Apply the scheduler's KV operations in order; ``save`` and ``load`` go through
+        ``host_cache`` (llama.cpp's per-sequence state: ``llama_state_seq_get_data`` /
+        ``llama_state_seq_set_data``). Raises ``RuntimeError`` when llama.cpp cannot load a state."""
         for op in ops:
             if op.kind == "rm":
                 llama_cpp.llama_memory_seq_rm(self._memory, op.slot, op.p0, -1)
-            else:
+            elif op.kind == "cp":
                 llama_cpp.llama_memory_seq_cp(self._memory, op.src, op.slot, op.p0, op.p1)
+            elif op.kind == "save":
+                host_cache.put(op.tokens, op.group, self._state(op.slot))
+            else:
+                data = op.entry.data
+                buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+                if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), op.slot) != len(data):
+                    llama_cpp.llama_memory_seq_rm(self._memory, op.slot, 0, -1)
+                    raise RuntimeError(f"llama.cpp could not load a cached prompt state into sequence {op.slot}")
+
+    def _state(self, slot: int) -> bytearray:
+        """Sequence ``slot``'s state (its KV cells), as llama.cpp writes it."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, slot)
+        data = bytearray(size)
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, slot)
+        return data[:written] if written != size else data
 
     def clear_slot(self, slot: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)

@@ -14,11 +14,17 @@ GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded at start, and at run t
 adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
 among groups) and the context's adapter is switched between steps when the group changes.
 
+Prompt chunks fill each step up to ``max_num_batched_tokens`` (512 by default, llama.cpp's
+micro-batch, so long prompts prefill at llama.cpp's pace; 63 with ``--batch-invariant``, below
+llama.cpp's 64-token threshold, so outputs do not depend on what a request is batched with).
+With ``--cache-ram`` (split layout), a free sequence's state is saved in host memory before its
+cells are reclaimed and restored for a later prompt that shares a longer prefix with it
+(``engine/prompt_cache.py``).
+
 Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``; ``--speculative
-draft``, ``draft_model.py``): in a step that decodes one sequence alone, it may append a draft to its one token, within the batch's
-``max_num_batched_tokens`` (so batches stay below llama.cpp's 64-token threshold by default and
-outputs stay independent of batching); its rows are sampled in order until a sampled token
-differs from the draft, and the KV cells of the rejected draft tokens are dropped.
+draft``, ``draft_model.py``): in a step that decodes one sequence alone, it may append a draft to
+its one token, within the batch's ``max_num_batched_tokens``; its rows are sampled in order until
+a sampled token differs from the draft, and the KV cells of the rejected draft tokens are dropped.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter, SpeculativeConfig
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
+from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import KVLayout, Scheduler, Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
@@ -64,6 +71,7 @@ class EngineConfig:
     max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
     lora: dict | None = None  # adapter name -> GGUF LoRA file
     kv_layout: KVLayout = "split"
+    cache_ram: int = 0  # host prompt cache, MiB (0: none; split layout only)
     speculative: SpeculativeConfig | None = None  # --speculative ngram|draft
 
 
@@ -139,6 +147,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._active_group: str | None = None
         self.spec_decode = SpecDecodeCounters() if config.speculative else None
+        self.host_cache: HostPromptCache | None = None  # --cache-ram, at start()
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
         self.multimodal = None  # no image input
@@ -179,10 +188,13 @@ class LlamaCppEngine(StepWorker[Sequence]):
         cells = llama_cpp.llama_n_ctx(self._ctx)
         self.kv_cache_bytes = cells * self._kv_bytes_per_cell()
         log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (f16 K and V); "
-                 "each request may use n_ctx=%d", cfg.kv_layout, cells, per_seq if split else cells,
-                 cfg.max_num_seqs, self.kv_cache_bytes / 2**20, n_ctx)
+                 "each request may use n_ctx=%d; host prompt cache %s", cfg.kv_layout, cells,
+                 per_seq if split else cells, cfg.max_num_seqs, self.kv_cache_bytes / 2**20, n_ctx,
+                 f"up to {cfg.cache_ram} MiB" if cfg.cache_ram else "off")
         self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens, by_slot=split)
-        self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout)
+        self.host_cache = HostPromptCache(cfg.cache_ram * 2**20) if cfg.cache_ram else None
+        self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout,
+                                    self.host_cache)
         self.tokenizer = LlamaCppTokenizer(self._model)
         self._embedder = Embedder(self._model.model, n_ctx, cfg.n_threads)
         self.model_info = ModelInfo(
@@ -354,10 +366,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
 
     def stats(self) -> EngineStats:
-        stats, counters = super().stats(), self.spec_decode
-        if counters is None:
-            return stats
-        return dataclasses.replace(stats, spec_decode=counters.as_stats())
+        stats, counters, cache = super().stats(), self.spec_decode, self.host_cache
+        return dataclasses.replace(stats, spec_decode=None if counters is None else counters.as_stats(),
+                                   prompt_cache_ram=None if cache is None else cache.stats())
 
     def _kv_cache_usage(self) -> float | None:
         scheduler = self._scheduler
@@ -391,9 +402,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if not out.chunks:
             return
         self._use_adapter(out.group)
-        self._decoder.apply(out.kv_ops)
-        drafts = self._drafts(out.chunks, out.num_tokens) if self.spec_decode is not None else {}
+        drafts = {}
         try:
+            self._decoder.apply(out.kv_ops, self.host_cache)
+            drafts = self._drafts(out.chunks, out.num_tokens) if self.spec_decode is not None else {}
             rows = self._decoder.decode(out.chunks, drafts)
         except RuntimeError as exc:
             for chunk in out.chunks:

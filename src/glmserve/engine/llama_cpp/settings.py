@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from glmserve.engine.fields import MaxNumBatchedTokens, NThreads, SpeculativeSettings
+from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings
 
 
 class LlamaCppSettings(SpeculativeSettings):
@@ -14,9 +14,16 @@ class LlamaCppSettings(SpeculativeSettings):
 
     n_threads: NThreads
     max_num_batched_tokens: MaxNumBatchedTokens
+    batch_invariant: BatchInvariant
     kv_layout: Literal["split", "unified"] = Field(
         "split", description="llama_cpp: KV cache layout. split: one stream of n_ctx cells per sequence "
         "(max-num-seqs x n-ctx cells; faster decoding of many sequences, as llama-server -np N); unified: "
         "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
         "is full). Either way every request may use the whole n-ctx.",
+    )
+    cache_ram: int = Field(
+        2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB (llama-server's "
+        "--cache-ram): a free sequence's KV state is kept in RAM before its cells are reused, and a later "
+        "prompt sharing a longer prefix with it restores it instead of recomputing it; least recently used "
+        "first out; 0: off. Split KV layout only (off by default with --kv-layout unified).",
     )

@@ -33,6 +33,8 @@ def build(settings: ServeSettings) -> VllmEngine:
     # vLLM logs to stdout unless told otherwise; diagnostics belong on stderr (glmserve chat
     # prints replies on stdout). Set before vLLM is imported; its spawned processes inherit it.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if settings.batch_invariant:  # vLLM's batch-invariant mode; read by vLLM and its workers
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
     from glmserve.engine.vllm.args import EngineConfig
     from glmserve.engine.vllm.engine import VllmEngine
 

@@ -33,6 +33,7 @@ class EngineConfig:
     n_ctx: int = 0  # 0: the model's own context length
     max_num_seqs: int | None = None  # None: vLLM's own default (its API server's)
     max_num_batched_tokens: int | None = None  # None: vLLM's own default
+    batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1 (set before vLLM is imported)
     max_queue: int | None = None  # None: 8 x the max_num_seqs in force (scheduler.queue_limit)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -54,6 +55,7 @@ class EngineConfig:
             n_ctx=settings.n_ctx if "n_ctx" in settings.model_fields_set else 0,  # vLLM's default: the model's
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            batch_invariant=settings.batch_invariant,
             max_queue=settings.max_queue,
             tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size,

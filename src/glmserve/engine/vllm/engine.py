@@ -87,6 +87,17 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
+def _check_batch_invariant() -> None:
+    """Raise ``EngineError`` unless this machine runs vLLM's batch-invariant mode: an NVIDIA GPU
+    of compute capability 8.0 or higher (vLLM's docs, features/batch_invariance)."""
+    from vllm.platforms import current_platform
+
+    if not (current_platform.is_cuda() and current_platform.has_device_capability(80)):
+        raise EngineError("--batch-invariant on vllm needs an NVIDIA GPU of compute capability 8.0 or higher "
+                          f"(vLLM's batch-invariant mode); this machine's vLLM platform is "
+                          f"{current_platform.device_name or current_platform.device_type}")
+
+
 class VllmEngine:
     """See module docstring."""
 
@@ -110,6 +121,8 @@ class VllmEngine:
     def start(self) -> None:
         """Start vLLM (model load, KV cache). Raises ``EngineError``."""
         args = engine_args(self._resolved.path, self.config)
+        if self.config.batch_invariant:
+            _check_batch_invariant()
         try:
             # as vLLM's API server: its defaults (max_num_seqs, max_num_batched_tokens) are the server's
             self._llm = AsyncLLM.from_engine_args(

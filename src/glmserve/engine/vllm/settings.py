@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from glmserve.engine.fields import Dtype, MaxNumBatchedTokens, SpeculativeSettings, TrustRemoteCode
+from glmserve.engine.fields import BatchInvariant, Dtype, MaxNumBatchedTokens, SpeculativeSettings, TrustRemoteCode
 
 
 class VllmSettings(SpeculativeSettings):
@@ -15,6 +15,7 @@ class VllmSettings(SpeculativeSettings):
     dtype: Dtype
     trust_remote_code: TrustRemoteCode
     max_num_batched_tokens: MaxNumBatchedTokens
+    batch_invariant: BatchInvariant
     tensor_parallel_size: int = Field(
         1, ge=1, le=1024, description="vllm: GPUs each layer is split over (tensor parallelism)."
     )

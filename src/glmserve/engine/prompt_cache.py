@@ -1,0 +1,106 @@
+"""Host-memory prompt cache: sequence states kept in RAM after their KV cells are reclaimed, as
+llama-server's ``--cache-ram`` (``tools/server``: a slot's prompt state is saved before the slot
+is reused, and a later prompt sharing a longer prefix with a saved one loads it instead of
+recomputing it).
+
+Engine-neutral: an entry holds the tokens whose KV it stores, the group (LoRA adapter) they were
+computed under and an opaque ``data`` blob the engine wrote (llama.cpp: its per-sequence state,
+``llama_state_seq_get_data``). The scheduler asks ``best`` when it admits a request and ``covers``
+before it asks the engine to save a sequence; the engine fills entries with ``put``. Bounded in
+bytes, least recently used first out. Not thread-safe: the engine thread owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = 0
+    for x, y in zip(a, b):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(slots=True, eq=False)
+class CachedPrompt:
+    """The state of a sequence holding ``tokens`` (positions 0..len-1), computed under
+    ``group`` (None: the base model)."""
+
+    tokens: tuple[int, ...]
+    group: str | None
+    data: bytes | bytearray
+    last_used: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+class HostPromptCache:
+    """LRU of ``CachedPrompt``s taking at most ``capacity`` bytes of ``data`` together."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("a host prompt cache needs a capacity of at least 1 byte")
+        self.capacity = capacity
+        self.entries: list[CachedPrompt] = []
+        self.nbytes = 0  # of every entry's data (read by other threads: /metrics)
+        self.restores = 0  # entries the scheduler loaded (``touch``)
+        self._clock = 0
+
+    def stats(self) -> tuple[int, int, int]:
+        """(bytes held, entries, restores since start); safe to call from any thread."""
+        return self.nbytes, len(self.entries), self.restores
+
+    def best(self, tokens: Sequence[int], group: str | None, limit: int) -> tuple[CachedPrompt | None, int]:
+        """The entry of ``group`` sharing the longest prefix with ``tokens`` (at most ``limit``
+        tokens), and that length; ``(None, 0)`` when none shares any."""
+        found, longest = None, 0
+        for entry in self.entries:
+            if entry.group == group:
+                n = common_prefix(entry.tokens, tokens, limit)
+                if n > longest:
+                    found, longest = entry, n
+        return found, longest
+
+    def covers(self, tokens: Sequence[int], group: str | None) -> bool:
+        """Some entry of ``group`` starts with all of ``tokens``: saving them adds nothing."""
+        n = len(tokens)
+        return any(entry.group == group and len(entry.tokens) >= n and common_prefix(entry.tokens, tokens, n) == n
+                   for entry in self.entries)
+
+    def touch(self, entry: CachedPrompt) -> None:
+        """Mark ``entry`` used (a restore): it is evicted last."""
+        self._clock += 1
+        entry.last_used = self._clock
+        self.restores += 1
+
+    def put(self, tokens: Sequence[int], group: str | None, data: bytes | bytearray) -> bool:
+        """Keep ``data`` as the state of ``tokens``; entries of ``group`` whose tokens are a
+        prefix of ``tokens`` are dropped (the new one serves every prompt they served), then the
+        least recently used go until everything fits. False (nothing kept) when ``data`` alone
+        is larger than the capacity."""
+        if len(data) > self.capacity:
+            return False
+        tokens = tuple(tokens)
+        n = len(tokens)
+        kept = [e for e in self.entries
+                if not (e.group == group and len(e.tokens) <= n and tokens[:len(e.tokens)] == e.tokens)]
+        kept.sort(key=lambda e: e.last_used)
+        nbytes = sum(e.nbytes for e in kept)
+        while kept and nbytes + len(data) > self.capacity:
+            nbytes -= kept.pop(0).nbytes
+        self._clock += 1
+        kept.append(CachedPrompt(tokens, group, data, self._clock))
+        self.entries, self.nbytes = kept, nbytes + len(data)
+        return True
+
+    def drop_group(self, group: str) -> None:
+        """Forget the entries of ``group`` (its LoRA adapter is unloaded)."""
+        self.entries = [e for e in self.entries if e.group != group]
+        self.nbytes = sum(e.nbytes for e in self.entries)
