@@ -61,7 +61,7 @@ KVLayout = Literal["split", "unified"]
 SPLIT_COPY_MIN_TOKENS = 64
 # Host prompt cache (split layout): a slot's cells are saved to host memory before they are
 # reclaimed when at least this many of them would be lost (a save copies the whole sequence:
-# about 45 KB a token for SmolLM2-135M, some 10 us, against milliseconds of prefill a token)...
+# 22.5 KiB a token for SmolLM2-135M, microseconds, against milliseconds of prefill a token)...
 HOST_SAVE_MIN_TOKENS = 128
 # ...and a saved state is loaded when it gives at least this many more tokens than any slot.
 HOST_RESTORE_MIN_TOKENS = 64
