@@ -18,7 +18,8 @@ Scenarios (``--scenarios``; each starts every system afresh, so no cache carries
 
 Systems: ``glmserve`` (defaults: ``--n-ctx 16384``, one sequence per session), ``glmserve
 --batch-invariant`` (``--systems`` to add it), ``llama-server`` (its defaults: ``-c`` 16384 per
-slot, ``-np`` one slot per session, its host prompt cache ``--cache-ram`` on by default).
+slot, ``-np`` one slot per session, its host prompt cache ``--cache-ram`` on by default; the
+GGUF's training context overridden to 32768, since llama-server caps a slot at it).
 Greedy, 16 output tokens a turn. Build llama-server as ``compare_llama_server.py`` says, then:
 
     python benchmarks/agentic.py --llama-server /tmp/ls/build/bin/llama-server [--rounds 2]
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 from rounds import save, stream_chat  # benchmarks/rounds.py
@@ -61,7 +63,7 @@ def system_prompt(tokens: int, seed: int) -> str:
     parts = ["You are an interactive coding agent working in the user's repository. Use the tools below; "
              "read files before editing them; keep answers short.\n\n# Tools\n"]
     size, i = 0, 0
-    while size < tokens * 3.2:  # SmolLM2's tokenizer: ~3.2 characters a token on this text
+    while size < tokens * 4.66:  # SmolLM2's tokenizer: ~4.66 characters a token on this text
         words = " ".join(rng.choice(WORDS) for _ in range(40))
         props = {rng.choice(WORDS) + f"_{j}": {"type": rng.choice(["string", "integer", "boolean"]),
                                                 "description": " ".join(rng.choice(WORDS) for _ in range(8))}
@@ -193,7 +195,10 @@ def systems(args) -> dict[str, dict]:
     out = {"glmserve": {"args": ()}, "glmserve --batch-invariant": {"args": ("--batch-invariant",)}}
     if args.llama_server:
         out["llama-server"] = {"command": [args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1",
-                                           "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]}
+                                           "-t", str(args.threads), "-tb", str(args.threads), "--no-webui",
+                                           # it caps a slot at the training context (8192 for SmolLM2);
+                                           # glmserve's --n-ctx 16384 goes past it as well
+                                           "--override-kv", "llama.context_length=int:32768"]}
     return {name: out[name] for name in args.systems if name in out}
 
 
@@ -252,7 +257,8 @@ def report(results: dict, args) -> tuple[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", help="path to the llama-server binary (left out: glmserve only)")
-    ap.add_argument("--claude", help="path to Claude Code's claude command (for the claude-code scenario)")
+    ap.add_argument("--claude", type=lambda p: str(Path(p).resolve()),
+                    help="path to Claude Code's claude command (for the claude-code scenario)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scenarios", type=lambda s: s.split(","), default=["single-6k", "single-12k", "shared-4",

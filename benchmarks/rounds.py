@@ -93,7 +93,8 @@ async def stream_chat(client: httpx.AsyncClient, body: dict) -> dict:
     times (``time.perf_counter``), the last ``usage`` seen and llama-server's ``timings``."""
     start, first, text, usage, timings = time.perf_counter(), None, [], {}, {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
+        if resp.status_code >= 400:
+            raise RuntimeError(f"{resp.status_code} from {resp.url}: {(await resp.aread()).decode()[:500]}")
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
