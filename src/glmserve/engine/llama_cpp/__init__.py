@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.base import EngineError
 from glmserve.engine.worker import default_max_num_seqs
-from glmserve.engine.llama_cpp.settings import LlamaCppSettings
+from glmserve.engine.llama_cpp.settings import (BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                                                LlamaCppSettings)
 from glmserve.models import ModelNotFoundError, resolve_model
 
 if TYPE_CHECKING:
@@ -17,12 +18,6 @@ if TYPE_CHECKING:
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = frozenset(LlamaCppSettings.model_fields)
-# --max-num-batched-tokens when not set: llama.cpp's default micro-batch (n_ubatch), the prompt
-# chunk its CPU backend computes at full speed (llama-server's pace on long prompts)
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
-# --batch-invariant: below 64 tokens a step, llama.cpp's CPU backend computes every batch the same
-# way, so a request's output does not depend on what it is batched with
-BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS = 63
 
 
 def max_num_batched_tokens(settings: ServeSettings) -> int:

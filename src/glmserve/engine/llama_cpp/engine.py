@@ -42,7 +42,7 @@ from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError, LoRAAdapterError
-from glmserve.engine.llama_cpp import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from glmserve.engine.llama_cpp.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder

@@ -8,6 +8,13 @@ from pydantic import Field
 
 from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings
 
+# --max-num-batched-tokens when not set: llama.cpp's default micro-batch (n_ubatch), the prompt
+# chunk its CPU backend computes at full speed (llama-server's pace on long prompts)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+# --batch-invariant: below 64 tokens a step, llama.cpp's CPU backend computes every batch the same
+# way, so a request's output does not depend on what it is batched with
+BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS = 63
+
 
 class LlamaCppSettings(SpeculativeSettings):
     """llama_cpp engine (the default): GGUF models through llama.cpp, on the CPU."""
