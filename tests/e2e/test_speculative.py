@@ -2,7 +2,8 @@
 server without speculation (plain, streamed, with stop strings and with a json_schema), the
 same sampling distribution at temperature 1, vLLM's spec-decode counters in ``/metrics``, and
 an abort while drafts are being verified frees the sequence; on ``--engine vllm``, vLLM's own
-ngram speculation with the same answers and counters.
+ngram speculation with the same answers and counters; a repeated request is drafted from the
+n-gram pool of earlier generations.
 
 Both servers get the same requests in the same order, from an empty KV cache: the README's known
 limit (attention rounding follows the order of KV cells after heavy cache reuse) applies to both
@@ -178,6 +179,28 @@ def test_sampling_distribution_is_unchanged(servers):
     tv = 0.5 * sum(abs(a[t] / na - b[t] / nb) for t in set(a) | set(b))
     assert tv < 0.1, (tv, a.most_common(10), b.most_common(10))
     assert _spec_counters(spec)["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
+
+
+def test_a_repeated_request_is_drafted_from_earlier_generations(servers):
+    """``ngram``: a request for text that does not copy its prompt, sent twice: the second time
+    most of its tokens come from accepted drafts (the engine's n-gram pool holds the first
+    answer), and the answer is the one without speculation."""
+    base, spec, method = servers
+    if method != "ngram":
+        pytest.skip("the n-gram pool is --speculative ngram's")
+    kwargs = dict(model=DEFAULT_MODEL, temperature=0, max_tokens=120,
+                  messages=_messages("Write a short story about a fox who learns to swim."))
+    want = _base_answers("repeated", lambda: base.client().chat.completions.create(**kwargs).choices[0].message.content)
+    client = spec.client()
+    assert client.chat.completions.create(**kwargs).choices[0].message.content == want
+    before = _spec_counters(spec)
+    again = client.chat.completions.create(**kwargs)
+    after = _spec_counters(spec)
+    assert again.choices[0].message.content == want
+    accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+    drafted = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
+    assert accepted >= again.usage.completion_tokens / 2, (accepted, drafted, again.usage.completion_tokens)
+    assert accepted / drafted > 0.9
 
 
 def test_abort_while_drafting_frees_the_sequence(servers):

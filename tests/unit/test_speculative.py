@@ -1,19 +1,45 @@
-"""N-gram drafts (prompt lookup) for ``--speculative ngram``: what is drafted, the adaptive
-back-off, the counters; and that the other engines refuse the flag."""
+"""N-gram drafts for ``--speculative ngram``: what is drafted (prompt lookup, the cross-request
+pool), when a draft is sent (the cost model: drafts that do not pay are held back, shadow
+evaluation brings them back), a draft model's adaptive length, the counters; and that the other
+engines refuse the flag."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from glmserve.engine import check_engine_settings
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.speculative import FIRST_DRAFT, MAX_COOLDOWN, NgramDrafter, SpeculativeConfig
+from glmserve.engine.llama_cpp.draft_cost import (MARGIN, PRIOR_FIRST_ROW, PRIOR_ROW, Acceptance, StepCosts,
+                                                  best_length)
+from glmserve.engine.llama_cpp.ngram_pool import NgramPool
+from glmserve.engine.llama_cpp.speculative import (FIRST_DRAFT, MAX_COOLDOWN, DraftLength, NgramDrafter,
+                                                   SpeculativeConfig)
 from glmserve.engine.types import SpecDecodeCounters
 from glmserve.settings import ServeSettings
 
 
-def drafter(**kwargs) -> NgramDrafter:
-    return NgramDrafter(SpeculativeConfig(**kwargs))
+def measured(extra_row_ms: float, rows: range = range(2, 18), t1_ms: float = 10.0) -> StepCosts:
+    """Step costs measured on a machine where each draft row adds ``extra_row_ms``."""
+    costs = StepCosts()
+    for _ in range(20):
+        for r in rows:
+            costs.record(1, t1_ms / 1000)
+            costs.record(r, (t1_ms + extra_row_ms * (r - 1)) / 1000)
+    return costs
+
+
+class FreeRows(StepCosts):
+    """Draft rows that cost nothing: every draft pays, and the longest is sent (what is drafted,
+    apart from when)."""
+
+    def ratio(self, rows: int) -> float:
+        return 1.0
+
+
+def drafter(costs: StepCosts | None = None, pool: NgramPool | None = None, **kwargs) -> NgramDrafter:
+    return NgramDrafter(SpeculativeConfig(**kwargs), costs or FreeRows(), pool)
 
 
 def test_drafts_what_followed_the_latest_earlier_occurrence_of_the_last_ngram():
@@ -57,30 +83,111 @@ def test_drafts_go_on_from_the_place_being_copied():
 def test_the_draft_fits_the_limit_and_the_current_length():
     d = drafter(ngram_min=1, ngram_max=1, draft_max=16)
     tokens = [7, *range(100, 120), 7]
-    assert len(d.propose(tokens, limit=100)) == FIRST_DRAFT  # starts short
+    assert len(d.propose(tokens, limit=100)) == 16  # draft_max
     assert d.propose(tokens, limit=2) == [100, 101]
     assert d.propose(tokens, limit=0) == []
 
 
-def test_accepted_drafts_grow_and_rejections_back_off():
-    d = drafter(ngram_min=1, ngram_max=1, draft_max=16)
-    tokens = [7, *range(100, 140), 7]
+def test_step_costs_learn_the_machine():
+    prior = StepCosts()
+    assert prior.ratio(1) == 1.0
+    assert prior.ratio(2) == pytest.approx(1 + PRIOR_FIRST_ROW)
+    assert prior.ratio(10) == pytest.approx(1 + PRIOR_FIRST_ROW + 8 * PRIOR_ROW)
+    cpu = measured(3.5)  # 10 ms a step, 3.5 ms a row
+    assert cpu.ratio(17) == pytest.approx(1 + 16 * 0.35, rel=0.1)
+    gpu = measured(0.1)
+    assert gpu.ratio(17) < 1.3
+    one_length = measured(1.0, rows=range(9, 10))  # only 8-token drafts measured: the prior's shape
+    assert one_length.ratio(9) == pytest.approx(1.8, abs=0.15)
+    assert one_length.ratio(2) < one_length.ratio(9) < one_length.ratio(17)
+
+
+def test_a_draft_is_sent_only_when_its_expected_gain_beats_its_cost():
+    copying, guessing = Acceptance(), Acceptance()
+    for _ in range(30):
+        copying.observe(True)
+        guessing.observe(False)
+    cpu = StepCosts()
+    k, gain = best_length(copying, cpu, 16)
+    assert k > 4 and gain > 1 + MARGIN
+    assert best_length(guessing, cpu, 16) == (0, 1.0)
+    assert best_length(copying, cpu, 0) == (0, 1.0)
+    # 40% of next tokens right, as when the model paraphrases: no length pays on a CPU's costs
+    mixed = Acceptance()
+    for i in range(100):
+        mixed.observe(i % 5 < 2)
+    assert best_length(mixed, cpu, 16) == (0, 1.0)
+    assert best_length(mixed, measured(0.0), 16)[0] > 0  # free rows: it pays
+
+
+def feed(d: NgramDrafter, tokens: list[int], upto: int, start: int) -> list[list[int]]:
+    """The sequence generates ``tokens[start:upto]`` one token a step (no draft verified);
+    returns what ``propose`` sent each step."""
+    return [d.propose(tokens[:n], limit=16) for n in range(start, upto)]
+
+
+def test_text_that_does_not_copy_is_never_drafted_on_a_cpu():
+    d = drafter(costs=StepCosts(), ngram_min=1, ngram_max=2)
+    # every bigram recurs, its continuation is a guess among 8
+    rng = random.Random(0)
+    tokens = [rng.randrange(8) for _ in range(400)]
+    assert not any(feed(d, tokens, 400, 50))
+
+
+def test_shadow_drafts_bring_drafting_back_when_the_sequence_starts_copying():
+    d = drafter(costs=StepCosts(), ngram_min=2, ngram_max=3)
+    block = list(range(100, 160))
+    rng = random.Random(0)
+    tokens = [*block, *(rng.randrange(200, 208) for _ in range(60)), *block]
+    sent = feed(d, tokens, len(tokens), 61)
+    assert not any(sent[:60])  # the non-copying part
+    copy = sent[60:]
+    assert not copy[0]  # the first right guesses are observed, not sent ...
+    assert max(map(len, copy)) >= 8  # ... then long drafts of the block
+    assert sum(map(bool, copy)) > len(copy) // 2
+
+
+def test_the_pool_drafts_a_repeated_generation():
+    pool = NgramPool(n=4, size=1 << 12)
+    prompt = [1, 2, 3, 4, 5]
+    answer = [(i * 37) % 101 + 10 for i in range(40)]  # no n-gram of it recurs within itself
+    first = drafter(pool=pool, ngram_min=2, ngram_max=3)
+    assert not any(feed(first, prompt + answer, len(prompt) + 40, len(prompt) + 1))
+    first.finish(prompt + answer, len(prompt))
+    again = drafter(pool=pool, ngram_min=2, ngram_max=3)
+    tokens = prompt + answer
+    n = len(prompt) + 1
+    assert again.propose(tokens[:n], limit=16) == answer[1:17]
+    assert pool.draft([9, 9, 9, 9], 4) == []  # an unknown n-gram
+    assert pool.draft(tokens[:3], 4) == []  # shorter than n
+
+
+def test_pool_slots_are_bounded_and_a_colliding_ngram_replaces_the_slot():
+    pool = NgramPool(n=2, size=8)
+    pool.add(list(range(100)), 0)
+    assert len(pool._next) == 8
+    assert pool.draft([97, 98], 1) == [99]  # the last n-grams written are there
+
+
+def test_a_draft_model_drafts_grow_and_rejections_back_off():
+    d = DraftLength(16)
+    assert d.budget(100) == FIRST_DRAFT
     d.record(FIRST_DRAFT, FIRST_DRAFT)
-    assert len(d.propose(tokens, limit=100)) == 2 * FIRST_DRAFT
+    assert d.budget(100) == 2 * FIRST_DRAFT
     d.record(8, 8)
     d.record(16, 16)
-    assert len(d.propose(tokens, limit=100)) == 16  # capped at draft_max
+    assert d.budget(100) == 16  # capped at draft_max
     rested = []
     for _ in range(8):  # drafts rejected at their first token, in a row: 1, 2, 4, 8, 16, 16... steps of rest
         d.record(4, 0)
         skipped = 0
-        while d.propose(tokens, limit=100) == []:
+        while d.budget(100) == 0:
             skipped += 1
         rested.append(skipped)
     assert rested == [1, 2, 4, 8, 16, MAX_COOLDOWN, MAX_COOLDOWN, MAX_COOLDOWN]
-    assert len(d.propose(tokens, limit=100)) == 2  # halved down to the shortest draft
+    assert d.budget(100) == 2  # halved down to the shortest draft
     d.record(2, 1)  # a partly accepted draft ends the back-off
-    assert d.propose(tokens, limit=100) != []
+    assert d.budget(100) > 0
 
 
 def test_config_bounds():

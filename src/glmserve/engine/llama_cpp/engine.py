@@ -25,6 +25,8 @@ Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py
 draft``, ``draft_model.py``): in a step that decodes one sequence alone, it may append a draft to
 its one token, within the batch's ``max_num_batched_tokens``; its rows are sampled in order until
 a sampled token differs from the draft, and the KV cells of the rejected draft tokens are dropped.
+Those steps are timed (``draft_cost.StepCosts``), so that an n-gram draft is sent only when it
+pays, and finished sequences feed the n-gram pool of earlier generations (``ngram_pool.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +47,11 @@ from llama_cpp._utils import suppress_stdout_stderr
 from glmserve.engine.base import EngineError, LoRAAdapterError
 from glmserve.engine.llama_cpp.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.batch import BatchDecoder
+from glmserve.engine.llama_cpp.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder
 from glmserve.engine.llama_cpp.handles import free_handles
+from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, POOL_SIZE, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter, SpeculativeConfig
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
@@ -125,6 +130,8 @@ def memory_estimate(path: Path, config: EngineConfig) -> int:
         model.close()
     if config.speculative is not None and config.speculative.draft_model is not None:
         size += memory_estimate(config.speculative.draft_model, dataclasses.replace(config, speculative=None))
+    elif config.speculative is not None:
+        size += POOL_SIZE * 12  # the NgramPool's table
     return size + kv_cache_cells(config, n_ctx_train) * kv_bytes_per_cell(meta, n_layer, n_head, n_head_kv, n_embd)
 
 
@@ -147,6 +154,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._adapters: dict[str, ctypes.c_void_p] = {}
         self._active_group: str | None = None
         self.spec_decode = SpecDecodeCounters() if config.speculative else None
+        self._step_costs = StepCosts()  # one-sequence decode steps, timed while speculating
+        self._ngram_pool: NgramPool | None = None  # --speculative ngram, at start()
         self.host_cache: HostPromptCache | None = None  # --cache-ram, at start()
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
@@ -221,9 +230,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
             log.info("speculative decoding: draft model %s, greedy drafts of up to %d tokens within "
                      "--max-num-batched-tokens %d", spec.draft_model, spec.draft_max, cfg.max_num_batched_tokens)
         elif spec is not None:
-            log.info("speculative decoding: ngram (prompt lookup), n-grams of %d to %d tokens, drafts of up to %d "
-                     "tokens within --max-num-batched-tokens %d", spec.ngram_min, spec.ngram_max, spec.draft_max,
-                     cfg.max_num_batched_tokens)
+            self._ngram_pool = NgramPool()
+            log.info("speculative decoding: ngram (prompt lookup, n-grams of %d to %d tokens, and %d-token n-grams of "
+                     "earlier generations), drafts of up to %d tokens within --max-num-batched-tokens %d, sent when "
+                     "they pay", spec.ngram_min, spec.ngram_max, POOL_NGRAM, spec.draft_max, cfg.max_num_batched_tokens)
         self._start_worker("llama-cpp-engine")
 
     def _check_kv_fits(self, cells: int) -> None:
@@ -334,6 +344,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if self._draft is not None:
             self._draft.free()
             self._draft = None
+        self._ngram_pool = None
         free_handles(ctx=self._ctx, model=self._model)
         self._ctx = self._model = None
 
@@ -352,7 +363,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
             raise
         stream = OutputStream(loop)
         spec = self.config.speculative
-        drafter = None if spec is None else NgramDrafter(spec) if self._draft is None else ModelDrafter(spec, self._draft)
+        drafter = (None if spec is None else ModelDrafter(spec, self._draft) if self._draft is not None
+                   else NgramDrafter(spec, self._step_costs, self._ngram_pool))
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
@@ -406,6 +418,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         try:
             self._decoder.apply(out.kv_ops, self.host_cache)
             drafts = self._drafts(out.chunks, out.num_tokens) if self.spec_decode is not None else {}
+            start = time.perf_counter()
             rows = self._decoder.decode(out.chunks, drafts)
         except RuntimeError as exc:
             for chunk in out.chunks:
@@ -419,6 +432,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
             token, logprob = self._sample(seq, row)
             self._scheduler.append_token(seq, token)
             self._emit(seq, token, logprob)
+        if self.spec_decode is not None and out.num_tokens == 1:  # a step drafts could have been sent in
+            self._step_costs.record(1 + sum(map(len, drafts.values())), time.perf_counter() - start)
 
     def _sample(self, seq: Sequence, row: int) -> tuple[int, TokenLogprob | None]:
         token = seq.payload.sampler.sample(self._ctx, row)
@@ -497,5 +512,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
             self._decoder.clear_slot(cleared)
         state: _SeqState = seq.payload
         state.sampler.free()
+        if state.drafter is not None and reason != "error":
+            state.drafter.finish(seq.tokens, seq.num_prompt)
         self._by_id.pop(seq.request_id, None)
         self._release(state.stream, seq.request_id, reason, error, seq.num_prompt, max(seq.num_cached, 0), send)

@@ -1,6 +1,6 @@
-"""Speculative decoding for the llama_cpp engine: n-gram drafts (prompt lookup), the adaptive
-draft length every drafter shares, and the verification rule (a draft model's drafts:
-``draft_model.py``).
+"""Speculative decoding for the llama_cpp engine: n-gram drafts (prompt lookup and the shared
+``NgramPool``), the adaptive draft length of a draft model's drafts (``draft_model.py``), and
+the verification rule.
 
 Drafting (prompt lookup decoding, Saxena 2023; vLLM's ``ngram`` method, llama.cpp's
 ``--spec-type ngram-simple``): the last ``n`` tokens of a sequence (prompt and output so far),
@@ -12,6 +12,7 @@ the one before the place: a reply that copies a module of six similar functions 
 the function it is copying, not from the most recent lookalike line, and a one-for-one
 substitution (a renamed identifier of as many tokens) does not lose the place. Input-grounded
 work (rewrite this file with one change, repeat this JSON) is drafted right most of the time.
+Drafts also come from n-gram statistics of other sequences' generations (``ngram_pool.py``).
 
 Verification (the engine): the sequence's last token and its draft are decoded in the step's
 one batch, with logits on every row; the engine then samples row after row with the sequence's
@@ -25,17 +26,26 @@ unchanged at any temperature; greedy output, penalties, ``logit_bias`` and gramm
 (the chain records each accepted token) are those of decoding without a draft, and a seeded
 request draws the same random numbers in the same order.
 
-Adaptive (``DraftLength``, both drafters): a sequence's drafts start short (``FIRST_DRAFT``) and double while wholly accepted,
-up to ``draft_max``; a sequence whose draft is rejected at its first token skips drafting for a
-number of steps that doubles with each such draft in a row (up to ``MAX_COOLDOWN``), and its
-next draft is half as long. A rejected draft costs its rows in the step's batch, so natural
-text, where n-grams recur without their continuations, is not slowed down by it.
+When n-gram drafts pay (``draft_cost.py``): every source's proposal is compared with the
+tokens the sequence then generates, drafted or not, and a draft is sent only when its expected
+yield, from those acceptance rates, beats the measured cost of its rows by ``MARGIN``; its
+length is the one with the best expected gain. Text that does not copy its input (n-grams recur
+without their continuations) is then decoded as without speculation.
+
+Adaptive (``DraftLength``, a draft model's drafts, which cost a draft-model decode each and so
+get no shadow evaluation): a sequence's drafts start short (``FIRST_DRAFT``) and double while
+wholly accepted, up to ``draft_max``; a sequence whose draft is rejected at its first token
+skips drafting for a number of steps that doubles with each such draft in a row (up to
+``MAX_COOLDOWN``), and its next draft is half as long.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from glmserve.engine.llama_cpp.draft_cost import Acceptance, StepCosts, best_length
+from glmserve.engine.llama_cpp.ngram_pool import NgramPool
 
 MAX_COOLDOWN = 16  # steps without drafting after repeated first-token rejections
 MIN_DRAFT = 2  # a draft shorter than this costs a batch row and rarely pays
@@ -99,38 +109,88 @@ class DraftLength:
             if accepted == drafted:
                 self._length = min(self._max, self._length * 2)
 
+    def finish(self, tokens: list[int], num_prompt: int) -> None:
+        """A finished sequence's tokens (``NgramDrafter.finish``; nothing to keep here)."""
 
-class NgramDrafter(DraftLength):
-    """One sequence's n-gram index and draft length. ``propose(tokens, limit, slot)`` returns at
-    most ``limit`` draft tokens (empty: no match, or resting after rejections; ``slot`` is unused
-    here, a draft model keeps its cache there); ``record(drafted, accepted)`` tells it how the
-    draft went. ``tokens`` only ever grows between calls."""
 
-    __slots__ = ("config", "_maps", "_indexed", "_source", "_source_at")
+class NgramDrafter:
+    """One sequence's n-gram drafts. ``propose(tokens, limit, slot)`` returns at most ``limit``
+    draft tokens (empty: no source predicts anything, or no draft pays; ``slot`` is unused
+    here, a draft model keeps its cache there). ``tokens`` only ever grows between calls.
 
-    def __init__(self, config: SpeculativeConfig) -> None:
-        super().__init__(config.draft_max)
+    Two sources, each evaluated on every token the sequence generates (``draft_cost.py``): the
+    sequence itself (prompt lookup: the place being followed, else the longest n-gram match)
+    and the engine's ``NgramPool`` of other sequences' generations. The source whose draft has
+    the highest expected gain under the engine's measured ``StepCosts`` is sent, and only when
+    that gain is at least ``1 + MARGIN``. ``record`` is unused: the drafter learns from the
+    tokens themselves. ``finish(tokens, num_prompt)`` gives the pool a finished sequence's
+    generation."""
+
+    __slots__ = ("config", "_costs", "_pool", "_maps", "_indexed", "_source", "_source_at", "_rates",
+                 "_pending")
+
+    def __init__(self, config: SpeculativeConfig, costs: StepCosts | None = None,
+                 pool: NgramPool | None = None) -> None:
         self.config = config
+        self._costs = costs if costs is not None else StepCosts()
+        self._pool = pool
         # n -> {n-gram: position after its latest occurrence}; holds the n-grams that end
         # before a sequence's last token, so that a continuation exists
         self._maps: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(config.ngram_min, config.ngram_max + 1)}
         self._indexed = 0  # n-grams ending before this position are in the maps
-        # the place the last draft came from: tokens[_source] followed the sequence's last token
+        # the place the last lookup came from: tokens[_source] followed the sequence's last token
         # when it was _source_at tokens long
         self._source: int | None = None
         self._source_at = 0
+        # each source's acceptance: "seq" (prompt lookup; after a right prediction the sequence
+        # is following a place, after a wrong one a new match is a guess), "pool"
+        self._rates = {name: Acceptance() for name in ("seq", "pool")}
+        # per source: (sequence length when proposed, proposal, its Acceptance)
+        self._pending: dict[str, tuple[int, list[int], Acceptance]] = {}
 
     def propose(self, tokens: list[int], limit: int, slot: int = 0) -> list[int]:
-        limit = self.budget(limit)
-        if limit < 1:
-            return []
+        self._observe(tokens)
+        best: list[int] = []
+        gain = 1.0
+        for key, (proposal, rate) in self._candidates(tokens).items():
+            if not proposal:
+                continue
+            self._pending[key] = (len(tokens), proposal, rate)
+            k, g = best_length(rate, self._costs, min(limit, len(proposal)))
+            if k and g > gain:
+                best, gain = proposal[:k], g
+        return best
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Unused (the class docstring)."""
+
+    def finish(self, tokens: list[int], num_prompt: int) -> None:
+        if self._pool is not None:
+            self._pool.add(tokens, num_prompt)
+
+    def _observe(self, tokens: list[int]) -> None:
+        """Compare each pending proposal with the tokens generated since: one observation per
+        token, up to the first wrong one."""
+        for key, (at, proposal, rate) in list(self._pending.items()):
+            for i in range(min(len(tokens) - at, len(proposal))):
+                hit = tokens[at + i] == proposal[i]
+                rate.observe(hit)
+                if not hit:
+                    break
+        self._pending.clear()
+
+    def _candidates(self, tokens: list[int]) -> dict[str, tuple[list[int], Acceptance]]:
+        """Each source's proposal (up to ``draft_max`` tokens, empty: none) and its rates; a
+        source without one starts afresh (``Acceptance.miss``)."""
+        size = self.config.draft_max
         end = len(tokens) - 1
         for e in range(self._indexed, end):
             for n, positions in self._maps.items():
                 if e + 1 >= n:
                     positions[tuple(tokens[e + 1 - n:e + 1])] = e + 1
         self._indexed = max(self._indexed, end)
+        rates = self._rates
         at = self._followed(tokens)
         if at is None:
             for n in range(self.config.ngram_max, self.config.ngram_min - 1, -1):
@@ -138,10 +198,13 @@ class NgramDrafter(DraftLength):
                     at = self._maps[n].get(tuple(tokens[-n:]))
                     if at is not None:
                         break
-        if at is None:
-            return []
         self._source, self._source_at = at, len(tokens)
-        return tokens[at:at + limit]
+        seq = [] if at is None else tokens[at:at + size]
+        pool = self._pool.draft(tokens, size) if self._pool is not None else []
+        for key, proposal in (("seq", seq), ("pool", pool)):
+            if not proposal:
+                rates[key].miss()
+        return {"seq": (seq, rates["seq"]), "pool": (pool, rates["pool"])}
 
     def _followed(self, tokens: list[int]) -> int | None:
         """Where the last draft's place has moved to, if the sequence still follows it: the token
