@@ -13,6 +13,8 @@ Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096
   --no-kv-unified`` so each slot has 4096 cells too. Built from the llama-cpp-python source
   package glmserve uses (see ``compare_llama_server.py`` for the commands);
 - ``llama-server`` without speculation, only when named in ``--systems``;
+- with ``--compare-src DIR``: ``glmserve --speculative ngram`` from another checkout's sources
+  (``PYTHONPATH=DIR``), to measure a change to speculation against the code before it;
 - with ``--draft-model PATH``: ``glmserve --speculative draft --draft-model PATH`` and
   ``llama-server --spec-type draft-simple -md PATH`` with the same draft length (16) and
   probability floor (``--spec-draft-p-min 0.75``, glmserve's ``P_MIN``). With the embedded model
@@ -22,7 +24,17 @@ Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096
 Workloads (greedy, each request's own prompt, up to ``--max-tokens``):
 - ``grounded``: input-grounded edits: rewrite a ~300-token Python class with the class renamed,
   or repeat a JSON document with one field changed;
-- ``natural``: open questions (short stories, explanations), where drafts find little.
+- ``natural``: open questions (short stories, explanations), where drafts find little;
+- three kinds that do not copy their input, where n-gram drafts are mostly rejected and
+  speculation must not lose (``--speculative ngram`` at most 3% slower): ``paraphrase`` (retell
+  a ~250-word passage in other words: the input's phrases recur, their continuations do not),
+  ``translate`` (the Python class rewritten in JavaScript: identifiers recur, the syntax
+  around them changes), ``explain`` (explain what the class or JSON document is for); and
+  ``sampled``, the ``natural`` questions at temperature 1 (seeded), where the small model's
+  answers rarely repeat themselves;
+- ``repeated``: the ``paraphrase`` requests sent once untimed, then timed again (a retried or
+  repeated generation: what n-gram statistics kept across requests, llama-server's
+  ``ngram-mod``, are for).
 
 Each round starts each system in turn (the order rotates every round), runs every workload at
 each concurrency (``max(4, 2 c)`` requests, ``c`` in flight), reads the draft acceptance
@@ -32,8 +44,12 @@ time (prefill included); decode tok/s is each request's tokens after its first o
 from its first token to its last (speculation changes only this part; the median request);
 TTFT is per request (streaming).
 
+``--paired`` runs the systems side by side instead, each request sent to every system in turn
+(one request at a time), and compares the decode time per token of the same request: on a
+shared, noisy machine this tells a few percent apart, which rounds minutes apart cannot.
+
     python benchmarks/speculative.py [--llama-server build/bin/llama-server] [--rounds 3]
-        [--draft-model PATH] [--systems NAME,...]
+        [--draft-model PATH] [--systems NAME,...] [--paired] [--out NAME]
 """
 
 from __future__ import annotations
@@ -118,16 +134,52 @@ def json_prompt(rng: random.Random) -> str:
             f"only the JSON.\n\n" + json.dumps(doc, indent=2))
 
 
+PASSAGES = [
+    "The town of Ashford sits where two rivers meet, and for most of its history it lived from the mills "
+    "that the water turned. In the early years the mills ground grain for the farms of the valley; later "
+    "they spun wool, and the town grew around the long stone buildings by the river. When the railway came, "
+    "the wool could be sent to the cities in a day instead of a week, and for fifty years Ashford was busy "
+    "and proud. Then cheaper cloth arrived from abroad, the mills closed one after another, and the young "
+    "people left to find work elsewhere. Today the mill buildings hold a museum, a school of music and small "
+    "workshops, and visitors come in summer to walk along the rivers and see the old water wheels turn again.",
+    "Honey bees live in colonies of tens of thousands of workers, a few hundred males and a single queen. "
+    "The workers do almost everything: they clean the cells, feed the young, build comb from wax made in "
+    "their own bodies, guard the entrance and, in the last weeks of their short lives, fly out to collect "
+    "nectar and pollen. A forager that finds a rich patch of flowers returns and dances on the comb; the "
+    "angle of the dance tells the others the direction of the flowers relative to the sun, and its length "
+    "tells them the distance. Nectar is passed from bee to bee, mixed with enzymes and stored in open cells, "
+    "where the bees fan it with their wings until enough water has gone and it has become honey.",
+    "A compass needle is a small magnet that can turn freely. The Earth itself behaves like a huge, weak "
+    "magnet, with a field that runs roughly from the south of the planet to the north, and the needle lines "
+    "up with that field. The end that points north is therefore attracted to what is, magnetically, a south "
+    "pole, which is one of the small puzzles of the subject. The magnetic poles are not in the same places "
+    "as the geographic ones and they move slowly over the years, so navigators correct their readings with "
+    "tables of the difference, called declination. Iron in a ship or a car can pull the needle aside too, "
+    "which is why ships' compasses sit in a housing with small correcting magnets around them.",
+]
+
+
 def prompts(workload: str, n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     if workload == "grounded":
         return [(code_prompt if i % 2 == 0 else json_prompt)(rng) for i in range(n)]
+    if workload in ("paraphrase", "repeated"):
+        return [f"{PASSAGES[(seed + i) % len(PASSAGES)]}\n\nRetell this passage in your own words, in a different "
+                f"order, without quoting it." for i in range(n)]
+    if workload == "translate":
+        return [code_prompt(rng).rsplit("\n\n", 1)[0] + "\n\nRewrite this class in JavaScript." for _ in range(n)]
+    if workload == "explain":
+        return [(code_prompt(rng).rsplit("\n\n", 1)[0] if i % 2 == 0 else json_prompt(rng).split("\n\n", 1)[1])
+                + "\n\nExplain what this is for and how it works, in plain words." for i in range(n)]
     return [f"Write a few paragraphs about {rng.choice(TOPICS)}." for _ in range(n)]
 
 
-async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> dict:
+async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, seed: int | None) -> dict:
+    """One streamed request: greedy, or at temperature 1 with ``seed``."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    if seed is not None:
+        body.update(temperature=1.0, seed=seed)
     r = await stream_chat(client, body)
     first, end, timings = r["first"], r["end"], r["timings"]
     tokens = r["usage"].get("completion_tokens") or timings.get("predicted_n", 0)
@@ -136,17 +188,18 @@ async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: in
             "draft": (timings.get("draft_n", 0), timings.get("draft_n_accepted", 0))}
 
 
-async def level(url: str, model: str, texts: list[str], c: int, max_tokens: int) -> tuple[float, list[dict]]:
+async def level(url: str, model: str, texts: list[str], c: int, max_tokens: int,
+                sampled: bool = False) -> tuple[float, list[dict]]:
     sem = asyncio.Semaphore(c)
     # a connection per request: llama-server (cpp-httplib) closes kept-alive connections after a
     # few requests, and a request sent on one just closed fails ("Server disconnected")
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-        async def run(text: str) -> dict:
+        async def run(i: int, text: str) -> dict:
             async with sem:
-                return await one(client, model, text, max_tokens)
+                return await one(client, model, text, max_tokens, i if sampled else None)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(run(t) for t in texts))
+        results = await asyncio.gather(*(run(i, t) for i, t in enumerate(texts)))
         return time.perf_counter() - start, results
 
 
@@ -161,11 +214,16 @@ def spec_counters(url: str) -> tuple[float, float]:
 def systems(args) -> dict[str, dict]:
     glm = ("--max-num-seqs", "8", "--n-ctx", "4096", "--max-queue", "1024")
     out = {"glmserve": {"args": glm}, "glmserve --speculative ngram": {"args": (*glm, "--speculative", "ngram")}}
+    if args.compare_src:  # another checkout's glmserve, e.g. before a change
+        out[f"glmserve ({args.compare_src}) --speculative ngram"] = {
+            "args": (*glm, "--speculative", "ngram"), "env": {"PYTHONPATH": args.compare_src}}
     if args.llama_server:
         plain = [args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1", "-t", str(args.threads),
                  "-tb", str(args.threads), "-c", "32768", "-np", "8", "--no-kv-unified", "--no-webui"]
         out["llama-server --spec-type ngram-simple"] = {"command": [*plain, "--spec-type", "ngram-simple"]}
         out["llama-server"] = {"command": plain}  # no speculation: what its own speculation gains
+        # n-gram statistics shared across slots and requests (its defaults: 24-token match, drafts of 48 to 64)
+        out["llama-server --spec-type ngram-mod"] = {"command": [*plain, "--spec-type", "ngram-mod"]}
     if args.draft_model:
         out["glmserve --speculative draft"] = {"args": (*glm, "--speculative", "draft", "--draft-model",
                                                         args.draft_model)}
@@ -176,7 +234,81 @@ def systems(args) -> dict[str, dict]:
                 "-td", str(args.threads), "-tbd", str(args.threads)]}
     if args.systems:
         return {name: out[name] for name in args.systems}
-    return {name: spec for name, spec in out.items() if name != "llama-server"}  # on request only
+    return {name: spec for name, spec in out.items()  # on request only
+            if name not in ("llama-server", "llama-server --spec-type ngram-mod")}
+
+
+def start(spec: dict, threads: int) -> RemoteServer:
+    return (RemoteServer(command=spec["command"], startup_timeout=120) if "command" in spec
+            else RemoteServer(*spec["args"], n_threads=threads, env=spec.get("env")))
+
+
+def paired(args, specs: dict[str, dict]) -> None:
+    """``--paired``: every system runs at once, idle but for the request it is sent; each request
+    goes to every system in turn (the order rotating from request to request), one at a time, so
+    that the machine's load changes between the systems' answers to the same request far less
+    than between rounds. Reports, per workload, each system's decode tok/s and the median over
+    requests of its decode time per token against the first system's for the same request."""
+    names = list(specs)
+    servers = {}
+    try:
+        for name in names:
+            servers[name] = start(specs[name], args.threads)
+        runs = {name: {w: [] for w in args.workloads} for name in names}
+        counters = {name: {w: [0.0, 0.0] for w in args.workloads} for name in names}
+
+        async def send(name: str, text: str, seed: int | None) -> dict:
+            url = servers[name].url
+            async with httpx.AsyncClient(base_url=url, timeout=600,
+                                         limits=httpx.Limits(max_keepalive_connections=0)) as client:
+                return await one(client, DEFAULT_MODEL, text, args.max_tokens, seed)
+
+        turn = 0
+        for r in range(args.rounds):
+            for w in args.workloads:
+                texts = prompts(w, 4, seed=1000 * r + 1)
+                seeds = [i if w == "sampled" else None for i in range(len(texts))]
+                if w == "repeated":  # the same requests once before: a retried generation
+                    for name in names:
+                        for text, seed in zip(texts, seeds):
+                            asyncio.run(send(name, text, seed))
+                for text, seed in zip(texts, seeds):
+                    turn += 1
+                    for name in names[turn % len(names):] + names[:turn % len(names)]:
+                        before = spec_counters(servers[name].url) if "args" in specs[name] else (0, 0)
+                        result = asyncio.run(send(name, text, seed))
+                        after = spec_counters(servers[name].url) if "args" in specs[name] else (0, 0)
+                        counters[name][w][0] += after[0] - before[0] + result["draft"][0]
+                        counters[name][w][1] += after[1] - before[1] + result["draft"][1]
+                        runs[name][w].append(result)
+    finally:
+        for server in servers.values():
+            server.stop()
+    base = names[0]
+    lines = [f"| workload | system | decode tok/s (median request) | decode time per token vs {base}, same "
+             "request (median) | per-request ratios | draft acceptance | generated tokens |",
+             "|---|---|---:|---:|---|---:|---:|"]
+    stats: dict = {}
+    for w in args.workloads:
+        for name in names:
+            rs, bs = runs[name][w], runs[base][w]
+            ratios = [b["decode_tok_s"] / x["decode_tok_s"] for x, b in zip(rs, bs)
+                      if x["decode_tok_s"] and b["decode_tok_s"]]
+            drafted, accepted = counters[name][w]
+            m = stats.setdefault(name, {})[w] = {
+                "decode_tok_s": statistics.median(x["decode_tok_s"] for x in rs if x["decode_tok_s"]),
+                "time_per_token_vs_base": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
+                "acceptance": accepted / drafted if drafted else None, "tokens": sum(x["tokens"] for x in rs)}
+            acc = "-" if m["acceptance"] is None else f"{m['acceptance']:.0%}"
+            lines.append(f"| {w} | {name} | {m['decode_tok_s']:.1f} | {m['time_per_token_vs_base']:.3f} | "
+                         f"{m['ratios']} | {acc} | {m['tokens']} |")
+    report = "\n".join([
+        f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
+        f"max_tokens {args.max_tokens}, streaming, one request at a time | 4 requests per workload and round, "
+        f"{args.rounds} rounds, each request sent to every system in turn (paired) | a ratio below 1 is faster "
+        f"than {base}", "", *lines])
+    save(args.out or "speculative-paired", "Speculative decoding, paired requests", report, stats,
+         command=" ".join(["python", "benchmarks/speculative.py", *sys.argv[1:]]))
 
 
 def main() -> None:
@@ -187,27 +319,37 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["grounded", "natural"],
-                    help="comma-separated: grounded, natural")
+                    help="comma-separated: grounded, natural, paraphrase, translate, explain, sampled, repeated")
+    ap.add_argument("--paired", action="store_true", help="all systems at once, each request sent to each in "
+                    "turn, one at a time (--concurrency is not used)")
+    ap.add_argument("--compare-src", metavar="DIR", help="adds glmserve --speculative ngram run from the "
+                    "package sources in DIR (another checkout's src/, e.g. `git archive` of an earlier commit)")
+    ap.add_argument("--out", help="results/OUT.md and .json (default: speculative, or speculative-draft)")
     ap.add_argument("--draft-model", help="a draft GGUF: adds glmserve --speculative draft (and llama-server's "
                     "draft-simple with --llama-server)")
     ap.add_argument("--systems", type=lambda s: s.split(","),
                     help="comma-separated system names to run (default: all; 'glmserve' first, it is the baseline)")
     args = ap.parse_args()
     specs = systems(args)
+    if args.paired:
+        paired(args, specs)
+        return
     names = list(specs)
     workloads = args.workloads
     runs: dict = {name: {w: {c: [] for c in args.concurrency} for w in workloads} for name in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             spec = specs[name]
-            server = (RemoteServer(command=spec["command"], startup_timeout=120) if "command" in spec
-                      else RemoteServer(*spec["args"], n_threads=args.threads))
+            server = start(spec, args.threads)
             try:
                 for w in workloads:
                     for c in args.concurrency:
                         texts = prompts(w, max(4, 2 * c), seed=1000 * r + c)
+                        if w == "repeated":  # the same requests once before: a retried generation
+                            asyncio.run(level(server.url, DEFAULT_MODEL, texts, c, args.max_tokens))
                         before = spec_counters(server.url) if "args" in spec else (0, 0)
-                        wall, results = asyncio.run(level(server.url, DEFAULT_MODEL, texts, c, args.max_tokens))
+                        wall, results = asyncio.run(level(server.url, DEFAULT_MODEL, texts, c, args.max_tokens,
+                                                          sampled=w == "sampled"))
                         after = spec_counters(server.url) if "args" in spec else (0, 0)
                         drafted = after[0] - before[0] + sum(x["draft"][0] for x in results)
                         accepted = after[1] - before[1] + sum(x["draft"][1] for x in results)
@@ -256,12 +398,13 @@ def main() -> None:
                              f"{spec[w][c]['decode_tok_s'] / other[w][c]['decode_tok_s']:.2f}x")
                 checks.append(line)
     checks.append("- targets: grounded c=1 >= 1.5x without speculation and >= llama-server's speculation; "
-                  "natural >= 0.97x without speculation")
+                  "natural, paraphrase, translate, explain, sampled >= 0.97x without speculation (decode tok/s: "
+                  "greedy answers past 256 tokens may differ in length); repeated faster than without")
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"8 parallel sequences, 4096 tokens each | greedy, max_tokens {args.max_tokens}, streaming | max(4, 2c) "
         f"requests per level | {args.rounds} alternating rounds, medians", "", *lines, "", *checks])
-    save("speculative-draft" if args.draft_model else "speculative",
+    save(args.out or ("speculative-draft" if args.draft_model else "speculative"),
          "Speculative decoding: glmserve with and without --speculative, and llama-server", report, stats, command=" ".join(["python", "benchmarks/speculative.py", *sys.argv[1:]]))
 
 
