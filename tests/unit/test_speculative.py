@@ -34,8 +34,8 @@ class FreeRows(StepCosts):
     """Draft rows that cost nothing: every draft pays, and the longest is sent (what is drafted,
     apart from when)."""
 
-    def ratio(self, rows: int) -> float:
-        return 1.0
+    def scale(self) -> float:
+        return 0.0
 
 
 def drafter(costs: StepCosts | None = None, pool: NgramPool | None = None, **kwargs) -> NgramDrafter:

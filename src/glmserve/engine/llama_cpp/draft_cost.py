@@ -114,8 +114,9 @@ def best_length(acceptance: Acceptance, costs: StepCosts, limit: int) -> tuple[i
     time, and that gain over no draft (``k`` is 0, gain 1.0, when no length reaches
     ``1 + MARGIN``)."""
     best, gain = 0, 1.0
+    scale = costs.scale()  # once per call: ratio(rows) is 1 + scale * shape(rows)
     for k in range(1, limit + 1):
-        g = acceptance.expected(k) / costs.ratio(k + 1)
+        g = acceptance.expected(k) / (1.0 + scale * costs.shape(k + 1))
         if g > gain:
             best, gain = k, g
     return (best, gain) if gain >= 1.0 + MARGIN else (0, 1.0)
