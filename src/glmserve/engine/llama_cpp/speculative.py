@@ -172,7 +172,7 @@ class NgramDrafter:
     def _observe(self, tokens: list[int]) -> None:
         """Compare each pending proposal with the tokens generated since: one observation per
         token, up to the first wrong one."""
-        for key, (at, proposal, rate) in list(self._pending.items()):
+        for at, proposal, rate in self._pending.values():
             for i in range(min(len(tokens) - at, len(proposal))):
                 hit = tokens[at + i] == proposal[i]
                 rate.observe(hit)
