@@ -176,7 +176,7 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         "temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; e.g. "
         "'{\"temperature\": 0.6}' for clients that send none (Claude Code).",
     )
-    tool_call_parser: Literal["auto", "none", "glm4", "glm45", "hermes", "generic"] = Field(
+    tool_call_parser: Literal["auto", "none", "glm4", "glm45", "glm47", "hermes", "generic"] = Field(
         "auto", description="Tool-call format: auto = detected from the chat template (generic when it has "
                             "none: tools described in a system message, calls as JSON); none = no tool calling."
     )

@@ -54,7 +54,7 @@ def test_response_format_grammar_matches(monkeypatch, schema):
     assert vendored == upstream
 
 
-@pytest.mark.parametrize("fmt", ["generic", "hermes", "glm4", "glm45"])
+@pytest.mark.parametrize("fmt", ["generic", "hermes", "glm4", "glm45", "glm47"])
 @pytest.mark.parametrize("calls", ["one", "distinct", "any"])
 def test_tool_call_grammars_match(monkeypatch, fmt, calls):
     params = [f"tools[{i}].function.parameters" for i in range(len(FUNCTIONS))]

@@ -8,14 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from glmserve.toolcalls import PARSERS, ParsedOutput, ToolCallItem, assemble, detect_parser
+from glmserve.toolcalls import PARSERS, ParsedOutput, ToolCallItem, assemble, detect_parser, output_parser
+from glmserve.toolcalls.reasoning import has_reasoning, prompt_state
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string"},
     "tags": {"type": "array"}}}}
 SEARCH = {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
 BROWSER = {"name": "simple_browser", "parameters": {"type": "object"}}
-TOOLS = [WEATHER, SEARCH, BROWSER]
+CLOCK = {"name": "clock", "parameters": {"type": "object", "properties": {}}}
+TOOLS = [WEATHER, SEARCH, BROWSER, CLOCK]
+# the end of each rendered prompt state: GLM-4.7's generation prompt with thinking on and off,
+# GLM-4.5's (the model writes <think> itself)
+PROMPTS = {"reasoning": "<|user|>Hi<|assistant|><think>", "answer": "<|user|>Hi<|assistant|></think>",
+           "open": "<|user|>Hi<|assistant|>"}
+
+
+def make_parser(key: str, tools=TOOLS):
+    """``key``: a parser name, ``@state`` for the prompt it follows (GLM formats and ``none``, no
+    tool parser, come behind the reasoning parser; their default state is ``open``)."""
+    name, _, state = key.partition("@")
+    reasoning = name in ("glm45", "glm47", "none") or bool(state)
+    return output_parser(None if name == "none" else name, tools, reasoning, PROMPTS[state or "open"])
 
 
 def out(content=None, calls=(), reasoning=None) -> ParsedOutput:
@@ -58,6 +72,33 @@ CASES = [
      out("<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x")),
     ("glm45", "unclosed-think", "<think>still thinking", out("", reasoning="still thinking")),
     ("glm45", "lt-in-text", "a < b and <tool c", out("a < b and <tool c")),
+    ("glm45", "only-think-tag", "<think>", out("")),
+    # --- glm47: the prompt opened the reasoning (vLLM #33348), calls on one line ----------------
+    ("glm47@reasoning", "prompt-opened-think", "Two plus two makes four.</think>The answer is 4.",
+     out("The answer is 4.", reasoning="Two plus two makes four.")),
+    ("glm47@reasoning", "thinking-cut-off", "Still going", out("", reasoning="Still going")),
+    ("glm47@answer", "thinking-off", "The answer is 4.", out("The answer is 4.")),
+    ("glm47@answer", "thinking-off-keeps-think-text", "<think> is a tag", out("<think> is a tag")),
+    ("glm47@reasoning", "call-one-line-typed", "need it</think><tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>5</arg_value><arg_key>tags</arg_key>"
+     "<arg_value>[1, true]</arg_value></tool_call>",
+     out(None, [("get_weather", '{"city": "Paris", "days": 5, "tags": [1, true]}')], "need it")),
+    ("glm47@reasoning", "zero-argument-call", "</think><tool_call>clock</tool_call>",
+     out(None, [("clock", "{}")])),
+    ("glm47@reasoning", "integer-typed-string-stays-string", "</think><tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>5</arg_value></tool_call>", out(None, [("get_weather", '{"city": "5"}')])),
+    # a call written inside the reasoning ends it (vLLM #46040): a call, not reasoning
+    ("glm47@reasoning", "call-inside-think", "I will look it up.<tool_call>search<arg_key>query</arg_key>"
+     "<arg_value>Louvre</arg_value></tool_call>", out(None, [("search", '{"query": "Louvre"}')], "I will look it up.")),
+    ("glm47@reasoning", "two-calls-one-line", "</think><tool_call>clock</tool_call><tool_call>search"
+     "<arg_key>query</arg_key><arg_value>a</arg_value></tool_call>",
+     out(None, [("clock", "{}"), ("search", '{"query": "a"}')])),
+    # --- any template with <think> and no tool parser: Qwen3 / DeepSeek-R1 ---------------------
+    ("none@reasoning", "qwen3-prompt-opened", "\nplan\n</think>\n\nDone.", out("Done.", reasoning="plan")),
+    ("none", "model-opened", "<think>plan</think>Done.", out("Done.", reasoning="plan")),
+    ("none", "no-reasoning", "Done <think> later", out("Done <think> later")),
+    ("hermes@reasoning", "hermes-call-after-reasoning", 'plan</think>\n<tool_call>\n{"name": "search", '
+     '"arguments": {"query": "x"}}\n</tool_call>', out(None, [("search", '{"query": "x"}')], "plan")),
     # --- hermes ---------------------------------------------------------------------------
     ("hermes", "plain", "Paris is the capital.", out("Paris is the capital.")),
     ("hermes", "call", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
@@ -91,14 +132,14 @@ CASES = [
 
 
 def _stream(name: str, deltas: list[str]) -> ParsedOutput:
-    parser = PARSERS[name](TOOLS)
+    parser = make_parser(name)
     events = [e for d in deltas for e in parser.feed(d)] + parser.finish()
     return assemble(events)
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), [pytest.param(n, t, e, id=f"{n}-{i}") for n, i, t, e in CASES])
 def test_whole_output(name, text, expected):
-    assert PARSERS[name](TOOLS).parse(text) == expected
+    assert make_parser(name).parse(text) == expected
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), [pytest.param(n, t, e, id=f"{n}-{i}") for n, i, t, e in CASES])
@@ -133,6 +174,7 @@ def test_calls_are_indexed():
 def test_parser_detection_from_templates():
     fixtures = Path(__file__).parent.parent / "fixtures" / "glm"
     assert detect_parser((fixtures / "glm-4.6.jinja").read_text()) == "glm45"
+    assert detect_parser((fixtures / "glm-4.7.jinja").read_text()) == "glm47"
     assert detect_parser((fixtures / "glm-4-9b-chat.jinja").read_text()) == "glm4"
     assert detect_parser("{% for m in messages %}<tool_call>{% endfor %}") == "hermes"
     assert detect_parser("{{ messages }}") == "generic"  # no tool format: glmserve's own
@@ -144,6 +186,7 @@ TRUNCATED = [
     ("hermes", '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>\n<tool_call>\n{"name": "sea',
      out(None, [("search", '{"query": "x"}')])),
     ("glm45", "Sure.\n<tool_call>search\n<arg_key>query</arg_key>\n<arg_va", out("Sure.")),
+    ("glm47@reasoning", "hm</think><tool_call>search<arg_key>query</arg_key><arg_va", out("", reasoning="hm")),
     ("glm4", 'get_weather\n{"city": "Bei', out("")),
     ("generic", '{"tool_calls": [{"name": "search", "arguments": {"query": "x"}}, {"name": "get_weather", "argu',
      out(None, [("search", '{"query": "x"}')])),
@@ -154,7 +197,7 @@ TRUNCATED = [
 @pytest.mark.parametrize(("name", "text", "expected"), TRUNCATED, ids=[t[0] for t in TRUNCATED])
 def test_a_call_cut_by_max_tokens_is_dropped(name, text, expected):
     for cut in range(1, len(text)):
-        parser = PARSERS[name](TOOLS)
+        parser = make_parser(name)
         assert assemble(parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish(truncated=True)) == expected
 
 
@@ -164,3 +207,31 @@ def test_generic_calls_stream_as_each_completes():
     assert parser.feed(', {"name": "search"') == []
     parser = PARSERS["generic"](TOOLS)
     assert [e.text for e in parser.feed("Hello")] == ["Hello"]  # not a call: released at once
+
+
+def test_prompt_state_from_the_rendered_prompt():
+    fixtures = Path(__file__).parent.parent / "fixtures" / "glm"
+    from glmserve.chat import ChatTemplate
+
+    glm47 = ChatTemplate((fixtures / "glm-4.7.jinja").read_text())
+    ask = [{"role": "user", "content": "2+2?"}]
+    assert prompt_state(glm47.render(ask)) == "reasoning"
+    assert prompt_state(glm47.render(ask, enable_thinking=False)) == "answer"
+    glm46 = ChatTemplate((fixtures / "glm-4.6.jinja").read_text())
+    assert prompt_state(glm46.render(ask)) == "open"
+    assert prompt_state(glm46.render(ask, enable_thinking=False)) == "answer"
+    assert prompt_state("<|im_start|>assistant\n<think>\n") == "reasoning"  # Qwen3 / DeepSeek-R1 distills
+    assert has_reasoning(glm47.source) and has_reasoning(glm46.source)
+    assert not has_reasoning((fixtures / "glm-4-9b-chat.jinja").read_text())
+
+
+def test_reasoning_streams_before_the_end_tag():
+    parser = make_parser("glm47@reasoning")
+    assert [e.text for e in parser.feed("Two plus two</th")] == ["Two plus two"]  # the partial tag is held
+    assert [(e.kind, e.text) for e in parser.feed("ink>Four.")] == [("content", "Four.")]
+
+
+def test_calls_cannot_start_inside_reasoning_without_tools():
+    # with no tools offered, <tool_call> in the reasoning is just reasoning text
+    parser = output_parser(None, [], True, PROMPTS["reasoning"])
+    assert parser.parse("maybe <tool_call> then</think>ok") == out("ok", reasoning="maybe <tool_call> then")

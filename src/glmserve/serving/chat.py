@@ -43,7 +43,7 @@ from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
-from glmserve.toolcalls import PARSERS, DeltaEvent, assemble
+from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser
 from glmserve.serving.sampling import (
     check_n,
     check_supported,
@@ -56,6 +56,11 @@ from glmserve.serving.sampling import (
 )
 from glmserve.serving.stop import StopStringMatcher
 
+
+# Agent routes (/v1/messages, /v1/responses) render past reasoning in every turn (GLM-4.7's
+# ``clear_thinking`` false, GLM-5.3's default), so that the prompt of the next request extends
+# this one's and the prefix cache covers it after a user reply (README, "Preserved thinking").
+PRESERVED_THINKING: dict[str, Any] = {"clear_thinking": False}
 
 
 class ChatService:
@@ -99,6 +104,7 @@ class ChatService:
             if len(ids) == 1 and engine.tokenizer.is_special(ids[0]) and ids[0] not in stop_ids:
                 stop_ids.append(ids[0])
         self.stop_token_ids = tuple(stop_ids)
+        self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
         self.metrics = ServingMetrics(engine, served_model_name)
 
     async def create(self, req: ChatCompletionRequest, *,
@@ -169,6 +175,14 @@ class ChatService:
             kwargs[name] = value
         return kwargs
 
+    def with_template_defaults(self, req: ChatCompletionRequest, defaults: dict[str, Any]) -> ChatCompletionRequest:
+        """``req`` with ``defaults`` (chat template variables a route sets, e.g.
+        ``PRESERVED_THINKING``) under its own ``chat_template_kwargs`` and the server's
+        ``--default-chat-template-kwargs``: either of those wins."""
+        extra = {k: v for k, v in defaults.items() if k not in self.default_template_kwargs}
+        kwargs = {**extra, **(req.chat_template_kwargs or {})}
+        return req.model_copy(update={"chat_template_kwargs": kwargs or None})
+
     def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None,
                  max_tokens_ceiling: bool = False) -> list[Run]:
         """The request's ``n`` runs, sharing one prompt (the engines' prefix caches share its KV)."""
@@ -179,7 +193,7 @@ class ChatService:
             processor=self.engine.multimodal if self.engine.model_info.vision else None,
             template_kwargs=self.template_kwargs(req), max_tokens_ceiling=max_tokens_ceiling,
         )
-        parse = self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active)
+        calls = self.tool_parser if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active) else None
         sampling = to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         runs = []
@@ -192,7 +206,7 @@ class ChatService:
                 multimodal=prompt.multimodal,
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
-                            PARSERS[self.tool_parser](plan.functions) if parse else None,
+                            output_parser(calls, plan.functions, self.reasoning, prompt.text),
                             plan.forced_prefix, plan.max_calls, req.model, index=i))
         return runs
 

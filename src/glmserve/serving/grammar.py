@@ -153,7 +153,7 @@ MAX_PARALLEL_CALLS = 8  # calls in one reply when a function may be called more 
 def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits: SchemaLimits, calls: str = "one",
                       forced_name: bool = False, or_text: bool = False) -> str:
     """A grammar that admits only well-formed calls of ``functions`` in format ``fmt``
-    (``generic``, ``hermes``, ``glm4``, ``glm45``). ``calls``: ``one`` (a single call),
+    (``generic``, ``hermes``, ``glm4``, ``glm45``, ``glm47``). ``calls``: ``one`` (a single call),
     ``distinct`` (one or more, each function at most once, in the order given) or ``any`` (one
     to ``MAX_PARALLEL_CALLS``, repeats allowed); GLM-4 writes one call per turn whatever
     ``calls`` says. Bounded either way, so a model cannot loop on calls until it runs out of
@@ -166,8 +166,8 @@ def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits
     rules = []
     for i, fn in enumerate(functions):
         name = fn["name"]
-        if fmt == "glm45":
-            rules.append(b.rule(f"call{i}", _glm45_call(b, i, fn, params[i])))
+        if fmt in ("glm45", "glm47"):
+            rules.append(b.rule(f"call{i}", _glm45_call(b, i, fn, params[i], newlines=fmt == "glm45")))
             continue
         args = b.schema(_args_schema(fn), f"args{i}", params[i])
         if fmt == "glm4":
@@ -178,7 +178,8 @@ def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits
         else:  # hermes
             head = b.literal('<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
             rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}" + chr(10) + "</tool_call>")}'))
-    body = _call_sequence(b, rules, b.literal(", " if fmt == "generic" else "\n"), "one" if fmt == "glm4" else calls)
+    sep = {"generic": ", ", "glm47": ""}.get(fmt, "\n")
+    body = _call_sequence(b, rules, b.literal(sep) if sep else "", "one" if fmt == "glm4" else calls)
     if fmt == "generic":
         body = f'{b.literal(GENERIC_OPENING)} {body} {b.literal("]}")}'
         if or_text:
@@ -200,7 +201,10 @@ def _call_sequence(b: GrammarBuilder, calls: list[str], sep: str, mode: str) -> 
 
 
 
-def _glm45_call(b: GrammarBuilder, i: int, fn: dict, param: str) -> str:
+def _glm45_call(b: GrammarBuilder, i: int, fn: dict, param: str, newlines: bool) -> str:
+    """One call in GLM-4.5's layout (``newlines``: name, keys and values each on their own
+    line) or GLM-4.7's (all on one line; no arguments: ``<tool_call>name</tool_call>``)."""
+    nl = chr(10) if newlines else ""
     schema = _args_schema(fn)
     properties = schema.get("properties", {})
     required = set(schema.get("required", []))
@@ -210,8 +214,8 @@ def _glm45_call(b: GrammarBuilder, i: int, fn: dict, param: str) -> str:
             value = b.rule(f"val{i}-{j}", '[^<]*')
         else:
             value = b.schema(prop if isinstance(prop, dict) else {}, f"val{i}-{j}", param)
-        pair = f'{b.literal(f"<arg_key>{key}</arg_key>" + chr(10) + "<arg_value>")} {value} ' \
-               f'{b.literal("</arg_value>" + chr(10))}'
+        pair = f'{b.literal(f"<arg_key>{key}</arg_key>" + nl + "<arg_value>")} {value} ' \
+               f'{b.literal("</arg_value>" + nl)}'
         parts.append(pair if key in required else f"( {pair} )?")
     body = " ".join(parts) or '""'
-    return f'{b.literal("<tool_call>" + fn["name"] + chr(10))} {body} {b.literal("</tool_call>")}'
+    return f'{b.literal("<tool_call>" + fn["name"] + nl)} {body} {b.literal("</tool_call>")}'

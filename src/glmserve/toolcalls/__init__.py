@@ -1,21 +1,25 @@
-"""Tool-call parsers, one per format, registered by name (``glm4``, ``glm45``, ``hermes``, and
-``generic`` for models whose template has no tool format)."""
+"""Tool-call parsers, one per format, registered by name (``glm4``, ``glm45``, ``glm47``,
+``hermes``, and ``generic`` for models whose template has no tool format), and the reasoning
+parser that splits ``<think>`` text off before them (``reasoning.py``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from glmserve.toolcalls.base import DeltaEvent, ParsedOutput, ToolCallItem, ToolCallParser, assemble
 from glmserve.toolcalls.generic import GenericParser
 from glmserve.toolcalls.glm4 import Glm4Parser
-from glmserve.toolcalls.glm45 import Glm45Parser
+from glmserve.toolcalls.glm45 import Glm45Parser, Glm47Parser
 from glmserve.toolcalls.hermes import HermesParser
+from glmserve.toolcalls.reasoning import ReasoningParser, has_reasoning, prompt_state
 
 PARSERS: dict[str, type[ToolCallParser]] = {
-    p.name: p for p in (Glm45Parser, Glm4Parser, HermesParser, GenericParser)}
+    p.name: p for p in (Glm47Parser, Glm45Parser, Glm4Parser, HermesParser, GenericParser)}
 
 
 def detect_parser(template_source: str | None) -> str:
-    """The format a chat template writes calls in, from its markers (GLM-4.5's ``<arg_key>``
-    first, then GLM-4's ``<|observation|>``, then hermes' ``<tool_call>``); ``generic`` when
+    """The format a chat template writes calls in, from its markers (GLM-4.7's example call with
+    the name right before ``<arg_key>`` first, then GLM-4.5's ``<arg_key>``, then GLM-4's ``<|observation|>``, then hermes' ``<tool_call>``); ``generic`` when
     none matches (the tools are then described to the model by glmserve, ``chat/generic.py``)."""
     for name, parser in PARSERS.items():
         if parser.markers and template_source and all(marker in template_source for marker in parser.markers):
@@ -23,4 +27,14 @@ def detect_parser(template_source: str | None) -> str:
     return GenericParser.name
 
 
-__all__ = ["PARSERS", "DeltaEvent", "ParsedOutput", "ToolCallItem", "ToolCallParser", "assemble", "detect_parser"]
+def output_parser(tool_parser: str | None, functions: list[dict[str, Any]] | None, reasoning: bool,
+                  prompt_text: str) -> ToolCallParser | None:
+    """The parser for one reply: ``tool_parser``'s (a ``PARSERS`` name, None: no calls to parse)
+    for ``functions``, behind a ``ReasoningParser`` when the template writes reasoning
+    (``reasoning``, see ``has_reasoning``), started where ``prompt_text`` (the rendered prompt)
+    left off. None when there is nothing to parse (text is content as it comes)."""
+    inner = PARSERS[tool_parser](functions) if tool_parser else None
+    return ReasoningParser(inner, prompt_state(prompt_text)) if reasoning else inner
+
+
+__all__ = ["PARSERS", "ReasoningParser", "has_reasoning", "output_parser", "prompt_state", "DeltaEvent", "ParsedOutput", "ToolCallItem", "ToolCallParser", "assemble", "detect_parser"]

@@ -1,0 +1,104 @@
+"""Reasoning text (``<think>...</think>``) split from the answer, whatever the tool-call format.
+
+Templates that write ``<think>`` (GLM-4.5+, Qwen3, DeepSeek-R1 distills) put the reasoning
+before the answer. Where the reasoning starts depends on the template's generation prompt, so
+the parser starts from where the rendered prompt left off (``prompt_state``):
+
+- ``reasoning``: the prompt ends in ``<think>`` (GLM-4.7 / 5.x, Qwen3 thinking, DeepSeek-R1
+  distills): the model's first output is reasoning, ended by ``</think>``;
+- ``answer``: the prompt ends in ``</think>`` (thinking turned off: GLM-4.7's ``enable_thinking``
+  false, GLM-4.5's ``<think></think>``): everything is answer;
+- ``open``: neither: a ``<think>...</think>`` at the very start of the output is reasoning
+  (GLM-4.5 / 4.6 write it themselves).
+
+A parser that waits for ``<think>`` in the output when the prompt already opened it returns the
+whole reasoning as the answer (vLLM #33348). A tool call's start tag written inside the
+reasoning ends it (vLLM #46040: the call would otherwise be swallowed as reasoning). Reasoning
+cut off by ``max_tokens`` stays reasoning.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from glmserve.toolcalls.base import DeltaEvent, TaggedCallParser, ToolCallParser, _TextStream, partial_suffix
+
+THINK_START, THINK_END = "<think>", "</think>"
+PromptState = Literal["reasoning", "answer", "open"]
+
+
+def has_reasoning(template_source: str | None) -> bool:
+    """Whether a chat template writes ``<think>...</think>`` reasoning (both tags in its text)."""
+    return bool(template_source) and THINK_START in template_source and THINK_END in template_source
+
+
+def prompt_state(prompt_text: str) -> PromptState:
+    """Where the rendered prompt (generation prompt included) leaves the model: ``reasoning``
+    when it ends in ``<think>``, ``answer`` when it ends in ``</think>``, else ``open``
+    (trailing whitespace ignored)."""
+    tail = prompt_text.rstrip()
+    if tail.endswith(THINK_END):
+        return "answer"
+    if tail.endswith(THINK_START):
+        return "reasoning"
+    return "open"
+
+
+class ReasoningParser(ToolCallParser):
+    """``<think>`` reasoning -> ``reasoning`` events; the answer after it goes to ``inner`` (the
+    tool-call parser) or, without one, becomes ``content``. ``state``: ``prompt_state`` of the
+    rendered prompt."""
+
+    name = "reasoning"
+
+    def __init__(self, inner: ToolCallParser | None, state: PromptState, tools: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(tools)
+        self.inner = inner
+        self._phase = {"reasoning": "think", "answer": "body", "open": "start"}[state]
+        self._head = ""
+        self._reasoning = _TextStream("reasoning")
+        # a call's start tag inside the reasoning ends it, when calls can be made
+        self._call_tag = inner.start_tag if isinstance(inner, TaggedCallParser) and inner.schemas else None
+
+    def feed(self, text: str) -> list[DeltaEvent]:
+        if self._phase == "body":
+            return self._body(text)
+        out: list[DeltaEvent] = []
+        self._head += text
+        if self._phase == "start":
+            stripped = self._head.lstrip()
+            if not stripped.startswith(THINK_START):
+                if THINK_START.startswith(stripped):  # could still become "<think>"
+                    return out
+                self._phase, rest, self._head = "body", self._head, ""
+                return self._body(rest)
+            self._phase, self._head = "think", stripped[len(THINK_START):]
+        ends = [(i, tag) for tag in (THINK_END, self._call_tag) if tag and (i := self._head.find(tag)) >= 0]
+        if ends:
+            i, tag = min(ends)
+            self._reasoning.add(self._head[:i], out)
+            rest = self._head[i + len(THINK_END):] if tag == THINK_END else self._head[i:]
+            self._phase, self._head = "body", ""
+            return out + self._body(rest)
+        keep = max(partial_suffix(self._head, tag) for tag in (THINK_END, self._call_tag or THINK_END))
+        self._reasoning.add(self._head[: len(self._head) - keep], out)
+        self._head = self._head[len(self._head) - keep:]
+        return out
+
+    def finish(self, truncated: bool = False) -> list[DeltaEvent]:
+        out: list[DeltaEvent] = []
+        head, self._head = self._head, ""
+        if self._phase == "think":  # reasoning cut off (max_tokens): it stays reasoning
+            self._reasoning.add(head, out)
+        elif head:
+            out += self._body(head)
+        if self.inner is not None:
+            return out + self.inner.finish(truncated)
+        return out
+
+    def _body(self, text: str) -> list[DeltaEvent]:
+        if self.inner is not None:
+            return self.inner.feed(text)
+        out: list[DeltaEvent] = []
+        self._emit_content(text, out)
+        return out
