@@ -28,7 +28,9 @@ def _client(reply: str, context_length: int = 4000, **app_kw) -> tuple[FakeEngin
 
 
 def _body(**kw) -> dict:
-    return {"model": "glm", "max_tokens": 200, "messages": [{"role": "user", "content": "Weather in Paris?"}], **kw}
+    """A request with Claude Code's ``thinking`` (``adaptive``: the model's default)."""
+    return {"model": "glm", "max_tokens": 200, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "thinking": {"type": "adaptive"}, **kw}
 
 
 def _events(client: TestClient, body: dict, headers: dict | None = None) -> list[tuple[str, dict]]:

@@ -20,7 +20,9 @@ Request mapping:
   ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` / the named function / ``none``, and
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
 - ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking``; ``adaptive``
-  leaves the model's default. ``max_tokens`` is a ceiling (Claude Code always sends 32000).
+  leaves the model's default; a request without ``thinking`` is ``disabled``, as on Anthropic's
+  API: no thinking blocks (reasoning a model writes anyway, one whose template cannot turn it off,
+  is dropped from the reply). Past reasoning is kept in the prompt (``PRESERVED_THINKING``). ``max_tokens`` is a ceiling (Claude Code always sends 32000).
   ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``.
 
 Reply: ``thinking`` (GLM-4.5's ``<think>`` text), ``text`` and ``tool_use`` blocks; ``stop_reason``
@@ -54,7 +56,7 @@ from glmserve.protocol.anthropic import (
 from glmserve.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
-from glmserve.serving.chat import ChatService, chat_request
+from glmserve.serving.chat import PRESERVED_THINKING, ChatService, chat_request
 from glmserve.serving.chunks import ChunkStream
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
@@ -208,6 +210,11 @@ def _tool_choice(req: CountTokensRequest) -> tuple[Any, bool | None]:
     return _CHOICES[choice.type], parallel
 
 
+def _thinking(req: CountTokensRequest) -> str:
+    """``enabled``, ``disabled`` or ``adaptive``; no ``thinking`` is ``disabled`` (Anthropic's default)."""
+    return req.thinking.type if req.thinking else "disabled"
+
+
 def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     """The chat request that answers ``req`` (a Messages or count_tokens request). Raises 400
     for what cannot be served: a server tool, a block type without a chat equivalent."""
@@ -221,7 +228,7 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     choice, parallel = _tool_choice(req)
     if choice is not None and not tools and choice != "none":
         raise invalid_request(f"tool_choice {req.tool_choice.type!r} needs tools", "tool_choice")
-    thinking = req.thinking.type if req.thinking else "adaptive"
+    thinking = _thinking(req)
     body: dict[str, Any] = {
         "model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
         "tool_choice": choice if tools else None, "parallel_tool_calls": parallel,
@@ -272,18 +279,19 @@ class MessagesService:
     def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse:
         """The prompt's length in tokens (template and tools included; image tokens are not
         counted). Raises ``APIError`` as ``create`` would for the messages."""
-        chat_req = to_chat_request(req)
+        chat_req = self.chat.with_template_defaults(to_chat_request(req), PRESERVED_THINKING)
         self.chat.check_model(chat_req.model)
         return CountTokensResponse(input_tokens=len(self.chat.prompt_token_ids(chat_req)))
 
     async def create(self, req: MessagesRequest) -> Message | AsyncIterator[MessageStreamEvent]:
-        chat_req = to_chat_request(req)
+        chat_req = self.chat.with_template_defaults(to_chat_request(req), PRESERVED_THINKING)
+        show_thinking = _thinking(req) != "disabled"
         if not req.stream:
             completion = await self.chat.create(chat_req, max_tokens_ceiling=True)
             choice = completion.choices[0]
             reply = choice.message
             content = [{"type": "thinking", "thinking": reply.reasoning_content, "signature": ""}] \
-                if reply.reasoning_content else []
+                if reply.reasoning_content and show_thinking else []
             if reply.content:
                 content.append({"type": "text", "text": reply.content})
             content += [{"type": "tool_use", "id": _id("toolu"), "name": c.function.name,
@@ -293,12 +301,13 @@ class MessagesService:
                            stop_sequence=stop_sequence, usage=_usage(completion.usage))
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
         chunks = await self.chat.create(stream_req, max_tokens_ceiling=True)
-        return ChunkStream(self._events(req.model, chunks), chunks)
+        return ChunkStream(self._events(req.model, chunks, show_thinking), chunks)
 
     @staticmethod
-    async def _events(model: str, chunks: ChunkStream) -> AsyncIterator[MessageStreamEvent]:
+    async def _events(model: str, chunks: ChunkStream, show_thinking: bool) -> AsyncIterator[MessageStreamEvent]:
         """Anthropic's events for ``chunks``: one state machine opens and closes blocks, so a
-        block is closed before the next one opens."""
+        block is closed before the next one opens. ``show_thinking``: reasoning deltas become a
+        ``thinking`` block (else they are dropped)."""
         index = -1
         open_kind: str | None = None
         finish_reason, stop_string, usage = None, None, None
@@ -339,7 +348,7 @@ class MessagesService:
                 d = choice.delta
                 finish_reason = choice.finish_reason or finish_reason
                 stop_string = choice.stop_reason or stop_string
-                if d.reasoning_content:
+                if d.reasoning_content and show_thinking:
                     for e in delta("thinking", {"type": "thinking", "thinking": "", "signature": ""},
                                    {"type": "thinking_delta", "thinking": d.reasoning_content}):
                         yield e

@@ -4,8 +4,10 @@ request's ``input`` items become chat messages, the chat completion (or its chun
 ``previous_response_id`` are 400s.
 
 Items: a message's text becomes an ``output_text`` part of a ``message`` item; each tool call
-a ``function_call`` item (``call_id`` = the chat tool call's id); GLM-4.5's reasoning a
-``reasoning`` item before them. A reply cut by ``max_output_tokens`` is ``status:
+a ``function_call`` item (``call_id`` = the chat tool call's id); the model's reasoning a
+``reasoning`` item before them (its text in ``content`` as ``reasoning_text``, Open Responses'
+layout). Reasoning items sent back in ``input`` are replayed to the template as the turn's
+``reasoning_content``, and past reasoning is kept in the prompt (``PRESERVED_THINKING``). A reply cut by ``max_output_tokens`` is ``status:
 "incomplete"`` with ``incomplete_details.reason: "max_output_tokens"``.
 
 Stream events (OpenAI's): ``response.created``, ``response.in_progress``, then per item
@@ -35,7 +37,7 @@ from glmserve.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from glmserve.serving.chat import ChatService, chat_request
+from glmserve.serving.chat import PRESERVED_THINKING, ChatService, chat_request
 from glmserve.serving.chunks import ChunkStream
 
 
@@ -63,25 +65,45 @@ def _text_of(content: Any, param: str) -> str | list[dict]:
     return parts
 
 
+def _reasoning_text(item: dict) -> str:
+    """The readable text of a ``reasoning`` input item: its ``reasoning_text`` parts (what this
+    server returns), else its summary; nothing for encrypted reasoning alone."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
 def to_chat_messages(req: ResponsesRequest) -> list[dict]:
-    """``instructions`` and ``input`` as chat messages. Raises 400 naming the item."""
+    """``instructions`` and ``input`` as chat messages. Raises 400 naming the item.
+
+    A ``reasoning`` item is the ``reasoning_content`` of the assistant turn that follows it, and
+    an assistant message with the ``function_call`` items after it is one turn: the history is
+    rendered as the reply was generated, so the prompt extends the previous request's."""
     messages: list[dict] = [{"role": "system", "content": req.instructions}] if req.instructions else []
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    reasoning: list[str] = []  # reasoning items waiting for their assistant turn
+
+    def assistant(message: dict) -> dict:
+        if reasoning:
+            message["reasoning_content"] = "".join(reasoning)
+            reasoning.clear()
+        return message
+
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise invalid_request(f"unsupported role {role!r}", f"input.{i}.role")
-            messages.append({"role": role, "content": _text_of(item.get("content", ""), f"input.{i}.content")})
+            message = {"role": role, "content": _text_of(item.get("content", ""), f"input.{i}.content")}
+            messages.append(assistant(message) if role == "assistant" else message)
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
             last = messages[-1] if messages else None
-            if last and last["role"] == "assistant" and last.get("tool_calls") is not None:
-                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            if last and last["role"] == "assistant" and not reasoning:  # the same turn: its text, parallel calls
+                last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                messages.append(assistant({"role": "assistant", "content": None, "tool_calls": [call]}))
         elif kind == "function_call_output":
             output = item.get("output", "")
             if isinstance(output, list):  # content parts
@@ -90,7 +112,7 @@ def to_chat_messages(req: ResponsesRequest) -> list[dict]:
                 text = output if isinstance(output, str) else json.dumps(output)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
         elif kind == "reasoning":
-            continue  # the model's earlier reasoning is not replayed
+            reasoning.append(_reasoning_text(item))
         else:
             raise invalid_request(f"unsupported input item type {kind!r}", f"input.{i}.type")
     return messages
@@ -162,7 +184,7 @@ class ResponsesService:
         if req.previous_response_id:
             raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
                                   "used: send the whole conversation in input", "previous_response_id")
-        chat_req = to_chat_request(req)
+        chat_req = self.chat.with_template_defaults(to_chat_request(req), PRESERVED_THINKING)
         shell = Response(id=_id("resp"), created_at=int(time.time()), status="in_progress", model=req.model,
                          instructions=req.instructions, tools=req.tools or [],
                          tool_choice=req.tool_choice if req.tool_choice is not None else "auto",

@@ -1,0 +1,167 @@
+"""Reasoning that starts in the prompt (GLM-4.7's generation prompt ends in ``<think>``) on
+every API, thinking switched off, and preserved thinking on the agent routes: over the real
+app, chat template and parsers, with the scripted fake engine (the tiny trained GLM-4.7 thinker
+in ``tests/e2e/test_glm47.py`` does the same with a real model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from glmserve.chat import ChatTemplate
+from glmserve.server import create_app
+from glmserve.serving.chat import ChatService
+from tests.unit.fakes import FakeEngine
+from tests.unit.test_messages_mapping import _events as message_events
+from tests.unit.test_serving_tools import _stream as chat_stream
+
+GLM47 = (Path(__file__).parent.parent / "fixtures" / "glm" / "glm-4.7.jinja").read_text()
+# a template that always opens the reasoning (DeepSeek-R1 distills): thinking cannot be turned off
+ALWAYS_THINKS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"
+                 "{%- endfor %}<|im_start|>assistant\n<think>\n")
+THOUGHT, ANSWER = "Two plus two makes four.", "The answer is 4."
+REPLY = f"{THOUGHT}</think>{ANSWER}"
+ASK = [{"role": "user", "content": "What is 2+2?"}]
+WEATHER = {"name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}
+
+
+def _client(reply: str, template: str = GLM47, parser: str | None = "glm47") -> tuple[FakeEngine, TestClient]:
+    engine = FakeEngine(reply=reply, context_length=8000, grammar=True)
+    return engine, TestClient(create_app(ChatService(engine, "glm", ChatTemplate(template), parser)))
+
+
+def _sse(client: TestClient, path: str, body: dict) -> list[dict]:
+    with client.stream("POST", path, json={**body, "stream": True}) as resp:
+        assert resp.status_code == 200, resp.read()
+        return [json.loads(line[6:]) for line in resp.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_prompt_opened_reasoning_on_every_api():
+    engine, client = _client(REPLY)
+    chat = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK}).json()
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|><think>")
+    message = chat["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+    content, reasoning, _, finish = chat_stream(client, {"model": "glm", "messages": ASK})
+    assert (reasoning, content, finish) == (THOUGHT, ANSWER, "stop")
+
+    body = {"model": "glm", "max_tokens": 200, "messages": ASK, "thinking": {"type": "adaptive"}}
+    reply = client.post("/v1/messages", json=body).json()
+    assert reply["content"] == [{"type": "thinking", "thinking": THOUGHT, "signature": ""},
+                                {"type": "text", "text": ANSWER}]
+    deltas = [d["delta"] for k, d in message_events(client, body) if k == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == THOUGHT
+    assert "".join(d.get("text", "") for d in deltas) == ANSWER
+
+    body = {"model": "glm", "input": "What is 2+2?"}
+    output = client.post("/v1/responses", json=body).json()["output"]
+    assert [i["type"] for i in output] == ["reasoning", "message"]
+    assert output[0]["content"] == [{"type": "reasoning_text", "text": THOUGHT}]
+    assert output[1]["content"][0]["text"] == ANSWER
+    events = _sse(client, "/v1/responses", body)
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == THOUGHT
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == ANSWER
+
+
+def test_thinking_off_gives_no_reasoning():
+    engine, client = _client(ANSWER)
+    chat = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK, "reasoning_effort": "none"})
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|></think>")
+    assert chat.json()["choices"][0]["message"].get("reasoning_content") is None
+    # /v1/messages without "thinking" is thinking off, as on Anthropic's API
+    reply = client.post("/v1/messages", json={"model": "glm", "max_tokens": 50, "messages": ASK}).json()
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|></think>")
+    assert reply["content"] == [{"type": "text", "text": ANSWER}]
+
+
+def test_a_template_that_always_thinks_gets_no_thinking_blocks_unless_asked():
+    engine, client = _client(f"\n{THOUGHT}\n</think>\n\n{ANSWER}", ALWAYS_THINKS, parser=None)
+    chat = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK}).json()["choices"][0]
+    assert (chat["message"].get("reasoning_content"), chat["message"]["content"]) == (THOUGHT, ANSWER)
+    body = {"model": "glm", "max_tokens": 200, "messages": ASK}
+    assert client.post("/v1/messages", json=body).json()["content"] == [{"type": "text", "text": ANSWER}]
+    assert {d["type"] for k, d in message_events(client, body) if k == "content_block_start" for d in
+            [d["content_block"]]} == {"text"}
+    thinking = client.post("/v1/messages", json={**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert [b["type"] for b in thinking.json()["content"]] == ["thinking", "text"]
+
+
+def _call(city: str) -> str:
+    return f"<tool_call>get_weather<arg_key>city</arg_key><arg_value>{city}</arg_value></tool_call>"
+
+
+# the agent's turns: three tool calls, then an answer; then the user replies
+SCRIPT = [f"Look up Paris.</think>{_call('Paris')}", f"Now Rome.</think>{_call('Rome')}",
+          f"And Oslo.</think>{_call('Oslo')}", "All three known.</think>Sunny everywhere."]
+
+
+def _messages_turn(client: TestClient, history: list[dict]) -> list[dict]:
+    """One /v1/messages request; returns the turns to append (assistant, then results or nothing)."""
+    body = {"model": "glm", "max_tokens": 300, "messages": history, "thinking": {"type": "adaptive"},
+            "tools": [{"name": WEATHER["name"], "description": WEATHER["description"],
+                       "input_schema": WEATHER["parameters"]}]}
+    reply = client.post("/v1/messages", json=body).json()
+    uses = [b for b in reply["content"] if b["type"] == "tool_use"]
+    results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "Sunny."} for b in uses]
+    return [{"role": "assistant", "content": reply["content"]}] + ([{"role": "user", "content": results}] if uses else [])
+
+
+def _responses_turn(client: TestClient, history: list[dict]) -> list[dict]:
+    body = {"model": "glm", "input": history, "tools": [{"type": "function", **WEATHER}]}
+    output = client.post("/v1/responses", json=body).json()["output"]
+    results = [{"type": "function_call_output", "call_id": i["call_id"], "output": "Sunny."}
+               for i in output if i["type"] == "function_call"]
+    return output + results
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("route", ["messages", "responses"])
+def test_the_next_prompt_extends_the_last_one_after_a_tool_chain_and_a_user_reply(route):
+    """Preserved thinking: with GLM-4.7's default (clear_thinking true) a user reply collapses
+    every earlier turn's reasoning to ``</think>`` and the prompt changes at the chain's first
+    turn; the agent routes keep it, so each prompt starts with the previous prompt and reply."""
+    engine, client = _client("")
+    turn = _messages_turn if route == "messages" else _responses_turn
+    user = (lambda text: {"role": "user", "content": text})
+    history = [user("Weather in Paris, Rome and Oslo?")]
+    for reply in SCRIPT:
+        engine.reply = reply
+        history += turn(client, history)
+    history.append(user("Thanks! And tomorrow?"))
+    engine.reply = "No idea.</think>I cannot tell."
+    turn(client, history)
+    prompts = [r.prompt_token_ids for r in engine.requests]
+    replies = [[ord(c) for c in reply] for reply in SCRIPT]
+    for before, reply, after in zip(prompts, replies, prompts[1:]):
+        assert _shared(before + reply, after) >= len(before) + len(reply), "the prompt changed before its end"
+    # the same conversation with GLM-4.7's own default: the user's reply re-renders the chain
+    last = engine.prompt_text(engine.requests[-1])
+    assert last.count("<think>") == len(SCRIPT) + 1
+    collapsed = ChatTemplate(GLM47).render(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x", "reasoning_content": "r"},
+         {"role": "user", "content": "b"}])
+    assert "<think>r</think>" not in collapsed  # what clear_thinking (true) would have done
+
+
+def test_reasoning_items_are_replayed_in_their_turn():
+    engine, client = _client(ANSWER)
+    history = [{"role": "user", "content": "Weather?"},
+               {"type": "reasoning", "id": "rs_1", "summary": [],
+                "content": [{"type": "reasoning_text", "text": "Call it."}]},
+               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+               {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+               {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}]
+    client.post("/v1/responses", json={"model": "glm", "input": history, "tools": [{"type": "function", **WEATHER}]})
+    prompt = engine.prompt_text(engine.requests[-1])
+    assert f"<|assistant|><think>Call it.</think>Checking.{_call('Paris')}<|observation|>" in prompt
