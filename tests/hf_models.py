@@ -189,16 +189,19 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM") -> Path:
     return out
 
 
-def tiny_glm45_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400) -> Path:
-    """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and GLM-4.6's chat template
-    (``fixtures/glm/glm-4.6.jinja``), trained here (a few seconds on a CPU) until greedy
-    decoding of ``messages``' prompt writes ``reply`` (GLM-4.5+'s ``<think>...</think>``
-    layout, say) and then ``<|user|>``: a GLM-4.5-shaped model whose answer is known."""
+def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400,
+                     template: str = "glm-4.6.jinja") -> Path:
+    """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and a GLM chat template
+    (``fixtures/glm/<template>``: GLM-4.6's, or GLM-4.7's whose generation prompt opens the
+    reasoning), trained here (a few seconds on a CPU) until greedy decoding of ``messages``'
+    prompt writes ``reply`` (GLM-4.5's ``<think>...</think>`` layout, or GLM-4.7's
+    ``reasoning</think>answer``, say) and then ``<|user|>``: a GLM-shaped model whose answer is
+    known."""
     import transformers
 
     from tests.unit.glm_tokenizer import glm_tokenizer
 
-    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4.6.jinja").read_text())
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     config = transformers.Glm4Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -168,9 +168,9 @@ def test_prefix_cache_over_a_three_turn_tool_conversation(hermes_server):
 @pytest.fixture(scope="module")
 def thinker(tmp_path_factory):
     pytest.importorskip("torch")
-    from tests.hf_models import tiny_glm45_thinker
+    from tests.hf_models import tiny_glm_thinker
 
-    folder = tiny_glm45_thinker(tmp_path_factory.mktemp("glm45") / "tiny-glm45",
+    folder = tiny_glm_thinker(tmp_path_factory.mktemp("glm45") / "tiny-glm45",
                                 [{"role": "system", "content": SYSTEM}, *ASK], THOUGHT_REPLY)
     srv = RemoteServer("--engine", "transformers", "--model", str(folder), "--served-model-name", "tiny-glm45",
                        "--tool-call-parser", "glm45")

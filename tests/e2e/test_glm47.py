@@ -1,0 +1,77 @@
+"""GLM-4.7's generation prompt opens the reasoning (``<|assistant|><think>``): a tiny GLM trained
+here on GLM-4.7's template to continue its prompt with ``reasoning</think>answer`` is served by
+the transformers engine, and every API returns the reasoning as reasoning and the answer alone
+as the answer, plain and streamed (vLLM shipped the answer with all of it: #33348)."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import RemoteServer
+
+THOUGHT, ANSWER = "Two plus two makes four.", "The answer is 4."
+ASK = [{"role": "user", "content": "What is 2+2?"}]
+MODEL = "tiny-glm47"
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.hf_models import tiny_glm_thinker
+
+    folder = tiny_glm_thinker(tmp_path_factory.mktemp("glm47") / MODEL, ASK, f"{THOUGHT}</think>{ANSWER}",
+                              template="glm-4.7.jinja")
+    srv = RemoteServer("--engine", "transformers", "--model", str(folder), "--served-model-name", MODEL)
+    yield srv
+    srv.stop()
+
+
+def _openai(srv: RemoteServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_completions_split_reasoning_from_the_answer(thinker):
+    client = _openai(thinker)
+    message = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=80).choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == (THOUGHT, ANSWER)
+    reasoning, content = "", ""
+    for chunk in client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=80, stream=True):
+        if chunk.choices:
+            reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+            content += chunk.choices[0].delta.content or ""
+    assert (reasoning, content) == (THOUGHT, ANSWER)
+
+
+def test_messages_return_a_thinking_block_and_the_answer(thinker):
+    client = anthropic.Anthropic(base_url=thinker.url, api_key="unused", max_retries=0, timeout=120)
+    kw = dict(model=MODEL, max_tokens=80, messages=ASK, extra_body={"temperature": 0}, thinking={"type": "enabled", "budget_tokens": 1024})
+    message = client.messages.create(**kw)
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content] == [
+        ("thinking", THOUGHT), ("text", ANSWER)]
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert (final.content[0].thinking, final.content[1].text) == (THOUGHT, ANSWER)
+
+
+def test_responses_return_a_reasoning_item_and_the_answer(thinker):
+    client = _openai(thinker)
+    response = client.responses.create(model=MODEL, input="What is 2+2?", temperature=0, max_output_tokens=80)
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text == THOUGHT and response.output_text == ANSWER
+    events = list(client.responses.create(model=MODEL, input="What is 2+2?", temperature=0, max_output_tokens=80,
+                                          stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == THOUGHT
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ANSWER
+
+
+def test_thinking_off_gives_no_reasoning(thinker):
+    client = _openai(thinker)
+    message = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=20,
+                                             reasoning_effort="none").choices[0].message
+    assert (message.model_extra or {}).get("reasoning_content") is None
+    reply = anthropic.Anthropic(base_url=thinker.url, api_key="unused", max_retries=0).messages.create(
+        model=MODEL, max_tokens=20, messages=ASK, extra_body={"temperature": 0})
+    assert {b.type for b in reply.content} <= {"text"}
