@@ -139,3 +139,25 @@ def test_responses_api_gives_reasoning_then_calls():
     final = events[-1]
     assert final["type"] == "response.completed"
     assert [item["type"] for item in final["response"]["output"]] == ["reasoning", "function_call"]
+
+
+def test_glm47_forced_calls_are_constrained_to_its_one_line_layout():
+    """GLM-4.7 writes ``<tool_call>name<arg_key>...`` with no newlines and a zero-argument call
+    as ``<tool_call>name</tool_call>``: the grammar for a forced call admits exactly that."""
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from glmserve.serving.grammar import tool_call_grammar
+    from glmserve.serving.schema_check import SchemaLimits
+
+    clock = {"name": "clock", "parameters": {"type": "object", "properties": {}}}
+    weather = {"name": "get_weather", "parameters": {**WEATHER["function"]["parameters"], "required": ["city"]}}
+    gbnf = tool_call_grammar("glm47", [clock, weather], ["tools.0", "tools.1"], SchemaLimits(), calls="distinct")
+    grammar = xgr.Grammar.from_ebnf(gbnf)
+    call = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>" \
+           "<arg_value>3</arg_value></tool_call>"
+    for text in ("<tool_call>clock</tool_call>", call, "<tool_call>clock</tool_call>" + call):
+        assert _is_grammar_accept_string(grammar, text), text
+    for text in ("<tool_call>clock\n</tool_call>", call.replace("<arg_key>city", "\n<arg_key>city"),
+                 call.replace("<arg_value>3<", "<arg_value>three<")):
+        assert not _is_grammar_accept_string(grammar, text), text
