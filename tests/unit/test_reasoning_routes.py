@@ -165,3 +165,18 @@ def test_reasoning_items_are_replayed_in_their_turn():
     client.post("/v1/responses", json={"model": "glm", "input": history, "tools": [{"type": "function", **WEATHER}]})
     prompt = engine.prompt_text(engine.requests[-1])
     assert f"<|assistant|><think>Call it.</think>Checking.{_call('Paris')}<|observation|>" in prompt
+
+
+def test_reasoning_effort_reaches_templates_that_read_it():
+    """GLM-5.x templates read ``reasoning_effort``: each API's effort field reaches it."""
+    template = ("{% for m in messages %}<|user|>{{ m.content }}{% endfor %}<|assistant|>effort={{ reasoning_effort }}"
+                " thinking={{ enable_thinking }}<think>{# </think> #}")
+    engine, client = _client(REPLY, template)
+    client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK, "reasoning_effort": "high"})
+    client.post("/v1/responses", json={"model": "glm", "input": "Hi", "reasoning": {"effort": "low"}})
+    client.post("/v1/messages", json={"model": "glm", "max_tokens": 50, "messages": ASK,
+                                      "thinking": {"type": "enabled", "budget_tokens": 1024},
+                                      "output_config": {"effort": "medium"}})
+    prompts = [engine.prompt_text(r) for r in engine.requests]
+    assert [p[p.index("effort="):] for p in prompts] == [
+        "effort=high thinking=True<think>", "effort=low thinking=True<think>", "effort=medium thinking=True<think>"]

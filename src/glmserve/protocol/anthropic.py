@@ -56,8 +56,8 @@ class OutputFormat(_Lenient):
 
 class OutputConfig(_Lenient):
     """``format``: Anthropic's structured outputs (the reply is a JSON document of the schema,
-    enforced as ``response_format`` is); ``effort`` is accepted and has no effect (GLM's thinking
-    switch is on or off: see ``thinking``)."""
+    enforced as ``response_format`` is); ``effort`` reaches the chat template as
+    ``reasoning_effort`` (GLM-5.x templates read it; others ignore it)."""
 
     format: OutputFormat | None = None
     effort: str | None = None

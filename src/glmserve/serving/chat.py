@@ -162,12 +162,14 @@ class ChatService:
 
     def template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any]:
         """The chat template's extra variables for ``req``: ``--default-chat-template-kwargs``,
-        then ``reasoning_effort`` as ``enable_thinking`` (``none``/``minimal``: off), then the
-        request's ``chat_template_kwargs``. A variable the template does not use is harmless
+        then ``reasoning_effort`` as ``enable_thinking`` (``none``/``minimal``: off) and as
+        itself (GLM-5.x templates read ``reasoning_effort``), then the request's
+        ``chat_template_kwargs``. A variable the template does not use is harmless
         (as in vLLM). Raises 400 for a name the server sets itself (``messages``, ``tools``...)."""
         kwargs = dict(self.default_template_kwargs)
         if req.reasoning_effort is not None:
             kwargs["enable_thinking"] = req.reasoning_effort not in ("none", "minimal")
+            kwargs["reasoning_effort"] = req.reasoning_effort
         for name, value in (req.chat_template_kwargs or {}).items():
             if name in RESERVED_TEMPLATE_VARIABLES:
                 raise invalid_request(f"chat_template_kwargs cannot set {name!r}: the server sets it",

@@ -23,7 +23,8 @@ Request mapping:
   leaves the model's default; a request without ``thinking`` is ``disabled``, as on Anthropic's
   API: no thinking blocks (reasoning a model writes anyway, one whose template cannot turn it off,
   is dropped from the reply). Past reasoning is kept in the prompt (``PRESERVED_THINKING``). ``max_tokens`` is a ceiling (Claude Code always sends 32000).
-  ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``.
+  ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``;
+  ``output_config.effort`` is the template's ``reasoning_effort``.
 
 Reply: ``thinking`` (GLM-4.5's ``<think>`` text), ``text`` and ``tool_use`` blocks; ``stop_reason``
 ``tool_use`` / ``max_tokens`` / ``stop_sequence`` (with ``stop_sequence`` set) / ``end_turn``.
@@ -232,8 +233,12 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     body: dict[str, Any] = {
         "model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
         "tool_choice": choice if tools else None, "parallel_tool_calls": parallel,
-        "chat_template_kwargs": {"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else None,
     }
+    config = getattr(req, "output_config", None)  # a Messages request's (count_tokens has none)
+    effort = config.effort if config else None
+    kwargs = ({"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else {}) | (
+        {"reasoning_effort": effort} if effort else {})
+    body["chat_template_kwargs"] = kwargs or None
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k or None)
