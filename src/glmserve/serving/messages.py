@@ -22,7 +22,8 @@ Request mapping:
 - ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking``; ``adaptive``
   leaves the model's default; a request without ``thinking`` is ``disabled``, as on Anthropic's
   API: no thinking blocks (reasoning a model writes anyway, one whose template cannot turn it off,
-  is dropped from the reply). Past reasoning is kept in the prompt (``PRESERVED_THINKING``). ``max_tokens`` is a ceiling (Claude Code always sends 32000).
+  is dropped from the reply). Past reasoning is kept in the prompt (``PRESERVED_THINKING``).
+  ``max_tokens`` is a ceiling (Claude Code always sends 32000).
   ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``;
   ``output_config.effort`` is the template's ``reasoning_effort``.
 

@@ -7,8 +7,9 @@ Items: a message's text becomes an ``output_text`` part of a ``message`` item; e
 a ``function_call`` item (``call_id`` = the chat tool call's id); the model's reasoning a
 ``reasoning`` item before them (its text in ``content`` as ``reasoning_text``, Open Responses'
 layout). Reasoning items sent back in ``input`` are replayed to the template as the turn's
-``reasoning_content``, and past reasoning is kept in the prompt (``PRESERVED_THINKING``). A reply cut by ``max_output_tokens`` is ``status:
-"incomplete"`` with ``incomplete_details.reason: "max_output_tokens"``.
+``reasoning_content``, and past reasoning is kept in the prompt (``PRESERVED_THINKING``). A
+reply cut by ``max_output_tokens`` is ``status: "incomplete"`` with
+``incomplete_details.reason: "max_output_tokens"``.
 
 Stream events (OpenAI's): ``response.created``, ``response.in_progress``, then per item
 ``response.output_item.added``, its deltas (``response.output_text.delta`` inside

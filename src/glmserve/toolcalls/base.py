@@ -95,8 +95,8 @@ class ToolCallParser(ABC):
 
     Class attributes: ``name`` (registry key), ``markers`` (chat-template text that identifies
     the format), ``end_of_turn`` (special tokens that end the model's turn in this format, e.g.
-    GLM's ``<|observation|>``), ``always_active`` (the parser also strips format text when no
-    tools are offered, e.g. GLM-4.5's ``<think>``).
+    GLM's ``<|observation|>``), ``always_active`` (the parser also reads replies when no tools
+    are offered, e.g. GLM-4's leading newline of a plain answer).
     """
 
     name: ClassVar[str]
