@@ -117,7 +117,7 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Run
             settings.tool_call_parser, settings.tool_call_parser)
         chat = ChatService(engine, name, template, parser, media_policy(settings), settings.schema_limits(),
                            settings.max_n, settings.default_chat_template_kwargs, settings.override_generation_config,
-                           aliases)
+                           aliases, None if settings.reasoning_budget < 0 else settings.reasoning_budget)
         return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens)
     except BaseException:
         engine.shutdown()

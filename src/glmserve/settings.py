@@ -176,6 +176,11 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         "temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; e.g. "
         "'{\"temperature\": 0.6}' for clients that send none (Claude Code).",
     )
+    reasoning_budget: int = Field(
+        -1, ge=-1, description="Reasoning tokens a reply may use before glmserve ends the reasoning (writes "
+        "</think>) and the answer follows, for requests that set no budget (thinking_token_budget, "
+        "thinking.budget_tokens), as llama-server's flag: -1 no limit, 0 no reasoning. Needs a chat template "
+        "that writes <think>.")
     tool_call_parser: Literal["auto", "none", "glm4", "glm45", "glm47", "hermes", "generic"] = Field(
         "auto", description="Tool-call format: auto = detected from the chat template (generic when it has "
                             "none: tools described in a system message, calls as JSON); none = no tool calling."

@@ -7,7 +7,7 @@ the engine replays a scripted reply (or fails on cue), through the real ``Engine
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from glmserve.engine.base import EngineError, LoRAAdapterError
 from glmserve.engine.types import EngineStats, GenerationOutput, GenerationRequest, ModelInfo
@@ -44,11 +44,13 @@ class FakeTokenizer:
 
 
 class FakeEngine:
-    """Replies with ``reply`` one character per output; fails after ``fail_after`` outputs
-    when the prompt contains ``FAIL`` (as an error output) or ``CRASH`` (as an exception)."""
+    """Replies with ``reply`` (or ``reply(prompt text)``) one character per output; fails after
+    ``fail_after`` outputs when the prompt contains ``FAIL`` (as an error output) or ``CRASH``
+    (as an exception)."""
 
-    def __init__(self, reply: str = "Hello there", context_length: int = 256, fail_after: int = 3,
-                 grammar: bool = False, embedding_size: int | None = None, lora_adapters: tuple[str, ...] = ()) -> None:
+    def __init__(self, reply: str | Callable[[str], str] = "Hello there", context_length: int = 256,
+                 fail_after: int = 3, grammar: bool = False, embedding_size: int | None = None,
+                 lora_adapters: tuple[str, ...] = ()) -> None:
         self.reply = reply
         self.fail_after = fail_after
         self.tokenizer = FakeTokenizer()
@@ -113,7 +115,8 @@ class FakeEngine:
                 self.abort(request.request_id)
 
     async def _outputs(self, request: GenerationRequest, prompt: str, n: int) -> AsyncIterator[GenerationOutput]:
-        for i, ch in enumerate(self.reply[: request.sampling.max_tokens]):
+        reply = self.reply(prompt) if callable(self.reply) else self.reply
+        for i, ch in enumerate(reply[: request.sampling.max_tokens]):
             await asyncio.sleep(0)
             if i == self.fail_after and "FAIL" in prompt:
                 yield GenerationOutput(request.request_id, finish_reason="error", error="decode failed",
@@ -121,6 +124,6 @@ class FakeEngine:
                 return
             if i == self.fail_after and "CRASH" in prompt:
                 raise RuntimeError("engine crashed")
-            last = i == min(len(self.reply), request.sampling.max_tokens) - 1
-            reason = None if not last else ("length" if request.sampling.max_tokens <= len(self.reply) else "stop")
+            last = i == min(len(reply), request.sampling.max_tokens) - 1
+            reason = None if not last else ("length" if request.sampling.max_tokens <= len(reply) else "stop")
             yield GenerationOutput(request.request_id, [ord(ch)], ch, reason, num_prompt_tokens=n)

@@ -117,7 +117,8 @@ def test_thinking_switch_and_mid_conversation_system():
     turns = [{"role": "user", "content": "Hello"}, {"role": "system", "content": "Reply in French."},
              {"role": "user", "content": [{"type": "text", "text": "Again"}]}]
     client.post("/v1/messages", json=_body(messages=turns, thinking={"type": "disabled"}))
-    client.post("/v1/messages", json=_body(messages=turns, thinking={"type": "enabled", "budget_tokens": 1024}))
+    client.post("/v1/messages", json=_body(messages=turns, max_tokens=2000,
+                                           thinking={"type": "enabled", "budget_tokens": 1024}))
     client.post("/v1/messages", json=_body(messages=turns, thinking={"type": "adaptive"}))
     off, on, adaptive = (engine.prompt_text(r) for r in engine.requests)
     assert off.endswith("Again/nothink<|assistant|>\n<think></think>") and "<|system|>\nReply in French." in off

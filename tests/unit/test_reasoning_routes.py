@@ -87,7 +87,8 @@ def test_a_template_that_always_thinks_gets_no_thinking_blocks_unless_asked():
     assert client.post("/v1/messages", json=body).json()["content"] == [{"type": "text", "text": ANSWER}]
     assert {d["type"] for k, d in message_events(client, body) if k == "content_block_start" for d in
             [d["content_block"]]} == {"text"}
-    thinking = client.post("/v1/messages", json={**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    thinking = client.post("/v1/messages", json={**body, "max_tokens": 2000,
+                                                  "thinking": {"type": "enabled", "budget_tokens": 1024}})
     assert [b["type"] for b in thinking.json()["content"]] == ["thinking", "text"]
 
 
@@ -174,9 +175,75 @@ def test_reasoning_effort_reaches_templates_that_read_it():
     engine, client = _client(REPLY, template)
     client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK, "reasoning_effort": "high"})
     client.post("/v1/responses", json={"model": "glm", "input": "Hi", "reasoning": {"effort": "low"}})
-    client.post("/v1/messages", json={"model": "glm", "max_tokens": 50, "messages": ASK,
+    client.post("/v1/messages", json={"model": "glm", "max_tokens": 2000, "messages": ASK,
                                       "thinking": {"type": "enabled", "budget_tokens": 1024},
                                       "output_config": {"effort": "medium"}})
     prompts = [engine.prompt_text(r) for r in engine.requests]
     assert [p[p.index("effort="):] for p in prompts] == [
         "effort=high thinking=True<think>", "effort=low thinking=True<think>", "effort=medium thinking=True<think>"]
+
+
+GLM46 = (Path(__file__).parent.parent / "fixtures" / "glm" / "glm-4.6.jinja").read_text()
+
+
+def _thinker(thought: str, answer: str = ANSWER):
+    """A reply that reasons ``thought`` (no end of its own), and ``answer`` once the prompt
+    ends the reasoning (the continuation after the budget's marker)."""
+    return lambda prompt: answer if prompt.endswith("</think>") else thought
+
+
+def test_a_thinking_budget_ends_the_reasoning_and_the_answer_follows():
+    engine, client = _client(_thinker("x" * 40))
+    body = {"model": "glm", "messages": ASK, "thinking_token_budget": 10, "max_tokens": 100}
+    first = client.post("/v1/chat/completions", json=body).json()
+    message = first["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("x" * 10, ANSWER)
+    prompt, follow = engine.requests[0].prompt_token_ids, engine.requests[1].prompt_token_ids
+    assert follow == prompt + [ord("x")] * 10 + [ord(c) for c in "</think>"]  # the marker was written
+    assert engine.requests[1].sampling.max_tokens == 100 - 10 - len("</think>")
+    assert engine.requests[0].request_id in engine.aborted  # the reasoning generation was stopped
+    assert first["usage"]["prompt_tokens"] == len(prompt)
+    assert first["usage"]["completion_tokens"] == 10 + len("</think>") + len(ANSWER)
+    content, reasoning, _, finish = chat_stream(client, body)
+    assert (reasoning, content, finish) == ("x" * 10, ANSWER, "stop")
+
+
+def test_the_budget_counts_from_the_models_own_think_and_only_while_it_reasons():
+    engine, client = _client(_thinker("<think>" + "y" * 30), GLM46, "glm45")
+    body = {"model": "glm", "messages": ASK, "thinking_token_budget": 5}
+    message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("y" * 5, ANSWER)
+    engine.reply = f"<think>{THOUGHT}</think>{ANSWER}"
+    message = client.post("/v1/chat/completions", json={**body, "thinking_token_budget": 100}).json()
+    assert message["choices"][0]["message"]["reasoning_content"] == THOUGHT  # ended by itself: no continuation
+    assert len(engine.requests) == 3
+
+
+def test_budget_zero_and_a_budget_max_tokens_cuts():
+    engine, client = _client(_thinker("z" * 40))
+    message = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK,
+                                                        "thinking_token_budget": 0}).json()["choices"][0]["message"]
+    assert (message.get("reasoning_content"), message["content"]) == (None, ANSWER)
+    cut = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK, "thinking_token_budget": 10,
+                                                    "max_tokens": 12}).json()
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 10
+    assert cut["choices"][0]["message"]["reasoning_content"] == "z" * 10
+
+
+def test_anthropic_budget_tokens_rules_and_the_server_default():
+    engine, client = _client(_thinker("w" * 1100))
+    body = {"model": "glm", "max_tokens": 4000, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    reply = client.post("/v1/messages", json=body).json()
+    assert [b["type"] for b in reply["content"]] == ["thinking", "text"]
+    assert reply["content"][0]["thinking"] == "w" * 1024 and reply["content"][1]["text"] == ANSWER
+    for thinking, max_tokens, param in ((1023, 4000, "budget_tokens"), (None, 4000, "budget_tokens"),
+                                        (1024, 1024, "max_tokens")):
+        refused = client.post("/v1/messages", json={**body, "max_tokens": max_tokens, "thinking": {
+            "type": "enabled", **({"budget_tokens": thinking} if thinking else {})}})
+        assert refused.status_code == 400 and param in refused.json()["error"]["message"], refused.text
+    engine = FakeEngine(reply=_thinker("v" * 50), context_length=8000)
+    client = TestClient(create_app(ChatService(engine, "glm", ChatTemplate(GLM47), "glm47", reasoning_budget=7)))
+    message = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK}).json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "v" * 7  # --reasoning-budget
+    with pytest.raises(ValueError, match="reasoning-budget"):
+        ChatService(engine, "glm", ChatTemplate("{{ messages }}"), None, reasoning_budget=7)

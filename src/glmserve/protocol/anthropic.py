@@ -42,11 +42,12 @@ class ToolChoice(_Lenient):
 
 class ThinkingConfig(_Lenient):
     """``enabled`` / ``disabled`` turn the model's thinking switch on or off; ``adaptive`` (what
-    Claude Code sends) leaves the model's default. ``budget_tokens`` is accepted, not enforced:
-    ``max_tokens`` bounds the whole reply, thinking included."""
+    Claude Code sends) leaves the model's default. ``budget_tokens`` (Anthropic's rules: needed
+    with ``enabled``, at least 1024, below ``max_tokens``) ends the reasoning after that many
+    tokens (``serving/reasoning_budget.py``)."""
 
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(None, ge=1)
+    budget_tokens: int | None = Field(None, ge=1024)
 
 
 class OutputFormat(_Lenient):

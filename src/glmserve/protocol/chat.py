@@ -5,7 +5,8 @@ object. Unknown request fields are tolerated (``extra="allow"``); wrong types an
 values fail validation, which the HTTP layer answers with a 400.
 Extensions beyond OpenAI (the common ones vLLM and llama.cpp accept): ``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``, ``chat_template_kwargs`` (extra variables for the chat
-template, e.g. GLM-4.5's ``enable_thinking``); in responses vLLM's ``stop_reason`` (the stop
+template, e.g. GLM-4.5's ``enable_thinking``), ``thinking_token_budget`` (vLLM's: reasoning tokens
+before the reasoning is ended, ``serving/reasoning_budget.py``); in responses vLLM's ``stop_reason`` (the stop
 string that ended the choice, absent otherwise).
 """
 
@@ -161,6 +162,7 @@ class ChatCompletionRequest(_Lenient):
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's reasoning switch; on a model with a thinking switch, "none" and "minimal" turn it off
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    thinking_token_budget: int | None = Field(None, ge=0)
 
 
 # ---- response ----------------------------------------------------------------------------

@@ -43,7 +43,9 @@ from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
-from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser
+from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser, prompt_state
+from glmserve.toolcalls.reasoning import THINK_END
+from glmserve.serving.reasoning_budget import budgeted
 from glmserve.serving.sampling import (
     check_n,
     check_supported,
@@ -76,7 +78,8 @@ class ChatService:
                  tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
                  schema_limits: SchemaLimits | None = None, max_n: int = 1,
                  default_template_kwargs: dict[str, Any] | None = None,
-                 generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = ()) -> None:
+                 generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = (),
+                 reasoning_budget: int | None = None) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
@@ -84,7 +87,9 @@ class ChatService:
         template variables every request gets unless it sets them (``--default-chat-template-kwargs``);
         ``generation_defaults``: sampling fields for requests that leave them out
         (``--override-generation-config``); ``aliases``: other names of the base model (a
-        ``--config`` entry's).
+        ``--config`` entry's); ``reasoning_budget``: reasoning tokens before the reasoning is
+        ended, for requests that set none (``--reasoning-budget``; None: no limit). Raises
+        ``ValueError`` for a budget on a template that does not write ``<think>``.
         Requests pick the base model by ``served_model_name`` or an alias, or a LoRA adapter by
         its name."""
         self.engine = engine
@@ -105,6 +110,11 @@ class ChatService:
                 stop_ids.append(ids[0])
         self.stop_token_ids = tuple(stop_ids)
         self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
+        if reasoning_budget is not None and not self.reasoning:
+            raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
+                             "model's does not")
+        self.reasoning_budget = reasoning_budget
+        self.end_of_reasoning_ids = engine.tokenizer.encode(THINK_END) if self.reasoning else []
         self.metrics = ServingMetrics(engine, served_model_name)
 
     async def create(self, req: ChatCompletionRequest, *,
@@ -197,6 +207,7 @@ class ChatService:
         )
         calls = self.tool_parser if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active) else None
         sampling = to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias)
+        budget = self._reasoning_budget(req, plan.grammar)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         runs = []
         for i in range(req.n):
@@ -209,8 +220,16 @@ class ChatService:
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
                             output_parser(calls, plan.functions, self.reasoning, prompt.text),
-                            plan.forced_prefix, plan.max_calls, req.model, index=i))
+                            plan.forced_prefix, plan.max_calls, req.model, index=i,
+                            reasoning_budget=None if budget is None else (budget, prompt_state(prompt.text))))
         return runs
+
+    def _reasoning_budget(self, req: ChatCompletionRequest, grammar: str | None) -> int | None:
+        """The reasoning budget for ``req`` (its own ``thinking_token_budget``, else the server's),
+        None where there is none or nothing to end: a template without reasoning, or a reply
+        constrained by a grammar from its first token."""
+        budget = req.thinking_token_budget if req.thinking_token_budget is not None else self.reasoning_budget
+        return None if budget is None or not self.reasoning or grammar else budget
 
     async def admit_all(self, runs: list[Run], grammar_param: str | None = None) -> None:
         """Admit every run (off the event loop), or none: when one is refused, the runs
@@ -250,8 +269,14 @@ class ChatService:
         matcher = StopStringMatcher(run.stops)
         pending: list[TokenLogprob] = []
         reason = "abort"  # unless the loop below ends otherwise (the client left)
+        stream = run.outputs
+        if run.reasoning_budget is not None:
+            loop = asyncio.get_running_loop()
+            stream = budgeted(stream, run.request, *run.reasoning_budget, self.end_of_reasoning_ids,
+                              self.engine.tokenizer.decode,
+                              lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop))
         try:
-            async with aclosing(run.outputs) as outputs:
+            async with aclosing(stream) as outputs:
                 async for out in outputs:
                     if out.token_ids and run.first_token_at is None:
                         run.first_token_at = time.perf_counter()

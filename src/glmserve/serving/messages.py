@@ -19,7 +19,8 @@ Request mapping:
 - ``tools`` are function tools (``input_schema`` -> ``parameters``); ``tool_choice`` ``auto`` /
   ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` / the named function / ``none``, and
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
-- ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking``; ``adaptive``
+- ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking`` (``enabled``'s
+  ``budget_tokens`` is the ``thinking_token_budget``, under Anthropic's rules); ``adaptive``
   leaves the model's default; a request without ``thinking`` is ``disabled``, as on Anthropic's
   API: no thinking blocks (reasoning a model writes anyway, one whose template cannot turn it off,
   is dropped from the reply). Past reasoning is kept in the prompt (``PRESERVED_THINKING``).
@@ -240,6 +241,13 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     kwargs = ({"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else {}) | (
         {"reasoning_effort": effort} if effort else {})
     body["chat_template_kwargs"] = kwargs or None
+    if thinking == "enabled":
+        budget = req.thinking.budget_tokens
+        if budget is None:
+            raise invalid_request("thinking.enabled.budget_tokens: Field required", "thinking.budget_tokens")
+        if isinstance(req, MessagesRequest) and req.max_tokens <= budget:
+            raise invalid_request("`max_tokens` must be greater than `thinking.budget_tokens`", "max_tokens")
+        body["thinking_token_budget"] = budget
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k or None)

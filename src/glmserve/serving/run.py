@@ -26,6 +26,7 @@ class Run:
     max_calls: int | None = None
     model: str = ""  # the requested model id: the base model or a LoRA adapter
     index: int = 0  # the choice this run answers
+    reasoning_budget: tuple[int, str] | None = None  # (tokens, the prompt's reasoning state) when one applies
     completion_tokens: int = 0
     engine_prompt_tokens: int = 0  # the prompt size the engine reported (0 until it reports)
     cached_tokens: int = 0
