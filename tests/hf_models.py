@@ -169,20 +169,32 @@ def tiny_idefics3(base: Path, out: Path) -> Path:
     return out
 
 
-def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM") -> Path:
-    """A tiny random ``Glm4ForCausalLM`` (or ``GlmForCausalLM``, GLM-4-9B's own class) with a GLM
-    tokenizer (GLM-4's special tokens) and GLM-4-9B-Chat's chat template
-    (``fixtures/glm/glm-4-9b-chat.jinja``)."""
+def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
+              context: int = 1024) -> Path:
+    """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
+    ``GlmForCausalLM`` (GLM-4-9B's own class), ``Glm4MoeForCausalLM`` (GLM-4.5 to 4.7: 4 routed
+    experts, 2 per token, 1 shared, the first layer dense) or ``Glm4MoeLiteForCausalLM``
+    (GLM-4.7-Flash: the same experts behind multi-head latent attention), with a GLM tokenizer
+    (GLM-4's special tokens), a GLM chat template (``fixtures/glm/<template>``: GLM-4-9B-Chat's
+    by default) and ``context`` positions."""
+    import inspect
+
     import transformers
 
     from tests.unit.glm_tokenizer import glm_tokenizer
 
-    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4-9b-chat.jinja").read_text())
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
-    config = config_cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                        eos_token_id=stop, pad_token_id=stop[0])
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=context,
+                 eos_token_id=stop, pad_token_id=stop[0],
+                 # mixture of experts (Glm4Moe*), latent attention (Glm4MoeLite)
+                 moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                 first_k_dense_replace=1, n_group=1, topk_group=1,
+                 q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+    accepted = inspect.signature(config_cls.__init__).parameters
+    config = config_cls(**{k: v for k, v in sizes.items() if k in accepted})
     torch.manual_seed(0)
     getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)

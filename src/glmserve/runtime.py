@@ -115,9 +115,13 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Run
         name = settings.served_model_name or engine.model_info.id
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
-        chat = ChatService(engine, name, template, parser, media_policy(settings), settings.schema_limits(),
-                           settings.max_n, settings.default_chat_template_kwargs, settings.override_generation_config,
-                           aliases, None if settings.reasoning_budget < 0 else settings.reasoning_budget)
+        try:
+            chat = ChatService(engine, name, template, parser, media_policy(settings), settings.schema_limits(),
+                               settings.max_n, settings.default_chat_template_kwargs,
+                               settings.override_generation_config, aliases,
+                               None if settings.reasoning_budget < 0 else settings.reasoning_budget)
+        except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
+            raise ConfigError(str(exc)) from exc
         return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens)
     except BaseException:
         engine.shutdown()

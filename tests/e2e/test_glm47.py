@@ -46,7 +46,8 @@ def test_chat_completions_split_reasoning_from_the_answer(thinker):
 
 def test_messages_return_a_thinking_block_and_the_answer(thinker):
     client = anthropic.Anthropic(base_url=thinker.url, api_key="unused", max_retries=0, timeout=120)
-    kw = dict(model=MODEL, max_tokens=80, messages=ASK, extra_body={"temperature": 0}, thinking={"type": "enabled", "budget_tokens": 1024})
+    kw = dict(model=MODEL, max_tokens=2000, messages=ASK, extra_body={"temperature": 0},
+              thinking={"type": "enabled", "budget_tokens": 1024})  # max_tokens: a ceiling, above the budget
     message = client.messages.create(**kw)
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content] == [
         ("thinking", THOUGHT), ("text", ANSWER)]

@@ -184,7 +184,7 @@ THOUGHT_REPLY = f"\n<think>{THOUGHT}</think>\n{ANSWER}"
 
 def test_glm45_reasoning_comes_back_as_thinking_blocks(thinker):
     client = sdk(thinker)
-    kw = dict(model="tiny-glm45", max_tokens=100, system=SYSTEM, messages=ASK, extra_body=GREEDY,
+    kw = dict(model="tiny-glm45", max_tokens=2000, system=SYSTEM, messages=ASK, extra_body=GREEDY,
               thinking={"type": "enabled", "budget_tokens": 1024})
     message = client.messages.create(**kw)
     assert [b.type for b in message.content] == ["thinking", "text"]

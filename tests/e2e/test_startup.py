@@ -49,6 +49,15 @@ def test_flag_the_engine_does_not_use():
     _assert_one_line_failure(_serve("--kv-layout", "paged"), "kv_layout")
 
 
+def test_reasoning_budget_needs_a_template_that_reasons():
+    """Known only once the model (and its template) is loaded: the last line says why."""
+    proc = _serve("--reasoning-budget", "100")  # the default model's template writes no <think>
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "glmserve: error: cannot start: --reasoning-budget needs a chat template that writes <think> reasoning; "
+        "this model's does not")
+
+
 def test_kv_cache_larger_than_memory_is_refused():
     # 256 sequences x 1M tokens x 22.5 KiB: far beyond any machine's memory
     _assert_one_line_failure(_serve("--max-num-seqs", "256", "--n-ctx", str(1 << 20)), "KV cache",
