@@ -169,6 +169,14 @@ def tiny_idefics3(base: Path, out: Path) -> Path:
     return out
 
 
+# the GLM text architectures people run (README, "GLM models"): (architecture, its generation's
+# chat template in fixtures/glm, the tool-call parser detected from it)
+GLM_ARCHITECTURES = [("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4-9B
+                     ("Glm4ForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4-0414
+                     ("Glm4MoeForCausalLM", "glm-4.6.jinja", "glm45"),  # GLM-4.5 / 4.6 / 4.7
+                     ("Glm4MoeLiteForCausalLM", "glm-4.7.jinja", "glm47")]  # GLM-4.7-Flash
+
+
 def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
               context: int = 1024) -> Path:
     """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
@@ -176,7 +184,7 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     experts, 2 per token, 1 shared, the first layer dense) or ``Glm4MoeLiteForCausalLM``
     (GLM-4.7-Flash: the same experts behind multi-head latent attention), with a GLM tokenizer
     (GLM-4's special tokens), a GLM chat template (``fixtures/glm/<template>``: GLM-4-9B-Chat's
-    by default) and ``context`` positions."""
+    by default) and ``context`` positions. Head size 32: the smallest vLLM's CPU attention takes."""
     import inspect
 
     import transformers
@@ -187,14 +195,24 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
     sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=context,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=context,
                  eos_token_id=stop, pad_token_id=stop[0],
                  # mixture of experts (Glm4Moe*), latent attention (Glm4MoeLite)
                  moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                  first_k_dense_replace=1, n_group=1, topk_group=1,
-                 q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+                 q_lora_rank=32, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=8, v_head_dim=16)
+    if architecture == "Glm4MoeLiteForCausalLM":
+        # latent attention as GLM-4.7-Flash has it: one KV head per head, a 512 + 64 latent (vLLM's
+        # CPU kernel takes no other size)
+        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
     accepted = inspect.signature(config_cls.__init__).parameters
     config = config_cls(**{k: v for k, v in sizes.items() if k in accepted})
+    # keys the models' own config.json files carry and vLLM reads, which transformers' config
+    # classes no longer take (GLM-4.5's head_dim; GLM-4.7-Flash's first dense layers)
+    if architecture == "Glm4MoeForCausalLM":
+        config.head_dim = sizes["head_dim"]
+    if architecture == "Glm4MoeLiteForCausalLM":
+        config.first_k_dense_replace = sizes["first_k_dense_replace"]
     torch.manual_seed(0)
     getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)

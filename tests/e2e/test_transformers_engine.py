@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer, greedy_streams
 from tests.e2e.test_tools import SCHEMAS, TOOLS
-from tests.hf_models import FIXTURES
+from tests.hf_models import FIXTURES, GLM_ARCHITECTURES
 
 pytest.importorskip("torch")
 
@@ -164,13 +164,6 @@ def test_image_to_text_model_is_400(hf_server):
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
     assert err.value.body["param"] == "messages.0.content.0"
     assert "image" in err.value.body["message"]
-
-
-# the GLM text architectures people run (README, "GLM models"), each with its generation's template
-GLM_ARCHITECTURES = [("Glm4ForCausalLM", "glm-4-9b-chat.jinja", "glm4"),
-                     ("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),
-                     ("Glm4MoeForCausalLM", "glm-4.6.jinja", "glm45"),
-                     ("Glm4MoeLiteForCausalLM", "glm-4.7.jinja", "glm47")]
 
 
 @pytest.mark.parametrize(("architecture", "template", "parser"), GLM_ARCHITECTURES,

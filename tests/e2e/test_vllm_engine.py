@@ -20,7 +20,8 @@ import pytest
 from tests.conftest import DEFAULT_MODEL, VLLM_ENV, greedy_streams, vllm_server
 from tests.e2e.test_errors import BAD_BODIES, _assert_error, _post
 from tests.e2e.test_tools import SCHEMAS, TOOLS, assert_valid_tool_calls
-from tests.hf_models import FIXTURES
+from tests.e2e.test_reasoning_budget import _reasoning_is_cut_at_the_budget
+from tests.hf_models import FIXTURES, GLM_ARCHITECTURES
 
 pytest.importorskip("vllm")
 pytest.importorskip("peft")
@@ -294,3 +295,24 @@ def test_logprobs_n_and_logit_bias(client, srv):
         "tokens"]
     banned = _ask(client, "What is the capital of France?", max_tokens=6, logit_bias={str(ids[0]): -100})
     assert not banned.choices[0].message.content.startswith(first)
+
+
+@pytest.mark.parametrize(("architecture", "template", "parser"), GLM_ARCHITECTURES,
+                         ids=[a for a, _, _ in GLM_ARCHITECTURES])
+def test_glm_models_on_vllm(tmp_path, architecture, template, parser):
+    """Each GLM architecture (tiny, random) loads and answers; on GLM-4.7's template (GLM-4.7-Flash's
+    MoE with latent attention) the thinking budget also ends a reasoning that would go on."""
+    from tests.hf_models import tiny_glm4
+
+    folder = tiny_glm4(tmp_path / "tiny-glm", architecture, template, context=2048)
+    srv = vllm_server(folder, "--served-model-name", "tiny-glm")
+    try:
+        client = srv.client()
+        assert client.models.list().data[0].tool_call_parser == parser
+        reply = client.chat.completions.create(model="tiny-glm", messages=[{"role": "user", "content": "你好"}],
+                                               max_tokens=8, temperature=0)
+        assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
+        if parser == "glm47":
+            _reasoning_is_cut_at_the_budget(srv, "tiny-glm")
+    finally:
+        srv.stop()
