@@ -43,9 +43,9 @@ from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.tools import plan_tools
+from glmserve.serving.reasoning_budget import budgeted
 from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser, prompt_state
 from glmserve.toolcalls.reasoning import THINK_END
-from glmserve.serving.reasoning_budget import budgeted
 from glmserve.serving.sampling import (
     check_n,
     check_supported,
@@ -205,7 +205,8 @@ class ChatService:
             processor=self.engine.multimodal if self.engine.model_info.vision else None,
             template_kwargs=self.template_kwargs(req), max_tokens_ceiling=max_tokens_ceiling,
         )
-        calls = self.tool_parser if self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active) else None
+        parse_calls = self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active)
+        calls = self.tool_parser if parse_calls else None
         sampling = to_sampling_params(req, prompt.max_tokens, self.stop_token_ids, plan.grammar, bias)
         budget = self._reasoning_budget(req, plan.grammar)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
