@@ -247,3 +247,16 @@ def test_anthropic_budget_tokens_rules_and_the_server_default():
     assert message["reasoning_content"] == "v" * 7  # --reasoning-budget
     with pytest.raises(ValueError, match="reasoning-budget"):
         ChatService(engine, "glm", ChatTemplate("{{ messages }}"), None, reasoning_budget=7)
+
+
+@pytest.mark.parametrize("item", [{"content": 5}, {"content": "text"}, {"summary": {"a": 1}}, {"content": [3, None]},
+                                  {"summary": [{"type": "summary_text", "text": "Call it."}]}])
+def test_odd_reasoning_items_are_never_a_server_error(item):
+    engine, client = _client(ANSWER)
+    history = [{"role": "user", "content": "Weather?"}, {"type": "reasoning", "id": "rs_1", **item},
+               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+               {"role": "user", "content": "Thanks"}]
+    resp = client.post("/v1/responses", json={"model": "glm", "input": history})
+    assert resp.status_code == 200, resp.text
+    summary = "summary" in item and isinstance(item["summary"], list)
+    assert ("<think>Call it.</think>Sunny." in engine.prompt_text(engine.requests[-1])) == summary

@@ -69,8 +69,11 @@ def _text_of(content: Any, param: str) -> str | list[dict]:
 def _reasoning_text(item: dict) -> str:
     """The readable text of a ``reasoning`` input item: its ``reasoning_text`` parts (what this
     server returns), else its summary; nothing for encrypted reasoning alone."""
-    parts = item.get("content") or item.get("summary") or []
-    return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if isinstance(parts, list) and parts:
+            return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
 def to_chat_messages(req: ResponsesRequest) -> list[dict]:
