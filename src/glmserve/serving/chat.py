@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from glmserve.chat import RESERVED_TEMPLATE_VARIABLES, ChatTemplate, image_urls
+from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
@@ -42,6 +42,7 @@ from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
 from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
+from glmserve.serving.template_vars import template_kwargs
 from glmserve.serving.tools import plan_tools
 from glmserve.serving.reasoning_budget import budgeted
 from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser, prompt_state
@@ -58,11 +59,6 @@ from glmserve.serving.sampling import (
 )
 from glmserve.serving.stop import StopStringMatcher
 
-
-# Agent routes (/v1/messages, /v1/responses) render past reasoning in every turn (GLM-4.7's
-# ``clear_thinking`` false, GLM-5.3's default), so that the prompt of the next request extends
-# this one's and the prefix cache covers it after a user reply (README, "Preserved thinking").
-PRESERVED_THINKING: dict[str, Any] = {"clear_thinking": False}
 
 
 class ChatService:
@@ -168,32 +164,7 @@ class ChatService:
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
                             tool_format=self.tool_parser, check_fit=False,
-                            template_kwargs=self.template_kwargs(req)).token_ids
-
-    def template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        """The chat template's extra variables for ``req``: ``--default-chat-template-kwargs``,
-        then ``reasoning_effort`` as ``enable_thinking`` (``none``/``minimal``: off) and as
-        itself (GLM-5.x templates read ``reasoning_effort``), then the request's
-        ``chat_template_kwargs``. A variable the template does not use is harmless
-        (as in vLLM). Raises 400 for a name the server sets itself (``messages``, ``tools``...)."""
-        kwargs = dict(self.default_template_kwargs)
-        if req.reasoning_effort is not None:
-            kwargs["enable_thinking"] = req.reasoning_effort not in ("none", "minimal")
-            kwargs["reasoning_effort"] = req.reasoning_effort
-        for name, value in (req.chat_template_kwargs or {}).items():
-            if name in RESERVED_TEMPLATE_VARIABLES:
-                raise invalid_request(f"chat_template_kwargs cannot set {name!r}: the server sets it",
-                                      f"chat_template_kwargs.{name}")
-            kwargs[name] = value
-        return kwargs
-
-    def with_template_defaults(self, req: ChatCompletionRequest, defaults: dict[str, Any]) -> ChatCompletionRequest:
-        """``req`` with ``defaults`` (chat template variables a route sets, e.g.
-        ``PRESERVED_THINKING``) under its own ``chat_template_kwargs`` and the server's
-        ``--default-chat-template-kwargs``: either of those wins."""
-        extra = {k: v for k, v in defaults.items() if k not in self.default_template_kwargs}
-        kwargs = {**extra, **(req.chat_template_kwargs or {})}
-        return req.model_copy(update={"chat_template_kwargs": kwargs or None})
+                            template_kwargs=template_kwargs(req, self.default_template_kwargs)).token_ids
 
     def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None,
                  max_tokens_ceiling: bool = False) -> list[Run]:
@@ -203,7 +174,8 @@ class ChatService:
             req, self.template, self.engine.tokenizer, self.context_length, requested_max_tokens(req),
             plan=plan, tool_format=self.tool_parser, images=images,
             processor=self.engine.multimodal if self.engine.model_info.vision else None,
-            template_kwargs=self.template_kwargs(req), max_tokens_ceiling=max_tokens_ceiling,
+            template_kwargs=template_kwargs(req, self.default_template_kwargs),
+            max_tokens_ceiling=max_tokens_ceiling,
         )
         parse_calls = self.tool_parser and (plan.offered or PARSERS[self.tool_parser].always_active)
         calls = self.tool_parser if parse_calls else None

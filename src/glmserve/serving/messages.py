@@ -59,8 +59,9 @@ from glmserve.protocol.anthropic import (
 from glmserve.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
-from glmserve.serving.chat import PRESERVED_THINKING, ChatService, chat_request
+from glmserve.serving.chat import ChatService, chat_request
 from glmserve.serving.chunks import ChunkStream
+from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -293,12 +294,14 @@ class MessagesService:
     def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse:
         """The prompt's length in tokens (template and tools included; image tokens are not
         counted). Raises ``APIError`` as ``create`` would for the messages."""
-        chat_req = self.chat.with_template_defaults(to_chat_request(req), PRESERVED_THINKING)
+        chat_req = with_template_defaults(to_chat_request(req), PRESERVED_THINKING,
+                                          self.chat.default_template_kwargs)
         self.chat.check_model(chat_req.model)
         return CountTokensResponse(input_tokens=len(self.chat.prompt_token_ids(chat_req)))
 
     async def create(self, req: MessagesRequest) -> Message | AsyncIterator[MessageStreamEvent]:
-        chat_req = self.chat.with_template_defaults(to_chat_request(req), PRESERVED_THINKING)
+        chat_req = with_template_defaults(to_chat_request(req), PRESERVED_THINKING,
+                                          self.chat.default_template_kwargs)
         show_thinking = _thinking(req) != "disabled"
         if not req.stream:
             completion = await self.chat.create(chat_req, max_tokens_ceiling=True)

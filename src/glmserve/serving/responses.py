@@ -38,8 +38,9 @@ from glmserve.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from glmserve.serving.chat import PRESERVED_THINKING, ChatService, chat_request
+from glmserve.serving.chat import ChatService, chat_request
 from glmserve.serving.chunks import ChunkStream
+from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
 
 
 def _id(prefix: str) -> str:
@@ -188,7 +189,8 @@ class ResponsesService:
         if req.previous_response_id:
             raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
                                   "used: send the whole conversation in input", "previous_response_id")
-        chat_req = self.chat.with_template_defaults(to_chat_request(req), PRESERVED_THINKING)
+        chat_req = with_template_defaults(to_chat_request(req), PRESERVED_THINKING,
+                                          self.chat.default_template_kwargs)
         shell = Response(id=_id("resp"), created_at=int(time.time()), status="in_progress", model=req.model,
                          instructions=req.instructions, tools=req.tools or [],
                          tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
