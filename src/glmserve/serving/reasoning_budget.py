@@ -25,44 +25,34 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 
 from glmserve.engine.types import GenerationOutput, GenerationRequest
-from glmserve.toolcalls.reasoning import THINK_END, THINK_START, PromptState
+from glmserve.toolcalls.reasoning import THINK_END, PromptState, ReasoningParser
 
 Admit = Callable[[GenerationRequest], Awaitable[AsyncIterator[GenerationOutput]]]
 
 
 class _Tracker:
-    """Counts reasoning tokens from the generated text; ``room(n)``: how many of the next ``n``
-    tokens the budget still allows (``n`` when the reasoning is not open)."""
+    """Counts reasoning tokens: the tokens of outputs written while the reasoning is open (as
+    the reasoning parser sees the text, so ``<think>`` itself and the output that ends the
+    reasoning are not counted); ``room(n)``: how many of the next ``n`` tokens the budget still
+    allows (``n`` when the reasoning is not open)."""
 
     def __init__(self, budget: int, state: PromptState) -> None:
         self.budget = budget
-        self.phase = {"reasoning": "think", "open": "start", "answer": "done"}[state]
-        self.text = ""
+        self.parser = ReasoningParser(None, state)
         self.used = 0
 
     @property
     def over(self) -> bool:
-        return self.phase == "think" and self.used >= self.budget
+        return self.parser.in_reasoning and self.used >= self.budget
 
     def room(self, n: int) -> int:
-        return min(n, self.budget - self.used) if self.phase == "think" else n
+        return min(n, self.budget - self.used) if self.parser.in_reasoning else n
 
     def add(self, text: str, n_tokens: int) -> None:
-        if self.phase == "done":
-            return
-        self.text += text
-        if self.phase == "start":
-            head = self.text.lstrip()
-            if head.startswith(THINK_START):
-                self.phase, self.text = "think", head[len(THINK_START):]  # <think> itself is not counted
-            elif not THINK_START.startswith(head):
-                self.phase = "done"  # the model answers without reasoning
-            return
-        if THINK_END in self.text:
-            self.phase = "done"
-            return
-        self.text = self.text[-len(THINK_END):]  # all a split end tag needs
-        self.used += n_tokens
+        was_reasoning = self.parser.in_reasoning
+        self.parser.feed(text)
+        if was_reasoning and self.parser.in_reasoning:
+            self.used += n_tokens
 
 
 async def budgeted(outputs: AsyncIterator[GenerationOutput], request: GenerationRequest, budget: int,

@@ -60,6 +60,11 @@ class ReasoningParser(ToolCallParser):
         # a call's start tag inside the reasoning ends it, when calls can be made
         self._call_tag = inner.start_tag if isinstance(inner, TaggedCallParser) and inner.schemas else None
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text fed so far has opened the reasoning and not ended it."""
+        return self._phase == "think"
+
     def feed(self, text: str) -> list[DeltaEvent]:
         if self._phase == "body":
             return self._body(text)
