@@ -220,13 +220,14 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
 
 
 def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400,
-                     template: str = "glm-4.6.jinja") -> Path:
+                     template: str = "glm-4.6.jinja", tools: list[dict] | None = None) -> Path:
     """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and a GLM chat template
     (``fixtures/glm/<template>``: GLM-4.6's, or GLM-4.7's whose generation prompt opens the
     reasoning), trained here (a few seconds on a CPU) until greedy decoding of ``messages``'
     prompt writes ``reply`` (GLM-4.5's ``<think>...</think>`` layout, or GLM-4.7's
     ``reasoning</think>answer``, say) and then ``<|user|>``: a GLM-shaped model whose answer is
-    known."""
+    known. ``tools``: OpenAI tool objects rendered into the prompt, as the server renders a
+    request's (a tool call as ``reply`` needs the prompt that offers the tool)."""
     import transformers
 
     from tests.unit.glm_tokenizer import glm_tokenizer
@@ -238,8 +239,8 @@ def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 4
                                      max_position_embeddings=1024, eos_token_id=stop, pad_token_id=stop[0])
     torch.manual_seed(0)
     model = transformers.Glm4ForCausalLM(config)
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                              add_special_tokens=False)
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                            tokenize=False), add_special_tokens=False)
     target = tokenizer.encode(reply, add_special_tokens=False) + [stop[1]]
     ids = torch.tensor([prompt + target])
     labels = torch.tensor([[-100] * len(prompt) + target])

@@ -1,9 +1,13 @@
 """GLM-4.7's generation prompt opens the reasoning (``<|assistant|><think>``): a tiny GLM trained
 here on GLM-4.7's template to continue its prompt with ``reasoning</think>answer`` is served by
 the transformers engine, and every API returns the reasoning as reasoning and the answer alone
-as the answer, plain and streamed (vLLM shipped the answer with all of it: #33348)."""
+as the answer, plain and streamed (vLLM shipped the answer with all of it: #33348). Another,
+trained to answer with a GLM-4.7 call, streams the call's arguments in pieces as the values come
+on each API, and the pieces join to the whole reply's arguments."""
 
 from __future__ import annotations
+
+import json
 
 import anthropic
 import openai
@@ -14,6 +18,11 @@ from tests.conftest import RemoteServer
 THOUGHT, ANSWER = "Two plus two makes four.", "The answer is 4."
 ASK = [{"role": "user", "content": "What is 2+2?"}]
 MODEL = "tiny-glm47"
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+CALL = ("Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Bonn am Rhein</arg_value>"
+        "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")
+ARGUMENTS = {"city": "Bonn am Rhein", "days": 3}
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +32,18 @@ def thinker(tmp_path_factory):
 
     folder = tiny_glm_thinker(tmp_path_factory.mktemp("glm47") / MODEL, ASK, f"{THOUGHT}</think>{ANSWER}",
                               template="glm-4.7.jinja")
+    srv = RemoteServer("--engine", "transformers", "--model", str(folder), "--served-model-name", MODEL)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def caller(tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.hf_models import tiny_glm_thinker
+
+    folder = tiny_glm_thinker(tmp_path_factory.mktemp("glm47-call") / MODEL, ASK, CALL, template="glm-4.7.jinja",
+                              tools=[WEATHER], steps=1500)
     srv = RemoteServer("--engine", "transformers", "--model", str(folder), "--served-model-name", MODEL)
     yield srv
     srv.stop()
@@ -76,3 +97,34 @@ def test_thinking_off_gives_no_reasoning(thinker):
     reply = anthropic.Anthropic(base_url=thinker.url, api_key="unused", max_retries=0).messages.create(
         model=MODEL, max_tokens=20, messages=ASK, extra_body={"temperature": 0})
     assert {b.type for b in reply.content} <= {"text"}
+
+
+def test_call_arguments_stream_in_pieces_on_every_api(caller):
+    client = _openai(caller)
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=300)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.finish_reason == "tool_calls", whole.message
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == [
+        ("get_weather", ARGUMENTS)]
+    pieces = [call.function.arguments for chunk in client.chat.completions.create(**kw, stream=True)
+              for call in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else []) if call.function.arguments]
+    assert len(pieces) > 3 and "".join(pieces) == whole.message.tool_calls[0].function.arguments
+
+    messages = anthropic.Anthropic(base_url=caller.url, api_key="unused", max_retries=0, timeout=120)
+    tool = {"name": "get_weather", "description": "Weather for a city",
+            "input_schema": WEATHER["function"]["parameters"]}
+    with messages.messages.stream(model=MODEL, max_tokens=2000, messages=ASK, tools=[tool],
+                                  extra_body={"temperature": 0},
+                                  thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        partial = [e.delta.partial_json for e in stream if e.type == "content_block_delta"
+                   and e.delta.type == "input_json_delta"]
+        final = stream.get_final_message()
+    assert len(partial) > 3 and json.loads("".join(partial)) == ARGUMENTS
+    assert [(b.type, getattr(b, "input", None)) for b in final.content if b.type == "tool_use"] == [
+        ("tool_use", ARGUMENTS)]
+
+    events = list(client.responses.create(model=MODEL, input=ASK, tools=[{"type": "function", **WEATHER["function"]}],
+                                          temperature=0, max_output_tokens=300, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(deltas) > 3 and [json.loads("".join(deltas))] == [json.loads(a) for a in done] == [ARGUMENTS]

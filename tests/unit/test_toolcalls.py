@@ -66,10 +66,23 @@ CASES = [
      out("Checking both.", [("get_weather", '{"city": "Paris"}'), ("search", '{"query": "Louvre hours"}')])),
     ("glm45", "unknown-function", "<tool_call>launch\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
      out("<tool_call>launch\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>")),
-    ("glm45", "malformed-pairs", "<tool_call>search\n<arg_key>query</arg_key> junk\n</tool_call>",
-     out("<tool_call>search\n<arg_key>query</arg_key> junk\n</tool_call>")),
+    # once the head (a known name) is out, the text is a call: a key without a value is dropped,
+    # stray text skipped, and a call left open closed at the end
+    ("glm45", "key-without-value", "<tool_call>search\n<arg_key>query</arg_key> junk\n</tool_call>",
+     out(None, [("search", "{}")])),
+    ("glm45", "stray-text-between-pairs", "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+     " hmm <arg_key>days</arg_key><arg_value>2</arg_value></tool_call>",
+     out(None, [("get_weather", '{"city": "Oslo", "days": 2}')])),
     ("glm45", "unclosed-call", "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x",
-     out("<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x")),
+     out(None, [("search", '{"query": "x"}')])),
+    ("glm45", "unclosed-typed-value", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3",
+     out(None, [("get_weather", '{"days": 3}')])),
+    ("glm45", "text-after-the-name", "<tool_call>search now\nplease</tool_call>",
+     out("<tool_call>search now\nplease</tool_call>")),
+    ("glm45", "string-needs-escaping", '<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>say "hi"\n\\ <b>'
+     "</arg_value>\n</tool_call>", out(None, [("search", '{"query": "say \\"hi\\"\\n\\\\ <b>"}')])),
+    ("glm45", "tag-like-text-in-a-value", "<tool_call>search\n<arg_key>query</arg_key><arg_value>a </arg_val b"
+     "</arg_value></tool_call>", out(None, [("search", '{"query": "a </arg_val b"}')])),
     ("glm45", "unclosed-think", "<think>still thinking", out("", reasoning="still thinking")),
     ("glm45", "lt-in-text", "a < b and <tool c", out("a < b and <tool c")),
     ("glm45", "only-think-tag", "<think>", out("")),
@@ -168,7 +181,22 @@ def test_calls_are_indexed():
             "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>b</arg_value>\n</tool_call>")
     parser = PARSERS["glm45"](TOOLS)
     events = parser.feed(text) + parser.finish()
-    assert [(e.kind, e.index) for e in events] == [("tool_call", 0), ("tool_call", 1)]
+    assert {e.kind for e in events} == {"tool_call"}
+    assert [(e.index, e.name) for e in events if e.name] == [(0, "search"), (1, "search")]  # the heads
+    assert "".join(e.arguments for e in events if e.index == 1) == '{"query": "b"}'
+
+
+@pytest.mark.parametrize("name", ["glm45", "glm47"])
+def test_glm_arguments_stream_as_the_values_come(name):
+    parser = PARSERS[name](TOOLS)
+    assert parser.feed("<tool_call>get_wea") == []  # the name is not complete yet
+    head = parser.feed("ther<arg_key>ci")
+    assert [(e.name, e.arguments) for e in head] == [("get_weather", "")]
+    assert [e.arguments for e in parser.feed("ty</arg_key><arg_value>Ber")] == ['{"city": "', "Ber"]
+    assert [e.arguments for e in parser.feed("lin</arg_v")] == ["lin"]  # a partial end tag is held
+    assert [e.arguments for e in parser.feed("alue><arg_key>days</arg_key><arg_value>1")] == ['"', ', "days": ']
+    assert [e.arguments for e in parser.feed("2</arg_value></tool_call>")] == ["12", "}"]  # typed: whole
+    assert {e.index for e in head} == {0}
 
 
 def test_parser_detection_from_templates():
@@ -181,12 +209,16 @@ def test_parser_detection_from_templates():
 
 
 # a reply cut by max_tokens inside a call: the call is dropped, never leaked into content;
-# complete calls before it are kept
+# complete calls before it are kept. GLM calls stream: one whose head went out stays, with the
+# arguments it had (unfinished JSON, as OpenAI's API returns a call cut by max_tokens)
 TRUNCATED = [
     ("hermes", '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>\n<tool_call>\n{"name": "sea',
      out(None, [("search", '{"query": "x"}')])),
-    ("glm45", "Sure.\n<tool_call>search\n<arg_key>query</arg_key>\n<arg_va", out("Sure.")),
-    ("glm47@reasoning", "hm</think><tool_call>search<arg_key>query</arg_key><arg_va", out("", reasoning="hm")),
+    ("glm45", "Sure.\n<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>Lou</arg_va",
+     out("Sure.", [("search", '{"query": "Lou')])),
+    ("glm45", "Sure.\n<tool_call>sear", out("Sure.")),
+    ("glm47@reasoning", "hm</think><tool_call>search<arg_key>query</arg_key><arg_va", out(None, [("search", "")], "hm")),
+    ("glm47@reasoning", "hm</think><tool_call>sea", out("", reasoning="hm")),
     ("glm4", 'get_weather\n{"city": "Bei', out("")),
     ("generic", '{"tool_calls": [{"name": "search", "arguments": {"query": "x"}}, {"name": "get_weather", "argu',
      out(None, [("search", '{"query": "x"}')])),
@@ -194,7 +226,7 @@ TRUNCATED = [
 ]
 
 
-@pytest.mark.parametrize(("name", "text", "expected"), TRUNCATED, ids=[t[0] for t in TRUNCATED])
+@pytest.mark.parametrize(("name", "text", "expected"), TRUNCATED, ids=[f"{t[0]}-{i}" for i, t in enumerate(TRUNCATED)])
 def test_a_call_cut_by_max_tokens_is_dropped(name, text, expected):
     for cut in range(1, len(text)):
         parser = make_parser(name)

@@ -350,11 +350,16 @@ class ChatService:
             return [self._chunk(run, DeltaMessage(content=event.text))]
         if event.kind == "reasoning":
             return [self._chunk(run, DeltaMessage(reasoning_content=event.text))]
-        # a call as OpenAI streams one: id, type and name first, then the arguments
-        head = DeltaToolCall(index=event.index, id=_call_id(), type="function",
-                             function=DeltaFunction(name=event.name, arguments=""))
-        body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
-        return [self._chunk(run, DeltaMessage(tool_calls=[head])), self._chunk(run, DeltaMessage(tool_calls=[body]))]
+        # a call as OpenAI streams one: id, type and name first, then the arguments in pieces
+        chunks = []
+        if event.name:
+            head = DeltaToolCall(index=event.index, id=_call_id(), type="function",
+                                 function=DeltaFunction(name=event.name, arguments=""))
+            chunks.append(self._chunk(run, DeltaMessage(tool_calls=[head])))
+        if event.arguments:
+            body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
+            chunks.append(self._chunk(run, DeltaMessage(tool_calls=[body])))
+        return chunks
 
     async def _stream(self, runs: list[Run], include_usage: bool) -> AsyncIterator[StreamItem]:
         for run in runs:

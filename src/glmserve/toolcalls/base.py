@@ -10,8 +10,13 @@ Rules shared by all formats: text that cannot be part of a call is released at o
 possible partial start tag is held back); a call is held until it is complete, then emitted as
 a call if it is valid (known function name, arguments that parse) or else returned as content,
 never dropped, except a call cut off by ``max_tokens`` (``finish(truncated=True)``), which is
-dropped so that no unfinished call text reaches ``content``. Content has its leading and trailing whitespace removed (the formats put
-newlines around calls and after role markers).
+dropped so that no unfinished call text reaches ``content``. Content has its leading and
+trailing whitespace removed (the formats put newlines around calls and after role markers).
+
+The GLM-4.5+ formats stream a call instead (``glm45.py``): its head as soon as the name is
+known, then its arguments as JSON pieces as the values come; from the head on it is a call,
+and one cut off by ``max_tokens`` keeps the arguments it had (unfinished JSON, as OpenAI's API
+streams and returns a call cut by ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ EventKind = Literal["content", "reasoning", "tool_call"]
 
 @dataclass(slots=True)
 class DeltaEvent:
-    """``content``/``reasoning``: ``text``. ``tool_call``: a complete call, ``index`` (0-based
-    within the reply), ``name`` and ``arguments`` (a JSON object as a string)."""
+    """``content``/``reasoning``: ``text``. ``tool_call``: part of call ``index`` (0-based
+    within the reply): its head, with ``name`` set and ``arguments`` (JSON text of an object)
+    whole or empty, or, with ``name`` empty, the next piece of its ``arguments``. Joined in
+    order, a call's pieces are its JSON arguments (OpenAI's streamed ``tool_calls`` shape)."""
 
     kind: EventKind
     text: str = ""
@@ -50,10 +57,15 @@ class ParsedOutput:
 
 
 def assemble(events: list[DeltaEvent]) -> ParsedOutput:
+    """The reply ``events`` make: content and reasoning joined, each call's head and argument
+    pieces joined by ``index``."""
     content = "".join(e.text for e in events if e.kind == "content")
     reasoning = "".join(e.text for e in events if e.kind == "reasoning")
-    calls = [ToolCallItem(e.name, e.arguments) for e in events if e.kind == "tool_call"]
-    return ParsedOutput((content or None) if calls else content, calls, reasoning or None)
+    calls: dict[int, ToolCallItem] = {}
+    for e in events:
+        if e.kind == "tool_call":
+            calls.setdefault(e.index, ToolCallItem(e.name, "")).arguments += e.arguments
+    return ParsedOutput((content or None) if calls else content, list(calls.values()), reasoning or None)
 
 
 def partial_suffix(text: str, tag: str) -> int:
@@ -145,8 +157,10 @@ class TaggedCallParser(ToolCallParser):
         self._buf = ""
         self._in_call = False
 
-    @abstractmethod
-    def decode(self, body: str) -> tuple[str, dict] | None: ...
+    def decode(self, body: str) -> tuple[str, dict] | None:
+        """A whole call's ``body`` (the text between the tags) as ``(name, arguments)``, or None
+        when it is not a valid call. Formats that keep the default ``_advance_call`` implement it."""
+        raise NotImplementedError
 
     def feed(self, text: str) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []
@@ -157,16 +171,8 @@ class TaggedCallParser(ToolCallParser):
     def _scan(self, out: list[DeltaEvent]) -> None:
         while True:
             if self._in_call:
-                end = self._buf.find(self.end_tag)
-                if end < 0:
+                if not self._advance_call(out):
                     return
-                body, self._buf = self._buf[:end], self._buf[end + len(self.end_tag):]
-                self._in_call = False
-                decoded = self.decode(body)
-                if decoded is None:
-                    self._emit_content(self.start_tag + body + self.end_tag, out)
-                else:
-                    self._emit_call(*decoded, out)
                 continue
             start = self._buf.find(self.start_tag)
             if start >= 0:
@@ -179,14 +185,35 @@ class TaggedCallParser(ToolCallParser):
             self._buf = self._buf[len(self._buf) - keep:]
             return
 
+    def _advance_call(self, out: list[DeltaEvent]) -> bool:
+        """Read the open call's text in ``_buf``; True once the call has ended (``_in_call``
+        cleared, ``_buf`` holding what follows). By default a call is held until its end tag
+        and then decoded whole: a call, or content when ``decode`` refuses it."""
+        end = self._buf.find(self.end_tag)
+        if end < 0:
+            return False
+        body, self._buf = self._buf[:end], self._buf[end + len(self.end_tag):]
+        self._in_call = False
+        decoded = self.decode(body)
+        if decoded is None:
+            self._emit_content(self.start_tag + body + self.end_tag, out)
+        else:
+            self._emit_call(*decoded, out)
+        return True
+
+    def _finish_call(self, truncated: bool, out: list[DeltaEvent]) -> None:
+        """The generation ended inside a call: an unclosed call is content, unless
+        ``max_tokens`` cut it (then it is dropped)."""
+        if not truncated:
+            self._emit_content(self.start_tag + self._buf, out)
+
     def finish(self, truncated: bool = False) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []
-        if self._in_call:  # an unclosed call is content, unless max_tokens cut it
-            rest = "" if truncated else self.start_tag + self._buf
+        if self._in_call:
+            self._finish_call(truncated, out)
         else:
-            rest = self._buf
+            self._emit_content(self._buf, out)
         self._buf, self._in_call = "", False
-        self._emit_content(rest, out)
         return out
 
 
