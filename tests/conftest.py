@@ -26,8 +26,8 @@ def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None) -> R
 
 
 def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens: int = 32) -> tuple[list[str], list[str]]:
-    """The texts of greedy streams of ``messages`` run one after another, then all at once:
-    (sequential, concurrent). Batching must not change a greedy result."""
+    """The texts (reasoning and content) of greedy streams of ``messages`` run one after another,
+    then all at once: (sequential, concurrent). Batching must not change a greedy result."""
     import asyncio
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
@@ -35,7 +35,8 @@ def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens:
     async def stream(m: list[dict]) -> str:
         chunks = await client.chat.completions.create(model=model, messages=m, temperature=0, max_tokens=max_tokens,
                                                       stream=True)
-        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        return "".join([((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "")
+                        + (c.choices[0].delta.content or "") async for c in chunks if c.choices])
 
     async def run():
         sequential = [await stream(m) for m in messages]

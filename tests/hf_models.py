@@ -174,15 +174,18 @@ def tiny_idefics3(base: Path, out: Path) -> Path:
 GLM_ARCHITECTURES = [("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4-9B
                      ("Glm4ForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4-0414
                      ("Glm4MoeForCausalLM", "glm-4.6.jinja", "glm45"),  # GLM-4.5 / 4.6 / 4.7
-                     ("Glm4MoeLiteForCausalLM", "glm-4.7.jinja", "glm47")]  # GLM-4.7-Flash
+                     ("Glm4MoeLiteForCausalLM", "glm-4.7.jinja", "glm47"),  # GLM-4.7-Flash
+                     ("GlmMoeDsaForCausalLM", "glm-4.7.jinja", "glm47")]  # GLM-5 (sparse attention)
 
 
 def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
               context: int = 1024) -> Path:
     """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
     ``GlmForCausalLM`` (GLM-4-9B's own class), ``Glm4MoeForCausalLM`` (GLM-4.5 to 4.7: 4 routed
-    experts, 2 per token, 1 shared, the first layer dense) or ``Glm4MoeLiteForCausalLM``
-    (GLM-4.7-Flash: the same experts behind multi-head latent attention), with a GLM tokenizer
+    experts, 2 per token, 1 shared, the first layer dense), ``Glm4MoeLiteForCausalLM``
+    (GLM-4.7-Flash: the same experts behind multi-head latent attention) or
+    ``GlmMoeDsaForCausalLM`` (GLM-5: latent attention with DeepSeek's sparse-attention
+    indexer), with a GLM tokenizer
     (GLM-4's special tokens), a GLM chat template (``fixtures/glm/<template>``: GLM-4-9B-Chat's
     by default) and ``context`` positions. Head size 32: the smallest vLLM's CPU attention takes."""
     import inspect
@@ -201,10 +204,12 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
                  moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                  first_k_dense_replace=1, n_group=1, topk_group=1,
                  q_lora_rank=32, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=8, v_head_dim=16)
-    if architecture == "Glm4MoeLiteForCausalLM":
-        # latent attention as GLM-4.7-Flash has it: one KV head per head, a 512 + 64 latent (vLLM's
-        # CPU kernel takes no other size)
-        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
+    if architecture in ("Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM"):
+        # latent attention as GLM-4.7-Flash and GLM-5 have it: one KV head per head, a 512 + 64
+        # latent (vLLM's CPU kernel takes no other size); GLM-5's sparse-attention indexer with
+        # 2 heads, selecting more tokens than the context holds
+        sizes.update(num_key_value_heads=sizes["num_attention_heads"], index_n_heads=2, index_head_dim=128,
+                     index_topk=2048)
     accepted = inspect.signature(config_cls.__init__).parameters
     config = config_cls(**{k: v for k, v in sizes.items() if k in accepted})
     # keys the models' own config.json files carry and vLLM reads, which transformers' config

@@ -183,6 +183,10 @@ def test_glm_models_load_natively(tmp_path_factory, architecture, template, pars
         if parser == "glm4":
             # [gMASK]<sop><|user|>\n + 2 characters (6 UTF-8 bytes: byte-level tokens) + <|assistant|>
             assert reply.usage.prompt_tokens == 2 + 1 + 1 + 6 + 1
+        if architecture == "GlmMoeDsaForCausalLM":  # the indexer's key cache joins and leaves the padded batch
+            asks = [[{"role": "user", "content": text}] for text in ("你好", "What is the weather like in Paris?", "2+2")]
+            sequential, concurrent = greedy_streams(srv.url, "tiny-glm4", asks, max_tokens=16)
+            assert all(sequential) and concurrent == sequential
     finally:
         srv.stop()
 

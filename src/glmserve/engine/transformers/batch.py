@@ -4,8 +4,10 @@ mask marking the padding. A prefilled sequence joins by padding the shorter side
 and concatenating; finished rows leave by index selection, and padding columns no row needs
 any more are trimmed away.
 
-Tensors are ``[batch, kv_heads, positions, head_dim]`` per layer; the mask is ``[batch,
-positions]`` of 0/1 (long).
+Tensors are ``[batch, kv_heads, positions, head_dim]`` per layer, and a sparse-attention layer's
+indexer keys (transformers' ``DynamicIndexedLayer``: GLM-5, DeepSeek-V3.2) ``[batch, positions,
+index_head_dim]``; the mask is ``[batch, positions]`` of 0/1 (long), which the indexer also
+applies, so padding is never selected.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class PaddedKVBatch:
         for old, new in zip(self.cache.layers, cache.layers):
             old.keys = torch.cat([_left_pad(old.keys, grow_old, 2), _left_pad(new.keys, grow_new, 2)])
             old.values = torch.cat([_left_pad(old.values, grow_old, 2), _left_pad(new.values, grow_new, 2)])
+            if getattr(old, "indexer_keys", None) is not None:
+                old.indexer_keys = torch.cat([_left_pad(old.indexer_keys, grow_old, 1),
+                                              _left_pad(new.indexer_keys, grow_new, 1)])
         self.mask = torch.cat([_left_pad(self.mask, grow_old, 1), _left_pad(mask, grow_new, 1)])
 
     def keep(self, rows: list[int]) -> None:
@@ -59,6 +64,8 @@ class PaddedKVBatch:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, start:]
             layer.values = layer.values.index_select(0, index)[:, :, start:]
+            if getattr(layer, "indexer_keys", None) is not None:
+                layer.indexer_keys = layer.indexer_keys.index_select(0, index)[:, start:]
 
     def next_mask(self) -> torch.Tensor:
         """The attention mask for one more position in every row (commit it with ``advance``)."""

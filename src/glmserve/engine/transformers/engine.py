@@ -259,12 +259,22 @@ class TransformersEngine(StepWorker[_Seq]):
         model, device = self._loaded.model, self._loaded.device
         ids = torch.tensor([seq.request.prompt_token_ids], dtype=torch.long, device=device)
         extra = {k: v.to(device) for k, v in (seq.request.multimodal or {}).items()}
-        cache = DynamicCache()
+        cache = self._new_cache()
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True,
                     logits_to_keep=1, **extra, **self._forward_kwargs([seq]))
         seq.position = seq.num_prompt
         seq.rope_delta = self._take_rope_delta()
         return out.logits[:, -1, :], cache
+
+    def _new_cache(self) -> DynamicCache:
+        """A one-sequence cache: full layers (the padded batch keeps every position), built from
+        the model's layer types when its attention keeps an indexer key cache beside K/V
+        (``indexed_attention``: GLM-5's and DeepSeek-V3.2's sparse attention)."""
+        config = self._loaded.model.config
+        text_config = config.get_text_config(decoder=True)
+        if "indexed_attention" in (getattr(text_config, "layer_types", None) or ()):
+            return DynamicCache(config=config)
+        return DynamicCache()
 
     def _take_rope_delta(self) -> int:
         """The ``rope_deltas`` a multimodal-RoPE model stored during the prefill (then cleared,
