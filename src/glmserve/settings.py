@@ -173,8 +173,9 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
     )
     override_generation_config: dict[str, float] = Field(
         {}, description="Sampling defaults (a JSON object) for requests that leave them out, as vLLM's flag: "
-        "temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty; e.g. "
-        "'{\"temperature\": 0.6}' for clients that send none (Claude Code).",
+        "temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, and "
+        "max_new_tokens (the max_tokens of a request that sends none, lowered to what the context leaves); e.g. "
+        "'{\"temperature\": 0.6, \"max_new_tokens\": 4096}' for clients that send none (Claude Code, Codex).",
     )
     reasoning_budget: int = Field(
         -1, ge=-1, description="Reasoning tokens a reply may use before glmserve ends the reasoning (writes "
@@ -229,6 +230,9 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         unknown = sorted(set(value) - GENERATION_DEFAULTS)
         if unknown:
             raise ValueError(f"{', '.join(unknown)}: not a sampling field (one of {', '.join(sorted(GENERATION_DEFAULTS))})")
+        max_new = value.get("max_new_tokens")
+        if max_new is not None and (max_new != int(max_new) or max_new < 1):
+            raise ValueError("max_new_tokens: a whole number of tokens, at least 1")
         try:  # within the bounds a request's own values have
             ChatCompletionRequest.model_validate({"model": "-", "messages": [{"role": "user", "content": "-"}], **value})
         except ValidationError as exc:

@@ -3,8 +3,9 @@ against the real server: plain and streamed replies on the default model, tool_c
 on the default model and on the hermes fixture template, a tool round trip, count_tokens,
 GLM-4.5 reasoning as thinking blocks (a tiny GLM trained in the test), an image to tiny LLaVA,
 Anthropic's error envelope (400, 401, 404, 413, 429, and 529 as a stream's error event at
-shutdown), x-api-key, a cut stream aborted in the engine, and the prefix cache over a three-turn
-tool conversation."""
+shutdown), x-api-key, a cut stream aborted in the engine, the prefix cache over a three-turn
+tool conversation, strings over 100,000 characters, a prefill continued (and chat's
+``continue_final_message``), and 8 stop sequences."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import anthropic
 import httpx
 import jsonschema
+import openai
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer
@@ -40,7 +42,7 @@ def sdk(server: RemoteServer, api_key: str = "unused") -> anthropic.Anthropic:
 
 @pytest.fixture(scope="module")
 def messages_server():
-    srv = RemoteServer("--log-level", "info")
+    srv = RemoteServer("--log-level", "info", "--n-ctx", "8192")  # SmolLM2's own context: long tool results
     yield srv
     srv.stop()
 
@@ -245,7 +247,10 @@ BAD_REQUESTS = [
         "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}], "max_tokens": 5}, "messages"),
     ("server tool", {"messages": ASK, "max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      "tools.0.type"),
-    ("five stop sequences", {"messages": ASK, "max_tokens": 5, "stop_sequences": list("abcde")}, "stop_sequences"),
+    ("33 stop sequences", {"messages": ASK, "max_tokens": 5, "stop_sequences": [f"s{i}" for i in range(33)]},
+     "stop_sequences"),
+    ("prefill ending in whitespace", {"messages": [*ASK, {"role": "assistant", "content": "The capital is "}],
+                                      "max_tokens": 5}, "trailing whitespace"),
     ("prompt longer than the context", {"messages": [{"role": "user", "content": "hello " * 9000}],
                                         "max_tokens": 5}, "messages"),
 ]
@@ -375,3 +380,48 @@ def test_too_large_overload_and_shutdown_in_anthropic_shapes():
     finally:
         srv.stop()
 
+
+
+def test_strings_longer_than_100000_characters(messages_server):
+    """A string ``system`` or ``content`` has no length bound of its own (only the body's and the
+    context's): a Claude Code session reads a long file. 300,000 dashes are 4,688 SmolLM2 tokens."""
+    read = {"name": "read_file", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+    conversation = dict(system="-" * 100_001, tools=[read], messages=[
+        {"role": "user", "content": "=" * 100_001},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                           "input": {"path": "rule.txt"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "-" * 300_000}]}])
+    client = sdk(messages_server)
+    counted = client.messages.count_tokens(model=DEFAULT_MODEL, **conversation).input_tokens
+    assert counted > 4688 + 2 * 1562
+    reply = client.messages.create(model=DEFAULT_MODEL, max_tokens=4, extra_body=GREEDY, **conversation)
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == counted
+
+
+def test_a_final_assistant_message_is_continued(messages_server):
+    """A prefill: the reply continues the assistant's text (Anthropic's API), and chat's
+    ``continue_final_message`` (vLLM's) gives the same continuation."""
+    prefill = "The capital of France is"
+    reply = sdk(messages_server).messages.create(model=DEFAULT_MODEL, max_tokens=8, extra_body=GREEDY,
+                                                 messages=[*ASK, {"role": "assistant", "content": prefill}])
+    text = _text(reply)
+    assert "Paris" in text and "capital" not in text  # the continuation alone, not a fresh answer
+    chat = messages_server.client().chat.completions.create(
+        model=DEFAULT_MODEL, max_tokens=8, temperature=0, messages=[*ASK, {"role": "assistant", "content": prefill}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert chat.choices[0].message.content == text
+    fresh = messages_server.client().chat.completions.create(
+        model=DEFAULT_MODEL, max_tokens=8, temperature=0, messages=[*ASK, {"role": "assistant", "content": prefill}])
+    assert fresh.choices[0].message.content != text  # without it, a new assistant turn starts
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        messages_server.client().chat.completions.create(model=DEFAULT_MODEL, max_tokens=8, messages=ASK,
+                                                         extra_body={"continue_final_message": True})
+
+
+def test_eight_stop_sequences(messages_server):
+    stops = ["zebra", "quartz", "Paris", "violin", "comet", "walnut", "harbor", "meadow"]
+    reply = sdk(messages_server).messages.create(model=DEFAULT_MODEL, max_tokens=60, system=SYSTEM, messages=ASK,
+                                                 stop_sequences=stops, extra_body=GREEDY)
+    assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "Paris")
+    assert "Paris" not in _text(reply)

@@ -23,6 +23,29 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
+# transformers' marker for continue_final_message (utils/chat_template_utils.py)
+CONTINUE_MARKER = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _with_marker(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with ``CONTINUE_MARKER`` after the final message's text (its last text part
+    when the content is a list). Raises ``ChatTemplateError`` when it has no text."""
+    if not messages:
+        raise ChatTemplateError("there is no final message to continue")
+    final = dict(messages[-1])
+    content = final.get("content")
+    if isinstance(content, str):
+        final["content"] = content + CONTINUE_MARKER
+    elif isinstance(content, list) and any(isinstance(p, dict) and "text" in p for p in content):
+        parts = list(content)
+        last = max(i for i, p in enumerate(parts) if isinstance(p, dict) and "text" in p)
+        parts[last] = {**parts[last], "text": parts[last]["text"] + CONTINUE_MARKER}
+        final["content"] = parts
+    else:
+        raise ChatTemplateError("the final message has no text to continue")
+    return [*messages[:-1], final]
+
+
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (its ``raise_exception``) or failed to render.
 
@@ -74,12 +97,19 @@ class ChatTemplate:
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
         """The prompt text for ``messages`` (dicts with ``role``, ``content`` and optional
-        ``tool_calls``/``name``...). Raises ``ChatTemplateError`` with the template's message."""
+        ``tool_calls``/``name``...). ``continue_final_message``: the prompt ends inside the last
+        message, right after its text, so that the model continues it (a prefill), as
+        transformers' ``apply_chat_template`` does it: the text is rendered with a marker after
+        it and the prompt cut at the marker. Raises ``ChatTemplateError`` with the template's
+        message (also when the template does not write the final message's text as given)."""
+        if continue_final_message:
+            messages = _with_marker(messages)
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
@@ -91,6 +121,13 @@ class ChatTemplate:
             raise ChatTemplateError(str(exc) or type(exc).__name__) from exc
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             raise ChatTemplateError(f"chat template failed to render: {exc}") from exc
+        if continue_final_message:
+            at = text.rfind(CONTINUE_MARKER.strip())
+            if at < 0:
+                raise ChatTemplateError("the chat template does not write the final message's text, so it "
+                                        "cannot be continued")
+            text = text[:at] if text.startswith(CONTINUE_MARKER, at) else text[:at].rstrip()
+        return text
 
     def end_of_turn_text(self) -> str:
         """The text the template writes right after an assistant reply and before the next

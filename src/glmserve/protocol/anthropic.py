@@ -10,18 +10,22 @@ Anthropic's own clients send beta fields (Claude Code: ``context_management``,
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import MAX_STOP_SEQUENCES, KeepAlive, StopString, _Lenient
-from glmserve.protocol.errors import APIError
+from glmserve.protocol.chat import KeepAlive, StopString, _Lenient
+from glmserve.protocol.errors import APIError, ErrorInfo
 
 # bounds on the lists a request holds (each item is rendered into the prompt); the body itself is
 # bounded by --max-request-bytes. Claude Code's compaction request was seen with 6361 blocks in one
 # message.
 MAX_MESSAGES = 100_000
 MAX_BLOCKS = 100_000
+Blocks = Annotated[list[dict[str, Any]], Field(max_length=MAX_BLOCKS)]  # a string has no bound but the body's
+# Anthropic documents no limit on stop_sequences; each is searched for after every token
+# (serving/stop.py), so their number is bounded here
+MAX_STOP_SEQUENCES = 32
 
 
 class Tool(_Lenient):
@@ -70,7 +74,7 @@ class MessageParam(_Lenient):
     ``image``, ``tool_use``, ``tool_result``, ``thinking``, ``redacted_thinking``)."""
 
     role: Literal["user", "assistant", "system"]
-    content: str | list[dict[str, Any]] = Field(max_length=MAX_BLOCKS)
+    content: str | Blocks
 
 
 class CountTokensRequest(_Lenient):
@@ -79,7 +83,7 @@ class CountTokensRequest(_Lenient):
     model: str
     keep_alive: KeepAlive = None
     messages: list[MessageParam] = Field(min_length=1, max_length=MAX_MESSAGES)
-    system: str | list[dict[str, Any]] | None = Field(None, max_length=MAX_BLOCKS)
+    system: str | Blocks | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
@@ -89,7 +93,8 @@ class MessagesRequest(CountTokensRequest):
     """``POST /v1/messages``. ``max_tokens`` is required, as Anthropic requires it, and is a
     ceiling: when the prompt leaves less of the context, the reply gets what is left.
     ``temperature`` is 0..1 (Anthropic's range); ``top_k`` 0 means no top-k;
-    ``stop_sequences`` at most 4 (as OpenAI's ``stop``: each is matched after every token)."""
+    ``stop_sequences``: at most ``MAX_STOP_SEQUENCES`` (each is matched after every token). A
+    final ``assistant`` message is a prefill: the reply continues its text."""
 
     max_tokens: int = Field(ge=1)
     stop_sequences: list[StopString] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
@@ -167,6 +172,20 @@ def error_status(exc: APIError) -> int:
     return OVERLOADED if exc.status_code == 503 else exc.status_code
 
 
+# OpenAI-side error codes that mean "not now" (the server is shutting down, its engine or the
+# model cannot serve): Anthropic's overloaded_error, which its SDKs retry
+OVERLOADED_CODES = frozenset({"server_shutting_down", "engine_unhealthy", "model_busy"})
+
+
+def stream_error_type(error: ErrorInfo) -> str:
+    """The Anthropic ``error`` event type for an error body sent after a stream began (no HTTP
+    status there): ``overloaded_error`` for ``OVERLOADED_CODES``, the same type where
+    Anthropic has it, else ``api_error``."""
+    if error.code in OVERLOADED_CODES:
+        return "overloaded_error"
+    return error.type if error.type in ERROR_TYPES.values() else "api_error"
+
+
 def error_body(exc: APIError) -> dict[str, Any]:
     """Anthropic's envelope for ``exc``: ``{"type": "error", "error": {"type", "message"}}``;
     the message names the field (``param``) when there is one."""
@@ -178,4 +197,4 @@ def error_body(exc: APIError) -> dict[str, Any]:
 
 __all__ = ["CountTokensRequest", "CountTokensResponse", "ErrorEnvelope", "Message", "MessageParam",
            "MessageStreamEvent", "MessagesRequest", "ThinkingConfig", "Tool", "ToolChoice", "Usage",
-           "error_body", "error_status"]
+           "error_body", "error_status", "stream_error_type"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer,
+                      model_validator)
 
 MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop generating"
 # glmserve's bound: a stop string is matched against held-back text after every token
@@ -160,9 +161,20 @@ class ChatCompletionRequest(_Lenient):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the prompt ends with the assistant's opening (default) or inside the final message,
+    # whose text the reply continues (a prefill); not both
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # OpenAI's reasoning switch; on a model with a thinking switch, "none" and "minimal" turn it off
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     thinking_token_budget: int | None = Field(None, ge=0)
+
+
+    @model_validator(mode="after")
+    def _one_prompt_end(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return self
 
 
 # ---- response ----------------------------------------------------------------------------

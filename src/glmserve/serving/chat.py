@@ -119,7 +119,8 @@ class ChatService:
         context is lowered to fit (Anthropic clients send one ceiling whatever the model)
         instead of refused with a 400."""
         self.check_model(req.model)
-        req = with_defaults(req, self.generation_defaults)
+        req, default_ceiling = with_defaults(req, self.generation_defaults)
+        max_tokens_ceiling = max_tokens_ceiling or default_ceiling
         check_supported(req)  # before any image is fetched
         check_n(req.n, self.max_n)
         bias = logit_bias(req, self.engine.tokenizer.n_vocab)

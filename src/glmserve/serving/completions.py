@@ -58,7 +58,7 @@ class CompletionService:
 
     async def create(self, req: CompletionRequest) -> Completion | AsyncIterator[Completion | ErrorResponse]:
         self.chat.check_model(req.model)
-        req = with_defaults(req, self.chat.generation_defaults)
+        req, ceiling = with_defaults(req, self.chat.generation_defaults)
         check_supported(req)
         check_n(req.n, self.chat.max_n)
         bias = logit_bias(req, self.tokenizer.n_vocab)
@@ -67,8 +67,9 @@ class CompletionService:
         runs: list[Run] = []
         for p, ids in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
-            sampling = to_sampling_params(req, fit_max_tokens(len(ids), req.max_tokens, self.chat.context_length,
-                                                              param), (), None, bias)
+            max_tokens = min(req.max_tokens, max(1, self.chat.context_length - len(ids))) if ceiling else req.max_tokens
+            sampling = to_sampling_params(req, fit_max_tokens(len(ids), max_tokens, self.chat.context_length, param),
+                                          (), None, bias)
             for j in range(req.n):  # choice p * n + j
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),

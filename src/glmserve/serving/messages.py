@@ -25,6 +25,9 @@ Request mapping:
   API: no thinking blocks (reasoning a model writes anyway, one whose template cannot turn it off,
   is dropped from the reply). Past reasoning is kept in the prompt (``PRESERVED_THINKING``).
   ``max_tokens`` is a ceiling (Claude Code always sends 32000).
+- a final ``assistant`` turn is a prefill: the prompt ends inside it (``continue_final_message``)
+  and the reply is its continuation (Anthropic's 400 when its text ends in whitespace).
+  ``stop_sequences`` are up to ``MAX_STOP_SEQUENCES`` (Anthropic has no limit of 4).
   ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``;
   ``output_config.effort`` is the template's ``reasoning_effort``.
 
@@ -55,6 +58,7 @@ from glmserve.protocol.anthropic import (
     MessagesRequest,
     MessageStreamEvent,
     Usage,
+    stream_error_type,
 )
 from glmserve.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
@@ -233,10 +237,16 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     if choice is not None and not tools and choice != "none":
         raise invalid_request(f"tool_choice {req.tool_choice.type!r} needs tools", "tool_choice")
     thinking = _thinking(req)
+    messages = to_chat_messages(req)
     body: dict[str, Any] = {
-        "model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
+        "model": req.model, "messages": messages, "tools": tools or None,
         "tool_choice": choice if tools else None, "parallel_tool_calls": parallel,
     }
+    if req.messages[-1].role == "assistant":  # a prefill: the reply continues its text
+        if (messages[-1].get("content") or "") != (messages[-1].get("content") or "").rstrip():
+            raise invalid_request("final assistant content cannot end with trailing whitespace",
+                                  f"messages.{len(req.messages) - 1}.content")
+        body.update(add_generation_prompt=False, continue_final_message=True)
     config = getattr(req, "output_config", None)  # a Messages request's (count_tokens has none)
     effort = config.effort if config else None
     kwargs = ({"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else {}) | (
@@ -250,11 +260,12 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
             raise invalid_request("`max_tokens` must be greater than `thinking.budget_tokens`", "max_tokens")
         body["thinking_token_budget"] = budget
     if isinstance(req, MessagesRequest):
-        body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
-                    top_p=req.top_p, top_k=req.top_k or None)
+        body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k or None)
         fmt = req.output_config.format if req.output_config else None
         if fmt is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
+        # Anthropic's bound on stop_sequences (already checked) is not OpenAI's 4
+        return chat_request(body, "messages").model_copy(update={"stop": req.stop_sequences})
     return chat_request(body, "messages")
 
 
@@ -356,8 +367,7 @@ class MessagesService:
             if isinstance(chunk, ErrorResponse):
                 for e in close():
                     yield e
-                kind = "rate_limit_error" if chunk.error.type == "rate_limit_error" else "api_error"
-                yield event("error", error={"type": kind, "message": chunk.error.message})
+                yield event("error", error={"type": stream_error_type(chunk.error), "message": chunk.error.message})
                 return
             assert isinstance(chunk, ChatCompletionChunk)
             usage = chunk.usage or usage

@@ -66,7 +66,9 @@ def build_prompt(
     history), else the template's ``tools`` variable; ``plan.forced_prefix`` is appended after
     the generation prompt. ``images`` (decoded, in conversation order) go through the
     engine's ``processor``, whose token count (image tokens included) is what must fit (unless
-    ``check_fit`` is false: ``/tokenize`` counts any prompt). ``template_kwargs``: extra
+    ``check_fit`` is false: ``/tokenize`` counts any prompt). ``req.add_generation_prompt`` and
+    ``req.continue_final_message`` (vLLM's fields: end the prompt inside the final message, a
+    prefill the model continues) reach the template. ``template_kwargs``: extra
     template variables (``enable_thinking``...); ``max_tokens_ceiling``: lower a ``max_tokens``
     that does not fit to what the prompt leaves instead of refusing it. Raises ``APIError`` 400 for
     content the model cannot take, a template that rejects the conversation, or a
@@ -76,15 +78,16 @@ def build_prompt(
     except UnsupportedContentError as exc:
         raise invalid_request(str(exc), exc.param) from exc
     plan = plan or ToolPlan()
-    kwargs = template_kwargs or {}
+    kwargs = {**(template_kwargs or {}), "add_generation_prompt": req.add_generation_prompt,
+              "continue_final_message": req.continue_final_message}
     try:
         if tool_format == "glm4":
-            text = template.render(to_glm4_items(messages, plan.offered), add_generation_prompt=True, **kwargs)
+            text = template.render(to_glm4_items(messages, plan.offered), **kwargs)
         elif tool_format == "generic":
             text = template.render(to_generic_messages(messages, plan.functions if plan.offered else None, plan.choice),
-                                   add_generation_prompt=True, **kwargs)
+                                   **kwargs)
         else:
-            text = template.render(messages, tools=plan.offered, add_generation_prompt=True, **kwargs)
+            text = template.render(messages, tools=plan.offered, **kwargs)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += plan.forced_prefix

@@ -12,16 +12,24 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 
 
-# the request fields --override-generation-config may give defaults for (vLLM's flag)
+# the request fields --override-generation-config may give defaults for (vLLM's flag), and
+# vLLM's max_new_tokens: the max_tokens of a request that sets none
 GENERATION_DEFAULTS = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                                 "frequency_penalty"})
+                                 "frequency_penalty", "max_new_tokens"})
 
 
 def with_defaults(req, defaults: dict[str, float]):
-    """``req`` (a chat or completions request) with ``defaults`` for the sampling fields it did
-    not set (``--override-generation-config``, as vLLM applies a model's generation config)."""
-    missing = {k: v for k, v in defaults.items() if k not in req.model_fields_set}
-    return req.model_copy(update=missing) if missing else req
+    """``(req, ceiling)``: ``req`` (a chat or completions request) with ``defaults`` for the
+    sampling fields it did not set (``--override-generation-config``, as vLLM applies a model's
+    generation config). ``max_new_tokens`` becomes the ``max_tokens`` of a request that sets
+    none (neither ``max_tokens`` nor ``max_completion_tokens``); ``ceiling`` is then True: as in
+    vLLM, it is lowered to what the prompt leaves of the context rather than refused."""
+    missing = {k: v for k, v in defaults.items() if k in type(req).model_fields and k not in req.model_fields_set}
+    ceiling = False
+    if "max_new_tokens" in defaults and getattr(req, "max_completion_tokens", None) is None \
+            and ("max_tokens" not in req.model_fields_set or req.max_tokens is None):
+        missing["max_tokens"], ceiling = int(defaults["max_new_tokens"]), True
+    return (req.model_copy(update=missing) if missing else req), ceiling
 
 
 def check_n(n: int, max_n: int) -> None:
