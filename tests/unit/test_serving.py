@@ -174,3 +174,19 @@ def test_replica_header_and_deployment_health(engine):
         assert models.headers["x-glmserve-replica"] == "r1" and models.headers["x-request-id"]
     with TestClient(create_app(service)) as client:
         assert "x-glmserve-replica" not in client.get("/v1/models").headers
+
+
+def test_max_new_tokens_is_the_default_max_tokens(engine):
+    """``--override-generation-config '{"max_new_tokens": N}'`` (vLLM's key): a request without
+    ``max_tokens`` gets N, lowered to what the prompt leaves of the context rather than refused;
+    a request's own ``max_tokens`` wins."""
+    service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE), generation_defaults={"max_new_tokens": 7})
+    with TestClient(create_app(service)) as client:
+        assert client.post("/v1/chat/completions", json=_body()).status_code == 200
+        assert client.post("/v1/chat/completions", json=_body(max_tokens=3)).status_code == 200
+        assert client.post("/v1/completions", json={"model": "fake", "prompt": "Hi"}).status_code == 200
+    assert [r.sampling.max_tokens for r in engine.requests] == [7, 3, 7]
+    service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE), generation_defaults={"max_new_tokens": 10**6})
+    with TestClient(create_app(service)) as client:
+        assert client.post("/v1/chat/completions", json=_body()).status_code == 200  # a ceiling: never a 400
+    assert engine.requests[-1].sampling.max_tokens == 256 - len(engine.requests[-1].prompt_token_ids)
