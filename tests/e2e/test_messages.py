@@ -245,8 +245,10 @@ BAD_REQUESTS = [
     ("temperature above 1", {"messages": ASK, "max_tokens": 5, "temperature": 1.5}, "temperature"),
     ("image to a text model", {"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}], "max_tokens": 5}, "messages"),
-    ("server tool", {"messages": ASK, "max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
-     "tools.0.type"),
+    ("forced server tool", {"messages": ASK, "max_tokens": 5, "tool_choice": {"type": "tool", "name": "web_search"},
+                            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
+    ("client tool of Anthropic's schema", {"messages": ASK, "max_tokens": 5,
+                                           "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools.0.type"),
     ("33 stop sequences", {"messages": ASK, "max_tokens": 5, "stop_sequences": [f"s{i}" for i in range(33)]},
      "stop_sequences"),
     ("prefill ending in whitespace", {"messages": [*ASK, {"role": "assistant", "content": "The capital is "}],

@@ -80,7 +80,8 @@ def test_json_schema_format(client):
 @pytest.mark.parametrize("kw, param", [
     ({"store": True}, "store"),
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools.0.type"),
+    ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ({"input": [{"type": "computer_call"}]}, "input.0.type"),
 ])
 def test_refused_with_400(client, kw, param):

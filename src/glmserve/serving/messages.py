@@ -16,7 +16,9 @@ Request mapping:
 - assistant ``text`` blocks are its content, ``thinking`` blocks its ``reasoning_content`` (what
   the GLM-4.5+ template replays), ``tool_use`` blocks its ``tool_calls``;
   ``redacted_thinking`` (opaque to any other model) is dropped.
-- ``tools`` are function tools (``input_schema`` -> ``parameters``); ``tool_choice`` ``auto`` /
+- ``tools`` are function tools (``input_schema`` -> ``parameters``); Anthropic's server tools
+  (web search, web fetch, code execution) are left out unless ``tool_choice`` names one (a 400:
+  ``serving/hosted_tools.py``); ``tool_choice`` ``auto`` /
   ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` / the named function / ``none``, and
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
 - ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking`` (``enabled``'s
@@ -65,6 +67,7 @@ from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
 from glmserve.serving.chat import ChatService, chat_request
 from glmserve.serving.chunks import ChunkStream
+from glmserve.serving.hosted_tools import ANTHROPIC_HOSTED, leave_out
 from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
@@ -225,16 +228,24 @@ def _thinking(req: CountTokensRequest) -> str:
 
 def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     """The chat request that answers ``req`` (a Messages or count_tokens request). Raises 400
-    for what cannot be served: a server tool, a block type without a chat equivalent."""
+    for what cannot be served: a forced server tool, a block type without a chat equivalent."""
+    requested = req.tool_choice
+
+    def forced(tool: dict) -> bool:
+        return requested is not None and requested.type == "tool" and requested.name == tool.get("name")
+
     tools = []
-    for i, tool in enumerate(req.tools or []):
-        if tool.type not in (None, "custom"):
-            raise invalid_request(f"server tools ({tool.type!r}) are not available on this server; only client "
-                                  "tools (name, description, input_schema) are", f"tools.{i}.type")
-        tools.append({"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                                       "parameters": tool.input_schema}})
+    offered = [t.model_dump() for t in req.tools or []]
+    for i, tool in leave_out(offered, ANTHROPIC_HOSTED, forced, "/v1/messages"):
+        if tool["type"] not in (None, "custom"):
+            raise invalid_request(f"tools of type {tool['type']!r} are not available on this server; client tools "
+                                  "(name, description, input_schema) are, and server tools are left out",
+                                  f"tools.{i}.type")
+        tools.append({"type": "function", "function": {"name": tool["name"], "description": tool["description"],
+                                                       "parameters": tool["input_schema"]}})
     choice, parallel = _tool_choice(req)
-    if choice is not None and not tools and choice != "none":
+    only_hosted = bool(offered) and not tools  # every tool was a server tool, left out
+    if choice is not None and not tools and choice != "none" and not (only_hosted and choice == "auto"):
         raise invalid_request(f"tool_choice {req.tool_choice.type!r} needs tools", "tool_choice")
     thinking = _thinking(req)
     messages = to_chat_messages(req)

@@ -40,6 +40,7 @@ from glmserve.protocol.responses import (
 )
 from glmserve.serving.chat import ChatService, chat_request
 from glmserve.serving.chunks import ChunkStream
+from glmserve.serving.hosted_tools import OPENAI_HOSTED, leave_out
 from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
 
 
@@ -123,14 +124,44 @@ def to_chat_messages(req: ResponsesRequest) -> list[dict]:
     return messages
 
 
-def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request that answers ``req``. Raises 400 for what the chat API cannot carry."""
-    tools = []
-    for i, tool in enumerate(req.tools or []):
-        if tool.get("type") != "function":
-            raise invalid_request(f"only function tools are supported, not {tool.get('type')!r}", f"tools.{i}.type")
-        tools.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
-                                                                             "strict") if k in tool}})
+def _function(tool: dict, param: str) -> dict:
+    if tool.get("type") != "function":
+        raise invalid_request(f"tools of type {tool.get('type')!r} are not supported here (function and namespace "
+                              "tools are; hosted tools are left out)", f"{param}.type")
+    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")
+                                             if k in tool}}
+
+
+def function_tools(req: ResponsesRequest) -> tuple[list[dict], dict[str, str]]:
+    """``(tools, namespaces)``: the request's tools as chat function tools, and the namespace of
+    each function offered inside a ``namespace`` tool (by function name). A namespace's functions
+    are offered to the model by their own names. Hosted tools are left out
+    (``serving/hosted_tools.py``). Raises 400 naming any other tool type (``custom``,
+    ``local_shell``...)."""
+    choice = req.tool_choice
+
+    def forced(tool: dict) -> bool:
+        return isinstance(choice, dict) and choice.get("type") == tool.get("type")
+
+    tools, namespaces = [], {}
+    for i, tool in leave_out(req.tools or [], OPENAI_HOSTED, forced, "/v1/responses"):
+        if tool.get("type") != "namespace":
+            tools.append(_function(tool, f"tools.{i}"))
+            continue
+        inner = tool.get("tools")
+        if not isinstance(tool.get("name"), str) or not isinstance(inner, list):
+            raise invalid_request("a namespace tool needs 'name' and 'tools' (a list)", f"tools.{i}")
+        for j, fn in enumerate(inner):
+            if not isinstance(fn, dict):
+                raise invalid_request("a tool must be an object", f"tools.{i}.tools.{j}")
+            tools.append(_function(fn, f"tools.{i}.tools.{j}"))
+            namespaces[fn.get("name")] = tool["name"]
+    return tools, namespaces
+
+
+def to_chat_request(req: ResponsesRequest, tools: list[dict]) -> ChatCompletionRequest:
+    """The chat request that answers ``req``, offering ``tools`` (``function_tools``'). Raises
+    400 for what the chat API cannot carry."""
     choice = req.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -164,9 +195,15 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
             "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, namespaces: dict[str, str],
+               status: str = "completed") -> dict:
+    """A ``function_call`` item; a function offered inside a ``namespace`` tool carries its
+    ``namespace``, as OpenAI returns a namespaced call."""
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
+    if name in namespaces:
+        item["namespace"] = namespaces[name]
+    return item
 
 
 def _reasoning_item(item_id: str, text: str | None) -> dict:
@@ -189,7 +226,8 @@ class ResponsesService:
         if req.previous_response_id:
             raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
                                   "used: send the whole conversation in input", "previous_response_id")
-        chat_req = with_template_defaults(to_chat_request(req), PRESERVED_THINKING,
+        tools, namespaces = function_tools(req)
+        chat_req = with_template_defaults(to_chat_request(req, tools), PRESERVED_THINKING,
                                           self.chat.default_template_kwargs)
         shell = Response(id=_id("resp"), created_at=int(time.time()), status="in_progress", model=req.model,
                          instructions=req.instructions, tools=req.tools or [],
@@ -200,19 +238,20 @@ class ResponsesService:
                              "format": {"type": "text"}})
         if not req.stream:
             completion = await self.chat.create(chat_req)
-            return self._finish(shell, self._items(completion), completion.choices[0].finish_reason,
+            return self._finish(shell, self._items(completion, namespaces), completion.choices[0].finish_reason,
                                 completion.usage)
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
         chunks = await self.chat.create(stream_req)
-        return ChunkStream(self._events(shell, chunks), chunks)
+        return ChunkStream(self._events(shell, chunks, namespaces), chunks)
 
     @staticmethod
-    def _items(completion: ChatCompletion) -> list[dict]:
+    def _items(completion: ChatCompletion, namespaces: dict[str, str]) -> list[dict]:
         message = completion.choices[0].message
         items = [_reasoning_item(_id("rs"), message.reasoning_content)] if message.reasoning_content else []
         if message.content:
             items.append(_message_item(_id("msg"), message.content))
-        items += [_call_item(_id("fc"), c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        items += [_call_item(_id("fc"), c.id, c.function.name, c.function.arguments, namespaces)
+                  for c in message.tool_calls or []]
         return items
 
     @staticmethod
@@ -222,8 +261,8 @@ class ResponsesService:
             "status": "incomplete" if incomplete else "completed", "output": items, "usage": _usage(usage),
             "incomplete_details": IncompleteDetails(reason="max_output_tokens") if incomplete else None})
 
-    async def _events(self, shell: Response,
-                      chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse]) -> AsyncIterator[ResponseEvent]:
+    async def _events(self, shell: Response, chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse],
+                      namespaces: dict[str, str]) -> AsyncIterator[ResponseEvent]:
         seq = 0
         items: list[dict] = []
         open_item: dict | None = None  # the item being streamed: {"kind", "id", "text", ...}
@@ -251,7 +290,7 @@ class ResponsesService:
                 out = [event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                              content_index=0, text=item["text"])]
             else:
-                done = _call_item(item["id"], item["call_id"], item["name"], item["text"])
+                done = _call_item(item["id"], item["call_id"], item["name"], item["text"], namespaces)
                 out = [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                              name=item["name"], arguments=item["text"])]
             items.append(done)
@@ -271,7 +310,7 @@ class ResponsesService:
             if kind == "reasoning":
                 added = _reasoning_item(item_id, None)
             else:
-                added = _call_item(item_id, extra["call_id"], extra["name"], "", "in_progress")
+                added = _call_item(item_id, extra["call_id"], extra["name"], "", namespaces, "in_progress")
             return out + [event("response.output_item.added", output_index=index, item=added)]
 
         def text_delta(kind: str, event_type: str, text: str, **extra: Any) -> list[ResponseEvent]:
