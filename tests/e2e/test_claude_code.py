@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer
+from tests.e2e.capture import Capture
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
 KEY = "test-key"
@@ -73,40 +74,6 @@ def test_claude_code_gets_an_answer_from_the_default_model(claude, tmp_path):
         srv.stop()
 
 
-class _Capture:
-    """A local HTTP endpoint that records Claude Code's first Messages request and refuses it
-    (Anthropic's 400 envelope), so that Claude Code exits; ``url`` as ``RemoteServer``'s."""
-
-    def __init__(self) -> None:
-        import http.server
-        import threading
-
-        bodies = self.bodies = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                if self.path.startswith("/v1/messages") and "count_tokens" not in self.path:
-                    bodies.append(json.loads(body))
-                reply = b'{"type":"error","error":{"type":"invalid_request_error","message":"captured"}}'
-                self.send_response(400)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
     """A Messages request as the template messages and tools glmserve renders for it."""
     from glmserve.chat.messages import to_template_messages
@@ -125,7 +92,9 @@ def test_claude_code_runs_a_tool_the_model_called(claude, smollm2_hf, tmp_path_f
     prompt = f"Run the shell command: echo {MARKER}"
     args = ("--system-prompt", "You are a helpful AI assistant.", "--tools", "Bash", "--allowedTools", "Bash",
             "--max-turns", "3", "--output-format", "stream-json", "--verbose")
-    capture = _Capture()  # the request Claude Code will send, from the same home, on the same day
+    # the request Claude Code will send, from the same home, on the same day
+    capture = Capture("/v1/messages", {"type": "error", "error": {"type": "invalid_request_error",
+                                                                   "message": "captured"}})
     try:
         run_claude(claude, capture, "tiny-caller", prompt, home, *args)
     finally:
