@@ -79,6 +79,10 @@ def test_hosted_tools_are_left_out_unless_forced(hosted):
     ([SHELL, {"type": "local_shell"}], "tools.1.type", "local_shell"),
     ([{"type": "namespace", "name": "ns", "description": "d", "tools": [{"type": "custom", "name": "x"}]}],
      "tools.0.tools.0.type", "custom"),
+    ([{"type": "namespace", "name": "ns", "description": "d", "tools": [{"type": "namespace", "name": "n2"}]}],
+     "tools.0.tools.0.type", "namespace"),
+    ([{"type": "namespace", "name": "ns", "description": "d", "tools": [{"type": "function"}]}],
+     "tools.0.tools.0.name", "name"),
 ])
 def test_tool_types_nothing_here_serves_are_refused_by_name(tools, param, kind):
     _, client = _client("</think>Hi.")

@@ -128,6 +128,8 @@ def _function(tool: dict, param: str) -> dict:
     if tool.get("type") != "function":
         raise invalid_request(f"tools of type {tool.get('type')!r} are not supported here (function and namespace "
                               "tools are; hosted tools are left out)", f"{param}.type")
+    if not isinstance(tool.get("name"), str):
+        raise invalid_request("a function tool needs 'name' (a string)", f"{param}.name")
     return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")
                                              if k in tool}}
 
