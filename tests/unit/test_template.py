@@ -110,3 +110,19 @@ def test_openai_messages_mapping():
     assert out[2]["content"] == ""
     assert out[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
     assert out[3] == {"role": "tool", "content": "42", "tool_call_id": "call_1"}
+
+
+def test_continue_final_message_ends_the_prompt_inside_it():
+    """transformers' ``continue_final_message``: the prompt stops right after the final
+    message's text (string or last text part), with no end-of-turn and no generation prompt."""
+    template = ChatTemplate(CHATML_TEMPLATE)
+    ask = [{"role": "user", "content": "Capital of France?"}]
+    text = template.render([*ask, {"role": "assistant", "content": "It is"}], add_generation_prompt=False,
+                           continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\nIt is") and "CONTINUE" not in text
+    assert text == template.render(ask) + "It is"  # the generation prompt, then the prefill
+    parts = [{"type": "text", "text": "It"}, {"type": "text", "text": " is"}]
+    assert template.render([*ask, {"role": "assistant", "content": parts}], add_generation_prompt=False,
+                           continue_final_message=True).endswith(" is")
+    with pytest.raises(ChatTemplateError, match="no text"):
+        template.render([*ask, {"role": "assistant", "content": None}], continue_final_message=True)

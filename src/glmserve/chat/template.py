@@ -23,6 +23,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
+class ChatTemplateError(ValueError):
+    """The template rejected the conversation (its ``raise_exception``) or failed to render.
+
+    The message is meant for the client (a 400)."""
+
+
 # transformers' marker for continue_final_message (utils/chat_template_utils.py)
 CONTINUE_MARKER = "CONTINUE_FINAL_MESSAGE_TAG "
 
@@ -44,12 +50,6 @@ def _with_marker(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     else:
         raise ChatTemplateError("the final message has no text to continue")
     return [*messages[:-1], final]
-
-
-class ChatTemplateError(ValueError):
-    """The template rejected the conversation (its ``raise_exception``) or failed to render.
-
-    The message is meant for the client (a 400)."""
 
 
 def _raise_exception(message: str) -> None:
