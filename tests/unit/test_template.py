@@ -122,7 +122,7 @@ def test_continue_final_message_ends_the_prompt_inside_it():
     assert text.endswith("<|im_start|>assistant\nIt is") and "CONTINUE" not in text
     assert text == template.render(ask) + "It is"  # the generation prompt, then the prefill
     parts = ChatTemplate("{% for m in messages %}[{% for p in m.content %}{{ p.text }}{% endfor %}]{% endfor %}")
-    assert parts.render([{"role": "assistant", "content": [{"type": "text", "text": "It"}, {"type": "text", "text": " is"}]}],
-                        add_generation_prompt=False, continue_final_message=True) == "[It is"
+    said = [{"role": "assistant", "content": [{"type": "text", "text": "It"}, {"type": "text", "text": " is"}]}]
+    assert parts.render(said, add_generation_prompt=False, continue_final_message=True) == "[It is"
     with pytest.raises(ChatTemplateError, match="no text"):
         template.render([*ask, {"role": "assistant", "content": None}], continue_final_message=True)
