@@ -42,6 +42,7 @@ from glmserve.serving.embeddings import EmbeddingsService
 from glmserve.serving.lora import LoRAAdapterService
 from glmserve.serving.messages import MessagesService
 from glmserve.serving.responses import ResponsesService
+from glmserve.serving.sealed_reasoning import ReasoningSeal
 from glmserve.serving.registry import ModelRegistry, ModelSpec
 from glmserve.serving.served import ServedModels
 from glmserve.serving.tokenize import TokenizeService
@@ -70,9 +71,11 @@ class Runtime:
     lora: LoRAAdapterService
 
     @classmethod
-    def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768) -> Runtime:
-        """The services over ``chat``'s engine (started)."""
-        return cls(chat.engine, chat, CompletionService(chat), ResponsesService(chat), MessagesService(chat),
+    def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
+             seal: ReasoningSeal | None = None) -> Runtime:
+        """The services over ``chat``'s engine (started); ``seal``: the key of ``/v1/responses``'
+        ``encrypted_content`` (none: a 400 when a request asks for it)."""
+        return cls(chat.engine, chat, CompletionService(chat), ResponsesService(chat, seal), MessagesService(chat),
                    TokenizeService(chat), EmbeddingsService(chat, max_embedding_inputs, max_embedding_tokens),
                    LoRAAdapterService(chat))
 
@@ -122,7 +125,8 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Run
                                None if settings.reasoning_budget < 0 else settings.reasoning_budget)
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
-        return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens)
+        return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens,
+                            ReasoningSeal(settings.state_dir))
     except BaseException:
         engine.shutdown()
         raise

@@ -5,6 +5,7 @@ Precedence (highest first): command-line flags, environment variables, defaults.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -189,6 +190,11 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Server log level."
     )
+    state_dir: str = Field(
+        str(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "glmserve"),
+        description="Directory of what outlives a restart: the key that seals /v1/responses' encrypted_content "
+                    "(share it between replicas)."
+    )
 
     @field_validator("lora")
     @classmethod
@@ -234,7 +240,8 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         if max_new is not None and (max_new != int(max_new) or max_new < 1):
             raise ValueError("max_new_tokens: a whole number of tokens, at least 1")
         try:  # within the bounds a request's own values have
-            ChatCompletionRequest.model_validate({"model": "-", "messages": [{"role": "user", "content": "-"}], **value})
+            ChatCompletionRequest.model_validate({"model": "-", "messages": [{"role": "user", "content": "-"}], **value},
+                                                 strict=False)  # JSON numbers here are floats: top_k 40.0
         except ValidationError as exc:
             raise ValueError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())) from None
         return value

@@ -96,10 +96,13 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
     """A Responses request as the template messages and tools glmserve renders for it."""
     from glmserve.chat.messages import to_template_messages
     from glmserve.protocol.responses import ResponsesRequest
-    from glmserve.serving.responses import function_tools, to_chat_request
+    from glmserve.serving.responses_request import function_tools, to_chat_request
+
+    def no_sealed_reasoning(token: str, param: str) -> str:  # Codex's first request has no history
+        raise AssertionError(f"unexpected encrypted_content at {param}")
 
     req = ResponsesRequest.model_validate(body)
-    chat = to_chat_request(req, function_tools(req)[0])
+    chat = to_chat_request(req, function_tools(req)[0], no_sealed_reasoning)
     return to_template_messages(chat.messages), chat.model_dump(exclude_none=True)["tools"]
 
 

@@ -98,7 +98,8 @@ def test_a_tool_round_trip_is_rendered_as_glm_writes_it():
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "Call the tool.", "signature": ""},
-            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "days": 2}}]},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "days": 2}},
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Atlantis"}}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny, 24 C"}]},
             {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no such city", "is_error": True}]},

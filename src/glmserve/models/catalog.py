@@ -30,7 +30,7 @@ SERVER_FIELDS = frozenset({
     "host", "port", "api_key", "allowed_origins", "ui", "log_level", "shutdown_timeout", "max_request_bytes",
     "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
     "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
-    "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas",
+    "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas", "state_dir",
 })
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -24,7 +24,10 @@ StopString = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A request body: unknown fields tolerated, known ones strictly typed (``"stream": "yes"``
+    or ``"max_tokens": "5"`` is a 400, as on OpenAI's and Anthropic's APIs, not coerced)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 def _keep_alive(value: Any) -> float | None:

@@ -11,6 +11,11 @@ from pydantic import BaseModel, Field
 from glmserve.protocol.chat import KeepAlive, _Lenient
 
 MAX_INPUT_ITEMS = 4096
+# the ``include`` values served: reasoning.encrypted_content, and those of hosted tools (left out
+# here, so never in an output); others (logprobs, input image URLs) are a 400
+INCLUDABLE = frozenset({"reasoning.encrypted_content", "web_search_call.action.sources", "web_search_call.results",
+                        "file_search_call.results", "code_interpreter_call.outputs",
+                        "computer_call_output.output.image_url"})
 
 
 class FunctionTool(_Lenient):
@@ -33,15 +38,18 @@ class TextConfig(_Lenient):
 
 
 class ReasoningConfig(_Lenient):
-    """``reasoning``: ``effort`` drives the model's thinking switch (``none``/``minimal``: off)."""
+    """``reasoning``: ``effort`` drives the model's thinking switch (``none``/``minimal``: off);
+    ``summary`` is accepted (the reasoning itself is returned, as ``reasoning_text`` content)."""
 
     effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponsesRequest(_Lenient):
     """``input``: a string (one user message) or a list of items: messages (``{"role",
     "content"}``, content a string or ``input_text``/``output_text``/``input_image`` parts),
-    ``function_call`` and ``function_call_output`` items (``reasoning`` items are skipped)."""
+    ``function_call``, ``function_call_output`` and ``reasoning`` items (their text, or their
+    ``encrypted_content``, is the turn's reasoning). ``include``: ``INCLUDABLE``."""
 
     model: str
     keep_alive: KeepAlive = None
@@ -55,11 +63,22 @@ class ResponsesRequest(_Lenient):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tool_calls: int | None = Field(None, ge=0)
     stream: bool = False
     store: bool | None = None
+    background: bool | None = None
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
+    include: list[str] | None = Field(None, max_length=16)
+    truncation: Literal["auto", "disabled"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    metadata: dict[str, str] | None = Field(None, max_length=16)
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    client_metadata: dict[str, Any] | None = None
 
 
 class InputTokensDetails(BaseModel):
@@ -83,27 +102,43 @@ class IncompleteDetails(BaseModel):
 
 
 class Response(BaseModel):
+    """The ``response`` object: every field of the Open Responses specification's
+    ``ResponseResource`` (openresponses/openresponses ``schema/components/schemas/
+    ResponseResource.json``: its required list), with its type, in every response and in the
+    final streamed one. ``temperature``/``top_p``/penalties are the values generation used."""
+
     id: str
     object: Literal["response"] = "response"
     created_at: int
+    completed_at: int | None = None
     status: Literal["in_progress", "completed", "incomplete", "failed"]
     incomplete_details: IncompleteDetails | None = None
     error: Any = None
     model: str
-    output: list[dict[str, Any]] = Field(default_factory=list)
+    previous_response_id: str | None = None
     instructions: str | None = None
+    output: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     tool_choice: Any = "auto"
+    truncation: Literal["auto", "disabled"] = "disabled"
     parallel_tool_calls: bool = True
-    temperature: float | None = None
-    top_p: float | None = None
-    max_output_tokens: int | None = None
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
-    metadata: dict[str, str] = Field(default_factory=dict)
-    previous_response_id: None = None
-    store: bool = False
-    truncation: Literal["disabled"] = "disabled"
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    temperature: float = 1.0
+    reasoning: dict[str, Any] | None = None
+    user: str | None = None
     usage: ResponseUsage | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    store: bool = False
+    background: bool = False
+    service_tier: str = "default"
+    metadata: dict[str, str] = Field(default_factory=dict)
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class ResponseEvent(_Lenient):

@@ -70,6 +70,11 @@ def _anthropic_event(kind: str, data: dict) -> dict:
 OPENAI = SSEDialect(
     payload=_openai_payload, ends=lambda item: isinstance(item, ErrorResponse), done=DONE,
     error=lambda exc: exc.body().model_dump_json(), ping=None, dump=lambda m: m.model_dump(exclude_none=True))
+# /v1/responses: OpenAI's streams, but the response object keeps its null fields (the Open
+# Responses ResponseResource requires each one, null or not)
+RESPONSES = SSEDialect(
+    payload=lambda item: item.model_dump_json(), ends=OPENAI.ends, done=DONE, error=OPENAI.error, ping=None,
+    dump=lambda m: m.model_dump())
 ANTHROPIC = SSEDialect(
     payload=lambda event: {"event": event.type, "data": event.model_dump_json()},
     ends=lambda event: event.type == "error",

@@ -10,7 +10,9 @@ Request mapping:
   prefix cache (vLLM-MLX, SGLang and Ollama drop it too).
 - user ``text`` and ``image`` blocks (``base64`` or ``url`` sources, through the media policy)
   become content parts; each ``tool_result`` becomes a ``tool`` message (its text; ``is_error``
-  prefixes ``Error: ``), in block order.
+  prefixes ``Error: ``), in block order. A ``tool_use`` must be answered by a ``tool_result`` in
+  the next message, and a ``tool_result`` must answer one of the message before (Anthropic's
+  400s, naming the message or block).
 - assistant ``text`` blocks are its content, ``thinking`` blocks its ``reasoning_content`` (what
   the GLM-4.5+ template replays), ``tool_use`` blocks its ``tool_calls``;
   ``redacted_thinking`` (opaque to any other model) is dropped.
@@ -160,8 +162,40 @@ def _assistant_message(content: list, param: str) -> dict:
     return message
 
 
+def _ids(content: Any, kind: str, key: str) -> list[tuple[int, str]]:
+    """``(block index, id)`` of each ``kind`` block in a message's content."""
+    if not isinstance(content, list):
+        return []
+    return [(j, b.get(key)) for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == kind]
+
+
+def _check_tool_pairs(req: CountTokensRequest) -> None:
+    """Anthropic's pairing rule: the ``tool_use`` blocks of an assistant turn are answered by
+    ``tool_result`` blocks in the next (user) message, and a ``tool_result`` answers a
+    ``tool_use`` of the message before it. Raises 400 naming the message or block."""
+    previous_uses: set[str] = set()
+    for i, msg in enumerate(req.messages):
+        results = _ids(msg.content, "tool_result", "tool_use_id") if msg.role == "user" else []
+        for j, use_id in results:
+            if use_id not in previous_uses:
+                raise invalid_request(f"unexpected `tool_use_id` found in `tool_result` blocks: {use_id}. Each "
+                                      "`tool_result` block must have a corresponding `tool_use` block in the previous "
+                                      "message.", f"messages.{i}.content.{j}")
+        uses = [use_id for _, use_id in _ids(msg.content, "tool_use", "id")] if msg.role == "assistant" else []
+        if uses and i + 1 < len(req.messages):
+            answered = {use_id for _, use_id in _ids(req.messages[i + 1].content, "tool_result", "tool_use_id")}
+            missing = [use_id for use_id in uses if use_id not in answered]
+            if req.messages[i + 1].role != "user" or missing:
+                raise invalid_request("`tool_use` ids were found without `tool_result` blocks immediately after: "
+                                      f"{', '.join(map(str, missing or uses))}. Each `tool_use` block must have a "
+                                      "corresponding `tool_result` block in the next message.", f"messages.{i}")
+        previous_uses = set(uses)
+
+
 def to_chat_messages(req: CountTokensRequest) -> list[dict]:
-    """``system`` and ``messages`` as chat messages. Raises 400 naming the block it cannot map."""
+    """``system`` and ``messages`` as chat messages. Raises 400 naming the block it cannot map,
+    or a ``tool_use`` / ``tool_result`` without its other half."""
+    _check_tool_pairs(req)
     system = _system(req.system, "system") if req.system else ""
     out = [{"role": "system", "content": system}] if system else []
     for i, msg in enumerate(req.messages):

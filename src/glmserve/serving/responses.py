@@ -1,15 +1,18 @@
 """``/v1/responses`` (OpenAI's Responses API), stateless, on top of the chat handler: the
-request's ``input`` items become chat messages, the chat completion (or its chunks) becomes the
-``response`` object (or its typed events). Nothing is stored: ``store: true`` and
-``previous_response_id`` are 400s.
+request's ``input`` items become chat messages (``serving/responses_request.py``), the chat
+completion (or its chunks) becomes the ``response`` object (or its typed events). Nothing is
+stored: ``store: true``, ``background: true`` and ``previous_response_id`` are 400s.
 
 Items: a message's text becomes an ``output_text`` part of a ``message`` item; each tool call
 a ``function_call`` item (``call_id`` = the chat tool call's id); the model's reasoning a
 ``reasoning`` item before them (its text in ``content`` as ``reasoning_text``, Open Responses'
-layout). Reasoning items sent back in ``input`` are replayed to the template as the turn's
-``reasoning_content``, and past reasoning is kept in the prompt (``PRESERVED_THINKING``). A
-reply cut by ``max_output_tokens`` is ``status: "incomplete"`` with
-``incomplete_details.reason: "max_output_tokens"``.
+layout; with ``include: ["reasoning.encrypted_content"]`` also sealed in ``encrypted_content``,
+``serving/sealed_reasoning.py``). Reasoning items sent back in ``input`` are replayed to the
+template as the turn's ``reasoning_content``, and past reasoning is kept in the prompt
+(``PRESERVED_THINKING``). A reply cut by ``max_output_tokens`` is ``status: "incomplete"`` with
+``incomplete_details.reason: "max_output_tokens"``. ``truncation: "auto"`` drops the oldest
+turns (whole: from one user message to the next) until the prompt fits the context; the
+instructions and system/developer messages before the first turn stay.
 
 Stream events (OpenAI's): ``response.created``, ``response.in_progress``, then per item
 ``response.output_item.added``, its deltas (``response.output_text.delta`` inside
@@ -21,7 +24,7 @@ after the start is an ``error`` event.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +33,7 @@ from typing import Any
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, StreamOptions, Usage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
 from glmserve.protocol.responses import (
+    INCLUDABLE,
     IncompleteDetails,
     InputTokensDetails,
     OutputTokensDetails,
@@ -38,148 +42,16 @@ from glmserve.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from glmserve.serving.chat import ChatService, chat_request
+from glmserve.serving.chat import ChatService
 from glmserve.serving.chunks import ChunkStream
-from glmserve.serving.hosted_tools import OPENAI_HOSTED, leave_out
+from glmserve.serving.responses_request import function_tools, to_chat_request
+from glmserve.serving.sampling import with_defaults
+from glmserve.serving.sealed_reasoning import ReasoningSeal
 from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def _text_of(content: Any, param: str) -> str | list[dict]:
-    """A Responses message content -> chat content (a string, or text and image parts)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid_request("content must be a string or a list of parts", param)
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": part.get("text", "")})
-        elif kind == "refusal":
-            parts.append({"type": "text", "text": part.get("refusal", "")})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        else:
-            raise invalid_request(f"unsupported content part {kind!r}", f"{param}.{j}")
-    return parts
-
-
-def _reasoning_text(item: dict) -> str:
-    """The readable text of a ``reasoning`` input item: its ``reasoning_text`` parts (what this
-    server returns), else its summary; nothing for encrypted reasoning alone."""
-    for key in ("content", "summary"):
-        parts = item.get(key)
-        if isinstance(parts, list) and parts:
-            return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def to_chat_messages(req: ResponsesRequest) -> list[dict]:
-    """``instructions`` and ``input`` as chat messages. Raises 400 naming the item.
-
-    A ``reasoning`` item is the ``reasoning_content`` of the assistant turn that follows it, and
-    an assistant message with the ``function_call`` items after it is one turn: the history is
-    rendered as the reply was generated, so the prompt extends the previous request's."""
-    messages: list[dict] = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    reasoning: list[str] = []  # reasoning items waiting for their assistant turn
-
-    def assistant(message: dict) -> dict:
-        if reasoning:
-            message["reasoning_content"] = "".join(reasoning)
-            reasoning.clear()
-        return message
-
-    for i, item in enumerate(items):
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise invalid_request(f"unsupported role {role!r}", f"input.{i}.role")
-            message = {"role": role, "content": _text_of(item.get("content", ""), f"input.{i}.content")}
-            messages.append(assistant(message) if role == "assistant" else message)
-        elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
-            last = messages[-1] if messages else None
-            if last and last["role"] == "assistant" and not reasoning:  # the same turn: its text, parallel calls
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append(assistant({"role": "assistant", "content": None, "tool_calls": [call]}))
-        elif kind == "function_call_output":
-            output = item.get("output", "")
-            if isinstance(output, list):  # content parts
-                text = "\n".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
-            else:
-                text = output if isinstance(output, str) else json.dumps(output)
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-        elif kind == "reasoning":
-            reasoning.append(_reasoning_text(item))
-        else:
-            raise invalid_request(f"unsupported input item type {kind!r}", f"input.{i}.type")
-    return messages
-
-
-def _function(tool: dict, param: str) -> dict:
-    if tool.get("type") != "function":
-        raise invalid_request(f"tools of type {tool.get('type')!r} are not supported here (function and namespace "
-                              "tools are; hosted tools are left out)", f"{param}.type")
-    if not isinstance(tool.get("name"), str):
-        raise invalid_request("a function tool needs 'name' (a string)", f"{param}.name")
-    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")
-                                             if k in tool}}
-
-
-def function_tools(req: ResponsesRequest) -> tuple[list[dict], dict[str, str]]:
-    """``(tools, namespaces)``: the request's tools as chat function tools, and the namespace of
-    each function offered inside a ``namespace`` tool (by function name). A namespace's functions
-    are offered to the model by their own names. Hosted tools are left out
-    (``serving/hosted_tools.py``). Raises 400 naming any other tool type (``custom``,
-    ``local_shell``...)."""
-    choice = req.tool_choice
-
-    def forced(tool: dict) -> bool:
-        return isinstance(choice, dict) and choice.get("type") == tool.get("type")
-
-    tools, namespaces = [], {}
-    for i, tool in leave_out(req.tools or [], OPENAI_HOSTED, forced, "/v1/responses"):
-        if tool.get("type") != "namespace":
-            tools.append(_function(tool, f"tools.{i}"))
-            continue
-        inner = tool.get("tools")
-        if not isinstance(tool.get("name"), str) or not isinstance(inner, list):
-            raise invalid_request("a namespace tool needs 'name' and 'tools' (a list)", f"tools.{i}")
-        for j, fn in enumerate(inner):
-            if not isinstance(fn, dict):
-                raise invalid_request("a tool must be an object", f"tools.{i}.tools.{j}")
-            tools.append(_function(fn, f"tools.{i}.tools.{j}"))
-            namespaces[fn.get("name")] = tool["name"]
-    return tools, namespaces
-
-
-def to_chat_request(req: ResponsesRequest, tools: list[dict]) -> ChatCompletionRequest:
-    """The chat request that answers ``req``, offering ``tools`` (``function_tools``'). Raises
-    400 for what the chat API cannot carry."""
-    choice = req.tool_choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
-        choice = {"type": "function", "function": {"name": choice.get("name")}}
-    body: dict[str, Any] = {"model": req.model, "messages": to_chat_messages(req), "tools": tools or None,
-                            "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
-                            "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
-                            "top_p": req.top_p, "reasoning_effort": req.reasoning.effort if req.reasoning else None}
-    fmt = req.text.format if req.text else None
-    if fmt is not None and fmt.type == "json_object":
-        body["response_format"] = {"type": "json_object"}
-    elif fmt is not None and fmt.type == "json_schema":
-        if fmt.schema_ is None:
-            raise invalid_request("text.format json_schema needs a schema", "text.format.schema")
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name or "output",
-                                                                          "schema": fmt.schema_}}
-    return chat_request(body, "input")
 
 
 def _usage(usage: Usage | None) -> ResponseUsage | None:
@@ -208,48 +80,119 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, namespaces
     return item
 
 
-def _reasoning_item(item_id: str, text: str | None) -> dict:
+def _reasoning_item(item_id: str, text: str | None, sealed: str | None = None) -> dict:
     return {"type": "reasoning", "id": item_id, "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}] if text is not None else []}
+            "content": [{"type": "reasoning_text", "text": text}] if text is not None else [],
+            "encrypted_content": sealed}
+
+
+def _checked(req: ResponsesRequest, seal: ReasoningSeal | None) -> None:
+    """400s for what this server does not do (yet): storing, background runs, ``include``
+    values other than ``INCLUDABLE``, logprobs."""
+    if req.store:
+        raise invalid_request("responses are not stored on this server: leave store out or set it to false",
+                              "store")
+    if req.background:
+        raise invalid_request("background responses need stored responses, which this server does not keep yet",
+                              "background")
+    if req.previous_response_id:
+        raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
+                              "used: send the whole conversation in input", "previous_response_id")
+    for i, value in enumerate(req.include or []):
+        if value not in INCLUDABLE:
+            raise invalid_request(f"include {value!r} is not served here (one of {', '.join(sorted(INCLUDABLE))})",
+                                  f"include.{i}")
+    if "reasoning.encrypted_content" in (req.include or []) and seal is None:
+        raise invalid_request("this server has no key to seal reasoning with", "include")
+    if req.top_logprobs:
+        raise invalid_request("logprobs are not returned on /v1/responses here (chat completions returns them)",
+                              "top_logprobs")
+
+
+def _turn_starts(roles: list[str]) -> tuple[int, list[int]]:
+    """``(lead, starts)``: how many system/developer messages lead the conversation, and the
+    indices ``truncation: "auto"`` may cut it at (each user message after the first turn)."""
+    lead = next((i for i, role in enumerate(roles) if role not in ("system", "developer")), len(roles))
+    return lead, [i for i in range(lead + 1, len(roles)) if roles[i] == "user"]
 
 
 class ResponsesService:
     """Serve ``/v1/responses`` over a ``ChatService``. ``create(req)`` returns a ``Response``
     or, for ``stream=True``, an async iterator of ``ResponseEvent``s. Client errors raise
-    ``APIError`` before anything is generated."""
+    ``APIError`` before anything is generated. ``seal`` seals and opens reasoning's
+    ``encrypted_content`` (None: asking for it is a 400)."""
 
-    def __init__(self, chat: ChatService) -> None:
+    def __init__(self, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
         self.chat = chat
+        self.seal = seal
+
+    def _open(self, token: str, param: str) -> str:
+        if self.seal is None:
+            raise invalid_request("this server has no key to open encrypted_content with", param)
+        return self.seal.open(token, param)
 
     async def create(self, req: ResponsesRequest) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
-        if req.store:
-            raise invalid_request("responses are not stored on this server: leave store out or set it to false",
-                                  "store")
-        if req.previous_response_id:
-            raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
-                                  "used: send the whole conversation in input", "previous_response_id")
+        _checked(req, self.seal)
         tools, namespaces = function_tools(req)
-        chat_req = with_template_defaults(to_chat_request(req, tools), PRESERVED_THINKING,
+        chat_req = with_template_defaults(to_chat_request(req, tools, self._open), PRESERVED_THINKING,
                                           self.chat.default_template_kwargs)
+        if req.truncation == "auto":
+            chat_req = await asyncio.to_thread(self._truncated, chat_req)
+        seal = self.seal.seal if "reasoning.encrypted_content" in (req.include or []) else None
+        used, _ = with_defaults(chat_req, self.chat.generation_defaults)  # the sampling generation uses
         shell = Response(id=_id("resp"), created_at=int(time.time()), status="in_progress", model=req.model,
                          instructions=req.instructions, tools=req.tools or [],
                          tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
-                         parallel_tool_calls=req.parallel_tool_calls is not False, temperature=req.temperature,
-                         top_p=req.top_p, max_output_tokens=req.max_output_tokens, metadata=req.metadata or {},
+                         truncation=req.truncation or "disabled",
+                         parallel_tool_calls=req.parallel_tool_calls is not False,
+                         temperature=1.0 if used.temperature is None else used.temperature,
+                         top_p=1.0 if used.top_p is None else used.top_p,
+                         presence_penalty=used.presence_penalty, frequency_penalty=used.frequency_penalty,
+                         reasoning=req.reasoning.model_dump(exclude_none=True) if req.reasoning else None,
+                         max_output_tokens=req.max_output_tokens, max_tool_calls=req.max_tool_calls,
+                         metadata=req.metadata or {}, user=req.user, safety_identifier=req.safety_identifier,
+                         prompt_cache_key=req.prompt_cache_key,
                          text=req.text.model_dump(by_alias=True, exclude_none=True) if req.text else {
                              "format": {"type": "text"}})
         if not req.stream:
             completion = await self.chat.create(chat_req)
-            return self._finish(shell, self._items(completion, namespaces), completion.choices[0].finish_reason,
-                                completion.usage)
+            return self._finish(shell, self._items(completion, namespaces, seal),
+                                completion.choices[0].finish_reason, completion.usage)
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
         chunks = await self.chat.create(stream_req)
-        return ChunkStream(self._events(shell, chunks, namespaces), chunks)
+        return ChunkStream(self._events(shell, chunks, namespaces, seal), chunks)
+
+    def _truncated(self, req: ChatCompletionRequest) -> ChatCompletionRequest:
+        """``req`` without its oldest turns, as few as make the prompt fit the context with room
+        for ``max_tokens`` (one token when unset); unchanged when it fits, or when even its last
+        turn alone does not (the chat handler's 400 says so)."""
+        room = self.chat.context_length - (req.max_completion_tokens or req.max_tokens or 1)
+        messages = req.messages
+        lead, starts = _turn_starts([m.role for m in messages])
+
+        def cut(at: int) -> ChatCompletionRequest:
+            return req.model_copy(update={"messages": messages[:lead] + messages[at:]})
+
+        def fits(r: ChatCompletionRequest) -> bool:
+            return len(self.chat.prompt_token_ids(r)) <= room
+
+        if not starts or fits(req):
+            return req
+        lo, hi = 0, len(starts) - 1  # the first cut that fits, if the last does
+        if not fits(cut(starts[hi])):
+            return req
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(cut(starts[mid])) else (mid + 1, hi)
+        return cut(starts[lo])
 
     @staticmethod
-    def _items(completion: ChatCompletion, namespaces: dict[str, str]) -> list[dict]:
+    def _items(completion: ChatCompletion, namespaces: dict[str, str], seal) -> list[dict]:
         message = completion.choices[0].message
-        items = [_reasoning_item(_id("rs"), message.reasoning_content)] if message.reasoning_content else []
+        items = []
+        if message.reasoning_content:
+            items.append(_reasoning_item(_id("rs"), message.reasoning_content,
+                                         seal(message.reasoning_content) if seal else None))
         if message.content:
             items.append(_message_item(_id("msg"), message.content))
         items += [_call_item(_id("fc"), c.id, c.function.name, c.function.arguments, namespaces)
@@ -261,10 +204,11 @@ class ResponsesService:
         incomplete = finish_reason == "length"
         return shell.model_copy(update={
             "status": "incomplete" if incomplete else "completed", "output": items, "usage": _usage(usage),
+            "completed_at": None if incomplete else int(time.time()),
             "incomplete_details": IncompleteDetails(reason="max_output_tokens") if incomplete else None})
 
     async def _events(self, shell: Response, chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse],
-                      namespaces: dict[str, str]) -> AsyncIterator[ResponseEvent]:
+                      namespaces: dict[str, str], seal) -> AsyncIterator[ResponseEvent]:
         seq = 0
         items: list[dict] = []
         open_item: dict | None = None  # the item being streamed: {"kind", "id", "text", ...}
@@ -288,7 +232,7 @@ class ResponsesService:
                        event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                              part=part)]
             elif item["kind"] == "reasoning":
-                done = _reasoning_item(item["id"], item["text"])
+                done = _reasoning_item(item["id"], item["text"], seal(item["text"]) if seal else None)
                 out = [event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                              content_index=0, text=item["text"])]
             else:

@@ -8,6 +8,7 @@ from glmserve.protocol.responses import Response as ResponseObject
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.openapi import error_responses
 from glmserve.server.model_lease import respond_with_model
+from glmserve.server.sse import RESPONSES
 
 router = APIRouter()
 
@@ -19,4 +20,4 @@ router = APIRouter()
 })
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return await respond_with_model(request, body.model, lambda runtime: runtime.responses.create(body),
-                                    keep_alive=body.keep_alive)
+                                    RESPONSES, keep_alive=body.keep_alive)

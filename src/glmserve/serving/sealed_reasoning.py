@@ -1,0 +1,72 @@
+"""Reasoning handed to the client sealed: the ``encrypted_content`` of a ``/v1/responses``
+``reasoning`` item (``include: ["reasoning.encrypted_content"]``), as OpenAI's Responses API
+returns it for ``store: false`` requests.
+
+The client cannot read or change it; sent back in a later request's ``input``, it is opened and
+the model's own reasoning is replayed to the chat template (GLM's preserved thinking; the prompt
+stays the prefix the previous turn left in the cache). Sealing is Fernet (AES-128-CBC with an
+HMAC-SHA256 over the whole token: ``cryptography``'s authenticated encryption), so a forged,
+truncated or edited token fails to open: a 400.
+
+The key is a file under ``--state-dir`` (``encrypted_content.key``, created with mode 0600 the
+first time a reasoning item is sealed), so a token stays valid across restarts and for every
+replica that shares the directory. A token sealed under another key (the file deleted, another
+machine) cannot be told from a forged one: also a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from glmserve.protocol.errors import invalid_request
+
+KEY_FILE = "encrypted_content.key"
+
+
+class ReasoningSeal:
+    """Seal and open reasoning text with the key in ``state_dir`` (read or created on first use).
+
+    ``seal(text) -> str`` (URL-safe base64); ``open(token, param) -> str`` raises a 400
+    ``APIError`` naming ``param`` for a token this key did not seal."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir).expanduser() / KEY_FILE
+        self._fernet: Fernet | None = None
+        self._lock = threading.Lock()
+
+    def _key(self) -> Fernet:
+        with self._lock:
+            if self._fernet is None:
+                self._fernet = Fernet(self._read_or_create())
+            return self._fernet
+
+    def _read_or_create(self) -> bytes:
+        try:
+            return self.path.read_bytes().strip()
+        except FileNotFoundError:
+            pass
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        key = Fernet.generate_key()
+        try:  # O_EXCL: two processes starting at once agree on the first one's key
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self.path.read_bytes().strip()
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
+
+    def seal(self, text: str) -> str:
+        return self._key().encrypt(json.dumps({"reasoning": text}).encode()).decode("ascii")
+
+    def open(self, token: str, param: str) -> str:
+        try:
+            payload = json.loads(self._key().decrypt(token.encode("ascii", "replace")))
+        except (InvalidToken, ValueError) as exc:
+            raise invalid_request("encrypted_content could not be verified: it was not sealed by this server's key "
+                                  "(or was changed)", param) from exc
+        return payload["reasoning"]

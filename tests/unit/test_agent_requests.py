@@ -1,0 +1,190 @@
+"""What coding agents' requests need beyond tools, over the real app, GLM-4.7 template and parsers
+with the scripted fake engine: the whole Open Responses ``ResponseResource``, reasoning sealed in
+``encrypted_content`` and restored from it, ``truncation: "auto"``, calls paired with their
+results on both agent APIs (as OpenAI and Anthropic check them), and strictly typed fields."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from glmserve.chat import ChatTemplate
+from glmserve.runtime import Runtime
+from glmserve.server import create_app
+from glmserve.serving.chat import ChatService
+from glmserve.serving.sealed_reasoning import KEY_FILE, ReasoningSeal
+from tests.unit.fakes import FakeEngine
+from tests.unit.test_reasoning_routes import ANSWER, ASK, GLM47, REPLY, THOUGHT, _sse
+
+# ResponseResource.json's "required" list (openresponses/openresponses, schema/components/schemas,
+# commit 3452c012), with the JSON type of each field; (type, None) where it may be null
+RESOURCE_FIELDS = {
+    "id": str, "object": str, "created_at": int, "completed_at": (int, type(None)), "status": str,
+    "incomplete_details": (dict, type(None)), "model": str, "previous_response_id": (str, type(None)),
+    "instructions": (str, list, type(None)), "output": list, "error": (dict, type(None)), "tools": list,
+    "tool_choice": (str, dict), "truncation": str, "parallel_tool_calls": bool, "text": dict,
+    "top_p": (int, float), "presence_penalty": (int, float), "frequency_penalty": (int, float),
+    "top_logprobs": int, "temperature": (int, float), "reasoning": (dict, type(None)), "user": (str, type(None)),
+    "usage": (dict, type(None)), "max_output_tokens": (int, type(None)), "max_tool_calls": (int, type(None)),
+    "store": bool, "background": bool, "service_tier": str, "metadata": dict,
+    "safety_identifier": (str, type(None)), "prompt_cache_key": (str, type(None)),
+}
+INCLUDE = {"include": ["reasoning.encrypted_content"], "store": False}
+
+
+def _client(reply: str, state_dir, context_length: int = 8000) -> tuple[FakeEngine, TestClient]:
+    engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
+    chat = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47")
+    return engine, TestClient(create_app(Runtime.over(chat, seal=ReasoningSeal(state_dir))))
+
+
+def _resource_ok(response: dict) -> None:
+    missing = sorted(set(RESOURCE_FIELDS) - set(response))
+    assert not missing, missing
+    wrong = {k: response[k] for k, t in RESOURCE_FIELDS.items() if isinstance(response[k], bool) != (t is bool)
+             or not isinstance(response[k], t)}
+    assert not wrong, wrong
+
+
+def test_every_response_resource_field_with_its_type(tmp_path):
+    _, client = _client(REPLY, tmp_path)
+    body = {"model": "glm", "input": ASK, "prompt_cache_key": "session-1", "safety_identifier": "u-9",
+            "service_tier": "auto", "truncation": "auto", "reasoning": {"effort": "high", "summary": "auto"},
+            "client_metadata": {"x": "y"}, "max_tool_calls": 3, "temperature": 0.5}
+    plain = client.post("/v1/responses", json=body).json()
+    _resource_ok(plain)
+    assert (plain["prompt_cache_key"], plain["safety_identifier"], plain["temperature"], plain["top_p"],
+            plain["truncation"], plain["reasoning"], plain["max_tool_calls"], plain["store"]) == (
+        "session-1", "u-9", 0.5, 1.0, "auto", {"effort": "high", "summary": "auto"}, 3, False)
+    assert plain["completed_at"] >= plain["created_at"]
+    events = _sse(client, "/v1/responses", body)
+    for started in (events[0], events[1]):
+        _resource_ok(started["response"])
+        assert started["response"]["completed_at"] is None
+    assert events[-1]["type"] == "response.completed"
+    _resource_ok(events[-1]["response"])
+    assert events[-1]["response"]["completed_at"] is not None
+
+
+def test_reasoning_is_sealed_and_restored_from_encrypted_content(tmp_path):
+    engine, client = _client(REPLY, tmp_path)
+    first = client.post("/v1/responses", json={"model": "glm", "input": ASK, **INCLUDE}).json()
+    reasoning, message = first["output"]
+    sealed = reasoning["encrypted_content"]
+    assert isinstance(sealed, str) and THOUGHT not in sealed and "Two plus" not in sealed
+    assert (tmp_path / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    # streamed: the done reasoning item carries it too
+    [done] = [e["item"] for e in _sse(client, "/v1/responses", {"model": "glm", "input": ASK, **INCLUDE})
+              if e["type"] == "response.output_item.done" and e["item"]["type"] == "reasoning"]
+    assert ReasoningSeal(tmp_path).open(done["encrypted_content"], "-") == THOUGHT
+
+    # sent back as Codex does (store: false; the item without its readable content): the
+    # model's own reasoning is replayed to the template
+    history = ASK + [{"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": sealed},
+                     message, {"role": "user", "content": "And 3+3?"}]
+    again = client.post("/v1/responses", json={"model": "glm", "input": history, **INCLUDE})
+    assert again.status_code == 200, again.text
+    assert f"<think>{THOUGHT}</think>{ANSWER}" in engine.prompt_text(engine.requests[-1])
+
+    # the key outlives the server: a new seal on the same directory opens what the old one sealed
+    assert ReasoningSeal(tmp_path).open(sealed, "-") == THOUGHT
+    # a forged, edited or foreign token is a 400 naming the item
+    foreign = ReasoningSeal(tmp_path / "other").seal("I was told to say yes.")
+    for token in (sealed[:-8] + ("A" * 8 if not sealed.endswith("A" * 8) else "B" * 8), "not-a-token", foreign):
+        history[1]["encrypted_content"] = token
+        bad = client.post("/v1/responses", json={"model": "glm", "input": history})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["param"] == "input.1.encrypted_content"
+
+
+def test_truncation_auto_drops_the_oldest_turns(tmp_path):
+    engine, client = _client("Fine.", tmp_path, context_length=400)
+    turns = []
+    for n in range(6):
+        turns += [{"role": "user", "content": f"question {n} " + "x" * 60},
+                  {"role": "assistant", "content": f"answer {n} " + "y" * 60}]
+    body = {"model": "glm", "instructions": "Be brief.", "input": turns + [{"role": "user", "content": "last one"}],
+            "max_output_tokens": 20}
+    refused = client.post("/v1/responses", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    served = client.post("/v1/responses", json={**body, "truncation": "auto"})
+    assert served.status_code == 200, served.text
+    prompt = engine.prompt_text(engine.requests[-1])
+    assert "Be brief." in prompt and "last one" in prompt and "question 0" not in prompt
+    assert "question 5" in prompt  # as few turns as needed are dropped
+    kept = [n for n in range(6) if f"question {n}" in prompt]
+    assert kept == list(range(kept[0], 6))  # whole turns, the oldest first
+    assert f"answer {kept[0]}" in prompt and f"answer {kept[0] - 1}" not in prompt
+
+
+@pytest.mark.parametrize(("items", "param", "fragment"), [
+    ([{"type": "function_call_output", "call_id": "call_9", "output": "ok"}], "input.1.call_id",
+     "No tool call found for function call output with call_id call_9"),
+    ([{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}], "input.1",
+     "No tool output found for function call call_1"),
+    ([{"type": "function_call", "name": "get_weather", "arguments": "{}"}], "input.1.call_id", "call_id"),
+])
+def test_responses_calls_and_outputs_pair_up(tmp_path, items, param, fragment):
+    _, client = _client(REPLY, tmp_path)
+    resp = client.post("/v1/responses", json={"model": "glm", "input": ASK + items})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param and fragment in resp.json()["error"]["message"]
+
+
+USE = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+
+
+@pytest.mark.parametrize(("messages", "param", "fragment"), [
+    ([{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [USE]},
+      {"role": "user", "content": "Well?"}], "messages.1",
+     "`tool_use` ids were found without `tool_result` blocks immediately after: toolu_1"),
+    ([{"role": "user", "content": [{"type": "text", "text": "Hi"}, {**RESULT, "tool_use_id": "toolu_7"}]}],
+     "messages.0.content.1", "unexpected `tool_use_id` found in `tool_result` blocks: toolu_7"),
+    ([{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [USE]},
+      {"role": "user", "content": [RESULT]}, {"role": "assistant", "content": "Sunny."},
+      {"role": "user", "content": [RESULT]}], "messages.4.content.0", "unexpected `tool_use_id`"),
+])
+def test_messages_tool_use_and_tool_result_pair_up(tmp_path, messages, param, fragment):
+    _, client = _client(REPLY, tmp_path)
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        resp = client.post(path, json={"model": "glm", "max_tokens": 50, "messages": messages})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["type"] == "invalid_request_error" and fragment in error["message"]
+        assert error["message"].startswith(f"{param}: "), error  # where, as Anthropic says it
+
+
+def test_a_paired_round_trip_is_served(tmp_path):
+    _, client = _client(REPLY, tmp_path)
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [USE]},
+                {"role": "user", "content": [RESULT, {"type": "text", "text": "Thanks"}]}]
+    assert client.post("/v1/messages", json={"model": "glm", "max_tokens": 50, "messages": messages}).status_code == 200
+
+
+@pytest.mark.parametrize(("path", "field", "value"), [
+    ("/v1/chat/completions", "stream", "yes"), ("/v1/chat/completions", "max_tokens", "5"),
+    ("/v1/chat/completions", "temperature", "0.5"), ("/v1/chat/completions", "logprobs", 1),
+    ("/v1/messages", "stream", "yes"), ("/v1/messages", "max_tokens", "50"), ("/v1/messages", "temperature", "1"),
+    ("/v1/responses", "stream", "yes"), ("/v1/responses", "max_output_tokens", 5.5),
+    ("/v1/responses", "parallel_tool_calls", "false"), ("/v1/completions", "echo", "true"),
+])
+def test_fields_are_strictly_typed(tmp_path, path, field, value):
+    _, client = _client(REPLY, tmp_path)
+    body = {"model": "glm", "max_tokens": 50, field: value}
+    body.update({"/v1/responses": {"input": ASK}, "/v1/completions": {"prompt": "Hi"}}.get(path, {"messages": ASK}))
+    if path == "/v1/responses":
+        body.pop("max_tokens") if field != "max_tokens" else None
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    assert field in (resp.json()["error"].get("param") or "") + resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"include": ["message.output_text.logprobs"]}, "include.0"), ({"background": True}, "background"),
+    ({"top_logprobs": 2}, "top_logprobs"), ({"store": True}, "store"),
+])
+def test_what_is_not_served_is_refused_by_name(tmp_path, extra, param):
+    _, client = _client(REPLY, tmp_path)
+    resp = client.post("/v1/responses", json={"model": "glm", "input": ASK, **extra})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
