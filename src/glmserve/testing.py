@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,8 +65,11 @@ class RemoteServer:
         threads = ("--n-threads", str(n_threads)) if n_threads is not None else ()
         cmd = ([*command, "--port", str(self.port)] if command is not None
                else [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), *threads, *args])
+        # its own state directory (the encrypted_content key), not the user's
+        self._state_dir = tempfile.mkdtemp(prefix="glmserve-state-")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            cmd, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "GLMSERVE_STATE_DIR": self._state_dir, **(env or {})}
         )
         self._wait_healthy(startup_timeout)
 
@@ -115,3 +119,4 @@ class RemoteServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self._state_dir, ignore_errors=True)

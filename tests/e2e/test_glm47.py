@@ -89,6 +89,29 @@ def test_responses_return_a_reasoning_item_and_the_answer(thinker):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ANSWER
 
 
+def test_reasoning_comes_back_sealed_and_is_restored_from_it(thinker):
+    """Codex CLI's loop (store: false, include reasoning.encrypted_content): the reasoning item
+    carries the reasoning sealed; sent back, it is replayed to GLM-4.7's template as the same
+    prompt the readable reasoning gives, and an edited one is refused."""
+    client = _openai(thinker)
+    first = client.responses.create(model=MODEL, input=ASK, temperature=0, max_output_tokens=80, store=False,
+                                    include=["reasoning.encrypted_content"])
+    reasoning, message = first.output
+    assert reasoning.encrypted_content and "plus" not in reasoning.encrypted_content
+
+    def prompt_tokens(item: dict) -> int:
+        items = ASK + ([item] if item else []) + [message.model_dump(exclude_none=True),
+                                                  {"role": "user", "content": "And 3+3?"}]
+        return client.responses.create(model=MODEL, input=items, max_output_tokens=1, store=False).usage.input_tokens
+
+    sealed = {"type": "reasoning", "summary": [], "encrypted_content": reasoning.encrypted_content}
+    readable = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": THOUGHT}]}
+    assert prompt_tokens(sealed) == prompt_tokens(readable) > prompt_tokens({})
+    token = reasoning.encrypted_content
+    with pytest.raises(openai.BadRequestError, match="encrypted_content"):
+        prompt_tokens({**sealed, "encrypted_content": token[:20] + ("x" if token[20] != "x" else "y") + token[21:]})
+
+
 def test_thinking_off_gives_no_reasoning(thinker):
     client = _openai(thinker)
     message = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=20,

@@ -79,6 +79,35 @@ def test_images_change_the_answer_and_stream_equals_plain(vision_server, site):
     assert answers[red].choices[0].message.content != answers[DATA_URL].choices[0].message.content
 
 
+def test_images_a_tool_returns_reach_the_model_on_messages(vision_server):
+    """Claude Code's Read tool on image files: the images inside a tool_result are the model's
+    input (one more image, IMAGE_TOKENS more prompt tokens; a different image, another answer)."""
+    import anthropic
+
+    def image(data: bytes) -> dict:
+        return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": base64.b64encode(data).decode()}}
+
+    def read(*images: dict):
+        use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a.png"}}
+        messages = [{"role": "user", "content": "Describe a.png"}, {"role": "assistant", "content": [use]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                        {"type": "text", "text": "a.png"}, *images]}]}]
+        client = anthropic.Anthropic(base_url=vision_server.url, api_key="unused", max_retries=0, timeout=120)
+        return client.messages.create(model=MODEL, max_tokens=16, messages=messages, extra_body={"temperature": 0})
+
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (28, 28), (250, 10, 10)).save(buf, format="PNG")
+    red, blue = image(buf.getvalue()), image(PNG)
+    one, two = read(red), read(red, blue)
+    assert two.usage.input_tokens - one.usage.input_tokens == IMAGE_TOKENS
+    assert one.content[0].text != read(blue).content[0].text
+
+
 @pytest.mark.parametrize("path, reason", [
     ("/big.png", "larger than"),
     ("/huge.png", "pixels"),

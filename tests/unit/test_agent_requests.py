@@ -155,6 +155,25 @@ def test_messages_tool_use_and_tool_result_pair_up(tmp_path, messages, param, fr
         assert error["message"].startswith(f"{param}: "), error  # where, as Anthropic says it
 
 
+PNG_BLOCK = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+
+
+def test_a_text_model_is_told_of_a_tool_result_image_and_goes_on(tmp_path):
+    """Claude Code's Read tool on an image file returns an image block: a text model is not
+    shown it, the session goes on (an image the user sends a text model is still a 400)."""
+    engine, client = _client(REPLY, tmp_path)
+    read = {**USE, "name": "Read", "input": {"file_path": "logo.png"}}
+    messages = [{"role": "user", "content": "What is in logo.png?"}, {"role": "assistant", "content": [read]},
+                {"role": "user", "content": [{**RESULT, "content": [{"type": "text", "text": "logo.png:"},
+                                                                    PNG_BLOCK]}]}]
+    resp = client.post("/v1/messages", json={"model": "glm", "max_tokens": 50, "messages": messages})
+    assert resp.status_code == 200, resp.text
+    assert "logo.png:\n[an image: this model reads text only, so it is not shown]" in engine.prompt_text(
+        engine.requests[-1])
+    direct = [{"role": "user", "content": [PNG_BLOCK, {"type": "text", "text": "What is this?"}]}]
+    assert client.post("/v1/messages", json={"model": "glm", "max_tokens": 50, "messages": direct}).status_code == 400
+
+
 def test_a_paired_round_trip_is_served(tmp_path):
     _, client = _client(REPLY, tmp_path)
     messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [USE]},

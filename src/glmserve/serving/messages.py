@@ -81,17 +81,19 @@ class MessagesService:
     def __init__(self, chat: ChatService) -> None:
         self.chat = chat
 
+    def _chat_request(self, req: CountTokensRequest):
+        return with_template_defaults(to_chat_request(req, self.chat.engine.model_info.vision), PRESERVED_THINKING,
+                                      self.chat.default_template_kwargs)
+
     def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse:
         """The prompt's length in tokens (template and tools included; image tokens are not
         counted). Raises ``APIError`` as ``create`` would for the messages."""
-        chat_req = with_template_defaults(to_chat_request(req), PRESERVED_THINKING,
-                                          self.chat.default_template_kwargs)
+        chat_req = self._chat_request(req)
         self.chat.check_model(chat_req.model)
         return CountTokensResponse(input_tokens=len(self.chat.prompt_token_ids(chat_req)))
 
     async def create(self, req: MessagesRequest) -> Message | AsyncIterator[MessageStreamEvent]:
-        chat_req = with_template_defaults(to_chat_request(req), PRESERVED_THINKING,
-                                          self.chat.default_template_kwargs)
+        chat_req = self._chat_request(req)
         show_thinking = thinking_mode(req) != "disabled"
         if not req.stream:
             completion = await self.chat.create(chat_req, max_tokens_ceiling=True)

@@ -10,7 +10,9 @@ Request mapping:
   prefix cache (vLLM-MLX, SGLang and Ollama drop it too).
 - user ``text`` and ``image`` blocks (``base64`` or ``url`` sources, through the media policy)
   become content parts; each ``tool_result`` becomes a ``tool`` message (its text; ``is_error``
-  prefixes ``Error: ``), in block order. A ``tool_use`` must be answered by a ``tool_result`` in
+  prefixes ``Error: ``), in block order. Images in a ``tool_result`` (Claude Code reading an
+  image file) follow the turn's tool messages as a user message for a vision model; a text model
+  is told an image was there (``IMAGE_NOT_SHOWN``) and the session goes on. A ``tool_use`` must be answered by a ``tool_result`` in
   the next message, and a ``tool_result`` must answer one of the message before (Anthropic's
   400s, naming the message or block).
 - assistant ``text`` blocks are its content, ``thinking`` blocks its ``reasoning_content`` (what
@@ -102,11 +104,38 @@ def _image_part(block: dict, param: str) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _user_messages(content: list, param: str) -> list[dict]:
+# what a text model is shown for an image a tool returned (Claude Code reading an image file):
+# the session goes on, and the model knows an image was there
+IMAGE_NOT_SHOWN = "[an image: this model reads text only, so it is not shown]"
+
+
+def _tool_result(block: dict, where: str, vision: bool) -> tuple[dict, list[dict]]:
+    """A ``tool_result`` block as ``(tool message, image parts)``: its text blocks are the tool
+    message; its images are returned for a vision model, else replaced by ``IMAGE_NOT_SHOWN``."""
+    if not isinstance(block.get("tool_use_id"), str):
+        raise invalid_request("a tool_result block needs 'tool_use_id'", f"{where}.tool_use_id")
+    content = block.get("content", "")
+    texts, images = [], []
+    for j, inner in enumerate(content if isinstance(content, list) else []):
+        if _kind(inner, f"{where}.content.{j}") == "image":
+            if vision:
+                images.append(_image_part(inner, f"{where}.content.{j}"))
+            else:
+                texts.append(IMAGE_NOT_SHOWN)
+        else:
+            texts.append(_texts([inner], f"{where}.content.{j}"))
+    text = "\n".join(texts) if isinstance(content, list) else _texts(content, f"{where}.content")
+    return {"role": "tool", "tool_call_id": block["tool_use_id"],
+            "content": f"Error: {text}" if block.get("is_error") else text}, images
+
+
+def _user_messages(content: list, param: str, vision: bool) -> list[dict]:
     """A user turn's blocks as chat messages: ``tool`` messages for ``tool_result`` blocks and
-    user messages for the text and images between them, in block order."""
+    user messages for the text and images between them, in block order. Images inside tool
+    results (chat tool messages carry text) follow the turn's tool messages as a user message."""
     out: list[dict] = []
     parts: list[dict] = []
+    held: list[dict] = []  # tool results' images
     for j, block in enumerate(content):
         where = f"{param}.{j}"
         kind = _kind(block, where)
@@ -118,16 +147,14 @@ def _user_messages(content: list, param: str) -> list[dict]:
             if parts:
                 out.append({"role": "user", "content": parts})
                 parts = []
-            if not isinstance(block.get("tool_use_id"), str):
-                raise invalid_request("a tool_result block needs 'tool_use_id'", f"{where}.tool_use_id")
-            text = _texts(block.get("content", ""), f"{where}.content")
-            out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                        "content": f"Error: {text}" if block.get("is_error") else text})
+            message, images = _tool_result(block, where, vision)
+            out.append(message)
+            held += images
         else:
             raise invalid_request(f"content blocks of type {kind!r} are not supported in user messages "
                                   "(text, image and tool_result are)", f"{where}.type")
-    if parts:
-        out.append({"role": "user", "content": parts})
+    if held or parts:
+        out.append({"role": "user", "content": held + parts})
     return out
 
 
@@ -192,7 +219,7 @@ def _check_tool_pairs(req: CountTokensRequest) -> None:
         previous_uses = set(uses)
 
 
-def to_chat_messages(req: CountTokensRequest) -> list[dict]:
+def to_chat_messages(req: CountTokensRequest, vision: bool = False) -> list[dict]:
     """``system`` and ``messages`` as chat messages. Raises 400 naming the block it cannot map,
     or a ``tool_use`` / ``tool_result`` without its other half."""
     _check_tool_pairs(req)
@@ -205,7 +232,7 @@ def to_chat_messages(req: CountTokensRequest) -> list[dict]:
         elif isinstance(msg.content, str):
             out.append({"role": msg.role, "content": msg.content})
         elif msg.role == "user":
-            out += _user_messages(msg.content, param)
+            out += _user_messages(msg.content, param, vision)
         else:
             out.append(_assistant_message(msg.content, param))
     return out
@@ -229,9 +256,10 @@ def thinking_mode(req: CountTokensRequest) -> str:
     return req.thinking.type if req.thinking else "disabled"
 
 
-def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    """The chat request that answers ``req`` (a Messages or count_tokens request). Raises 400
-    for what cannot be served: a forced server tool, a block type without a chat equivalent."""
+def to_chat_request(req: CountTokensRequest, vision: bool = False) -> ChatCompletionRequest:
+    """The chat request that answers ``req`` (a Messages or count_tokens request) for a model
+    that takes images (``vision``) or not. Raises 400 for what cannot be served: a forced server
+    tool, a block type without a chat equivalent."""
     requested = req.tool_choice
 
     def forced(tool: dict) -> bool:
@@ -251,7 +279,7 @@ def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
     if choice is not None and not tools and choice != "none" and not (only_hosted and choice == "auto"):
         raise invalid_request(f"tool_choice {req.tool_choice.type!r} needs tools", "tool_choice")
     thinking = thinking_mode(req)
-    messages = to_chat_messages(req)
+    messages = to_chat_messages(req, vision)
     body: dict[str, Any] = {
         "model": req.model, "messages": messages, "tools": tools or None,
         "tool_choice": choice if tools else None, "parallel_tool_calls": parallel,
