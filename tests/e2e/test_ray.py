@@ -105,6 +105,27 @@ def test_concurrent_requests_use_both_replicas(server, client):
     assert len({r.parse().choices[0].message.content for r in replies}) == 1  # greedy: same answer
 
 
+def test_an_agent_session_stays_on_one_replica(server, client):
+    """One session's requests (named by prompt_cache_key as Codex sends it, metadata.user_id as
+    Claude Code sends it, or the x-session-affinity header) are all served by one replica, and
+    sessions spread over both (Ray Serve's default router sends requests one after the other to
+    the replica on the proxy's node: every session on one replica)."""
+    def replica(path: str, body: dict, headers: dict | None = None) -> str:
+        resp = httpx.post(f"{server.url}{path}", json={"model": DEFAULT_MODEL, "max_tokens": 1, **body},
+                          headers=headers or {}, timeout=120)
+        assert resp.status_code == 200, resp.text
+        return resp.headers[REPLICA]
+
+    chat = {"messages": [QUESTION]}
+    sessions = [("/v1/chat/completions", {**chat, "prompt_cache_key": "codex-session-1"}, None),
+                ("/v1/messages", {**chat, "metadata": {"user_id": "user_1_account_2_session_3"}}, None),
+                ("/v1/chat/completions", chat, {"x-session-affinity": "session-4"})]
+    for path, body, headers in sessions:
+        assert len({replica(path, body, headers) for _ in range(12)}) == 1, (path, body, headers)
+    spread = {replica("/v1/chat/completions", {**chat, "prompt_cache_key": f"key-{i}"}) for i in range(20)}
+    assert spread == set(replica_actors())
+
+
 def test_health_answers_for_the_deployment(server):
     body = httpx.get(f"{server.url}/health").json()
     assert body["status"] == "ok" and body["replica"] in replica_actors()

@@ -123,5 +123,8 @@ class OpenAIErrors:
 
 
 def middlewares() -> list[Middleware]:
-    """Ray Serve's HTTP proxy callback: the middlewares its proxy app runs under."""
-    return [Middleware(OpenAIErrors)]
+    """Ray Serve's HTTP proxy callback: the middlewares its proxy app runs under (OpenAI error
+    bodies, and session affinity: ``deploy.affinity``)."""
+    from glmserve.deploy.affinity import SessionAffinity
+
+    return [Middleware(OpenAIErrors), Middleware(SessionAffinity)]

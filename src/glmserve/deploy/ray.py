@@ -10,7 +10,8 @@ Three ways in, one deployment:
   ``args`` are ``glmserve serve``'s settings by their field names);
 - ``application(settings)`` from Python, for ``serve.run``.
 
-Request routing, autoscaling, replica restarts and health checks are Ray Serve's. Admission
+Request routing, autoscaling, replica restarts and health checks are Ray Serve's; the router
+keeps an agent session on one replica (``deploy.affinity``). Admission
 keeps a single server's meaning across the deployment: each replica runs ``--max-num-seqs``
 requests (Ray Serve's ``max_ongoing_requests``), the others wait in Ray Serve's router for the
 first replica with a free place (``max_queued_requests``: ``--max-queue`` plus room for a burst
@@ -37,7 +38,9 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
+from glmserve.deploy.affinity import SessionAffinityRouter
 from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_force
 from glmserve.engine.scheduler import queue_limit
 from glmserve.runtime import STARTUP_ERRORS, build_app
@@ -93,6 +96,8 @@ def deployment_options(settings: DeploySettings) -> dict[str, Any]:
         "graceful_shutdown_timeout_s": settings.shutdown_timeout,
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
+        # one agent session's requests to one replica (its prefix cache): deploy/affinity.py
+        "request_router_config": RequestRouterConfig(request_router_class=SessionAffinityRouter),
     }
     if settings.min_replicas is not None:
         options["autoscaling_config"] = {
