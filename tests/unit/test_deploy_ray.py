@@ -174,3 +174,52 @@ def test_proxy_passes_a_whole_replica_answer_through():
 
     start, body = _run_proxy(ok)
     assert start["status"] == 404 and body["body"] == b'{"error": {"message": "no"}}'
+
+
+def test_a_session_is_named_by_header_then_prompt_cache_key_then_user_id():
+    from glmserve.deploy.affinity import session_name
+
+    body = json.dumps({"prompt_cache_key": "k", "metadata": {"user_id": "u"}}).encode()
+    assert session_name(b"h", body) == "h"
+    assert session_name(None, body) == "k"
+    assert session_name(None, json.dumps({"metadata": {"user_id": "u"}}).encode()) == "u"
+    for other in (b"{not json", b"[1]", b'{"prompt_cache_key": 5, "metadata": "x"}', b""):
+        assert session_name(None, other) is None
+
+
+def _through_affinity(chunks: list[bytes], headers: list | None = None) -> tuple[list, bytes]:
+    """(headers the proxy app saw, body it read) for a POST sent in ``chunks``."""
+    from glmserve.deploy.affinity import SessionAffinity
+
+    seen = {}
+
+    async def app(scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.update(headers=scope["headers"], body=body)
+
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def receive():
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "headers": headers or []}
+    asyncio.run(SessionAffinity(app)(scope, receive, None))
+    return seen["headers"], seen["body"]
+
+
+def test_the_proxy_sets_the_session_id_and_passes_the_body_on(monkeypatch):
+    import glmserve.deploy.affinity as affinity
+
+    body = json.dumps({"model": "m", "prompt_cache_key": "codex-1", "input": "x" * 1000}).encode()
+    headers, seen = _through_affinity([body[:100], body[100:]])
+    assert (b"x-session-id", b"codex-1") in headers and seen == body
+    headers, _ = _through_affinity([body], [(b"x-session-id", b"mine")])  # the client's own id stays
+    assert headers == [(b"x-session-id", b"mine")]
+    monkeypatch.setattr(affinity, "MAX_SCANNED_BODY", 500)  # too big to scan: passed on whole, unread
+    headers, seen = _through_affinity([body[:600], body[600:]])
+    assert headers == [] and seen == body
