@@ -207,6 +207,35 @@ def test_glm45_reasoning_comes_back_as_thinking_blocks(thinker):
     assert client.messages.count_tokens(model="tiny-glm45", messages=history).input_tokens > 0
 
 
+def test_glm46_reasoning_sealed_in_encrypted_content_is_restored_in_a_tool_loop(thinker):
+    """Codex's loop on GLM-4.6's template (which renders past reasoning only in the turn after
+    the last user message): the reasoning of a response, sealed in ``encrypted_content`` and sent
+    back before the turn's call and its output, reaches the prompt as the readable reasoning
+    does; a tampered token is refused."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{thinker.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    first = client.responses.create(model="tiny-glm45", instructions=SYSTEM, input=ASK, max_output_tokens=80,
+                                    temperature=0, store=False, include=["reasoning.encrypted_content"])
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == THOUGHT
+    sealed = reasoning.encrypted_content
+    assert sealed and "capital" not in sealed
+    call = {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"q": "France"}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "Paris"}
+
+    def prompt_tokens(item: dict | None) -> int:
+        items = ASK + ([item] if item else []) + [call, output]
+        return client.responses.create(model="tiny-glm45", instructions=SYSTEM, input=items, max_output_tokens=1,
+                                       store=False).usage.input_tokens
+
+    readable = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": THOUGHT}]}
+    with_sealed = prompt_tokens({"type": "reasoning", "summary": [], "encrypted_content": sealed})
+    assert with_sealed == prompt_tokens(readable) > prompt_tokens(None)
+    with pytest.raises(openai.BadRequestError, match="encrypted_content"):
+        prompt_tokens({"type": "reasoning", "summary": [], "encrypted_content": sealed[:-1]})
+
+
 def test_image_blocks_reach_a_vision_model(smollm2_hf, tmp_path_factory):
     pytest.importorskip("torch")
     from tests.e2e.test_vision import DATA_URL, IMAGE_TOKENS

@@ -46,6 +46,25 @@ def test_stream_events_build_the_same_response(client):
             "response.content_part.done", "response.output_item.done"} <= set(kinds)
 
 
+def test_every_response_resource_field_plain_and_streamed(client):
+    """Each field the Open Responses ResponseResource requires, with its type, in the JSON the
+    server sends: the plain response and the last streamed one."""
+    from tests.unit.test_agent_requests import _resource_ok
+
+    kw = dict(model=DEFAULT_MODEL, input="What is the capital of France?", max_output_tokens=8, temperature=0,
+              prompt_cache_key="s-1", safety_identifier="u-1", truncation="auto", store=False)
+    plain = client.responses.with_raw_response.create(**kw).http_response.json()
+    _resource_ok(plain)
+    assert (plain["prompt_cache_key"], plain["temperature"], plain["store"], plain["truncation"]) == (
+        "s-1", 0.0, False, "auto")
+    with client.responses.with_streaming_response.create(stream=True, **kw) as stream:
+        events = [json.loads(line[6:]) for line in stream.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    _resource_ok(events[-1]["response"])
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == plain["output"][0]["content"][0]["text"]
+
+
 def test_function_call_round_trip(client):
     first = _create(client, input=ASK, tools=FUNCTION_TOOLS, tool_choice="required")
     calls = [item for item in first.output if item.type == "function_call"]
