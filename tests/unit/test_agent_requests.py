@@ -207,3 +207,17 @@ def test_what_is_not_served_is_refused_by_name(tmp_path, extra, param):
     _, client = _client(REPLY, tmp_path)
     resp = client.post("/v1/responses", json={"model": "glm", "input": ASK, **extra})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+@pytest.mark.parametrize("field", ["instructions", "prompt_cache_key", "user", "safety_identifier", "metadata"])
+def test_an_echoed_field_with_a_lone_surrogate_is_a_400(tmp_path, field):
+    """JSON may carry a lone UTF-16 surrogate; the response echoes these fields, and UTF-8
+    cannot carry one: refused up front (it was a 500 while the response was written)."""
+    import json
+
+    _, client = _client(REPLY, tmp_path)
+    value = {"k": "\ud800"} if field == "metadata" else "a\ud800"
+    for stream in (False, True):
+        body = json.dumps({"model": "glm", "input": "hi", field: value, "stream": stream}, ensure_ascii=True)
+        resp = client.post("/v1/responses", content=body, headers={"content-type": "application/json"})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+import re
+
+from pydantic import BaseModel, Field, field_validator
 
 from glmserve.protocol.chat import KeepAlive, _Lenient
 
@@ -79,6 +81,30 @@ class ResponsesRequest(_Lenient):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     client_metadata: dict[str, Any] | None = None
+
+    @field_validator("instructions", "tools", "tool_choice", "metadata", "user", "safety_identifier",
+                     "prompt_cache_key", "text")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        """The fields the response echoes must be valid Unicode: JSON allows a lone UTF-16
+        surrogate (``"\\ud800"``), which no UTF-8 response can carry (a 400, not a 500)."""
+        dumped = value.model_dump() if isinstance(value, BaseModel) else value
+        if _has_lone_surrogate(dumped):
+            raise ValueError("invalid Unicode: a lone surrogate")
+        return value
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 class InputTokensDetails(BaseModel):
