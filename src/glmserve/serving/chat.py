@@ -13,8 +13,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from pydantic import ValidationError
-
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
@@ -385,18 +383,6 @@ class ChatService:
             first = runs[0]
             yield ChatCompletionChunk(id=first.id, created=first.created, model=first.model, choices=[],
                                       usage=usage(runs))
-
-
-def chat_request(body: dict[str, Any], param: str) -> ChatCompletionRequest:
-    """``body`` (another API's request mapped onto chat fields; None values dropped) as a chat
-    request. Raises a 400 naming ``param`` and the chat field when it does not validate."""
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error.get("loc", ()))
-        raise invalid_request(f"{param} cannot be served as chat messages: {where}: {error.get('msg')}",
-                              param) from exc
 
 
 def _call_id() -> str:

@@ -45,7 +45,7 @@ from typing import Any
 from glmserve.protocol.anthropic import CountTokensRequest, MessagesRequest
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.chat import chat_request
+from glmserve.serving.chat_request import chat_request
 from glmserve.serving.hosted_tools import ANTHROPIC_HOSTED, leave_out
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}

@@ -27,7 +27,7 @@ from typing import Any
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 from glmserve.protocol.responses import ResponsesRequest
-from glmserve.serving.chat import chat_request
+from glmserve.serving.chat_request import chat_request
 from glmserve.serving.hosted_tools import OPENAI_HOSTED, leave_out
 
 # opens an item's encrypted_content (token, param) -> reasoning text; raises a 400
