@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from glmserve.version import __version__
 
 if TYPE_CHECKING:
     from glmserve.llm import LLM

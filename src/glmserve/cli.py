@@ -97,7 +97,8 @@ def serve(args: list[str]) -> int:
 
     import uvicorn
 
-    from glmserve.runtime import STARTUP_ERRORS, build_app
+    from glmserve.composition import build_app
+    from glmserve.runtime import STARTUP_ERRORS
     from glmserve.server.http_protocol import protocol_with_header_timeout
 
     try:

@@ -1,18 +1,16 @@
-"""Assemble a serving runtime from settings: engine (started), chat template, chat service;
-and the HTTP app over it (``build_app``).
+"""Start a model from settings: engine (started), chat template, and the services over it (a
+``serving.runtime.Runtime``: ``start_runtime``); the models of a server of several
+(``serve_many``), each with the settings it is served with (``model_settings``).
 
-Shared by ``glmserve serve``, every Ray Serve replica and any in-process use, so all behave
-the same.
+Shared by ``glmserve serve``, every Ray Serve replica (through ``glmserve.composition``) and
+the in-process ``LLM``, so all behave the same. Nothing here imports the HTTP server.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -28,6 +26,7 @@ from glmserve.engine import (
 )
 from glmserve.models import ModelNotFoundError
 from glmserve.models.catalog import (
+    MODEL_FIELDS,
     SERVER_FIELDS,
     ConfigError,
     ModelEntry,
@@ -37,50 +36,16 @@ from glmserve.models.catalog import (
 )
 from glmserve.multimodal import MediaPolicy
 from glmserve.serving.chat import ChatService
-from glmserve.serving.completions import CompletionService
-from glmserve.serving.embeddings import EmbeddingsService
-from glmserve.serving.lora import LoRAAdapterService
-from glmserve.serving.messages import MessagesService
-from glmserve.serving.responses import ResponsesService
-from glmserve.serving.sealed_reasoning import ReasoningSeal
 from glmserve.serving.registry import ModelRegistry, ModelSpec
+from glmserve.serving.runtime import Runtime
+from glmserve.serving.sealed_reasoning import ReasoningSeal
 from glmserve.serving.served import ServedModels
-from glmserve.serving.tokenize import TokenizeService
 from glmserve.settings import ServeSettings
 from glmserve.toolcalls import detect_parser
 
 log = logging.getLogger("glmserve.runtime")
 
-if TYPE_CHECKING:
-    from fastapi import FastAPI
-
 STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError, ConfigError)
-
-
-@dataclass(slots=True)
-class Runtime:
-    """One started model and the services over it: what a request for the model is served by."""
-
-    engine: Engine
-    chat: ChatService
-    completions: CompletionService
-    responses: ResponsesService
-    messages: MessagesService
-    tokenize: TokenizeService
-    embeddings: EmbeddingsService
-    lora: LoRAAdapterService
-
-    @classmethod
-    def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
-             seal: ReasoningSeal | None = None) -> Runtime:
-        """The services over ``chat``'s engine (started); ``seal``: the key of ``/v1/responses``'
-        ``encrypted_content`` (none: a 400 when a request asks for it)."""
-        return cls(chat.engine, chat, CompletionService(chat), ResponsesService(chat, seal), MessagesService(chat),
-                   TokenizeService(chat), EmbeddingsService(chat, max_embedding_inputs, max_embedding_tokens),
-                   LoRAAdapterService(chat))
-
-    def shutdown(self) -> None:
-        self.engine.shutdown()
 
 
 def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
@@ -132,33 +97,10 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Run
         raise
 
 
-def build_app(settings: ServeSettings, replica_id: str | None = None,
-              deployment_health: Callable[[], Awaitable[dict]] | None = None) -> FastAPI:
-    """Start the engine and return the HTTP app serving it (the app shuts the engine down on
-    exit): the one app that ``glmserve serve`` and each Ray Serve replica run.
-
-    ``replica_id``, ``deployment_health``: see ``server.create_app``. Raises one of
-    ``STARTUP_ERRORS`` as ``start_runtime`` does."""
-    from glmserve.server import create_app
-
-    runtime = start_runtime(settings)
-    served: Runtime | ServedModels = runtime
-    if settings.many_models:
-        try:
-            served = serve_many(settings, runtime)
-        except BaseException:
-            runtime.shutdown()
-            raise
-    return create_app(served, api_key=settings.api_key,
-                      shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
-                      client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
-                      replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
-                      runtime_lora=settings.allow_runtime_lora_updating)
-
-
 def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
-    """The settings ``entry`` is served with: its own fields, over the per-model flags given to
-    the server (an engine flag only where the entry's engine reads it), named ``entry.name``.
+    """The settings ``entry`` is served with: its own fields, over the flags given to the server
+    that a model inherits (not the server's own, ``SERVER_FIELDS``, nor ``--model``'s,
+    ``MODEL_FIELDS``; an engine flag only where the entry's engine reads it), named ``entry.name``.
     Raises ``ConfigError`` naming the model (a bad value, or a flag its engine does not use)."""
     engine = entry.fields.get("engine", settings.engine)
     engine_fields = frozenset().union(*(engine_settings(name) for name in ENGINES))
@@ -167,7 +109,7 @@ def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
     except KeyError:
         raise ConfigError(f"model {entry.name!r}: unknown engine {engine!r}; choose one of {sorted(ENGINES)}") from None
     inherited = {name: getattr(settings, name) for name in settings.model_fields_set
-                 if name not in SERVER_FIELDS and name != "model" and (name not in engine_fields or name in used)}
+                 if name not in SERVER_FIELDS | MODEL_FIELDS and (name not in engine_fields or name in used)}
     try:
         own = type(settings)(**{**inherited, **entry.fields, "served_model_name": entry.name})
     except ValidationError as exc:

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
-from glmserve.runtime import Runtime
+from glmserve.serving.runtime import Runtime
 from glmserve.server import create_app
 from glmserve.serving.chat import ChatService
 from glmserve.serving.sealed_reasoning import KEY_FILE, ReasoningSeal

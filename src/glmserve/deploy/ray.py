@@ -1,4 +1,4 @@
-"""glmserve on Ray Serve: N replicas of the one HTTP app (``runtime.build_app``), each with its
+"""glmserve on Ray Serve: N replicas of the one HTTP app (``composition.build_app``), each with its
 own engine, behind Ray Serve's HTTP proxy.
 
 Three ways in, one deployment:
@@ -43,7 +43,8 @@ from ray.serve.config import RequestRouterConfig
 from glmserve.deploy.affinity import SessionAffinityRouter
 from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_force
 from glmserve.engine.scheduler import queue_limit
-from glmserve.runtime import STARTUP_ERRORS, build_app
+from glmserve.composition import build_app
+from glmserve.runtime import STARTUP_ERRORS
 from glmserve.settings import DeploySettings, ServeSettings
 
 log = logging.getLogger("glmserve.deploy")

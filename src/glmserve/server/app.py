@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from glmserve import __version__
+from glmserve.version import __version__
 from glmserve.server.auth import require_anthropic_key, require_api_key
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
@@ -17,8 +17,8 @@ from glmserve.server.request_id import RequestId
 from glmserve.server.routes import (chat, completions, docs, embeddings, health, lora, messages, metrics,
                                     model_admin, models, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
-from glmserve.runtime import Runtime
 from glmserve.serving.chat import ChatService
+from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
 
 

@@ -12,7 +12,7 @@ from fastapi import Request, Response
 from glmserve.server.sse import OPENAI, SSEDialect, respond
 
 if TYPE_CHECKING:
-    from glmserve.runtime import Runtime
+    from glmserve.serving.runtime import Runtime
 
 
 async def respond_with_model(request: Request, model: str | None, call: Callable[[Runtime], Awaitable[Any]],

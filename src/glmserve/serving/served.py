@@ -22,7 +22,7 @@ from glmserve.serving.registry import (
 )
 
 if TYPE_CHECKING:
-    from glmserve.runtime import Runtime
+    from glmserve.serving.runtime import Runtime
 
 RETRY_AFTER_S = 5  # a model that does not fit now: when to try again
 

@@ -1,0 +1,40 @@
+"""The composition root: settings -> the started models -> the HTTP app serving them
+(``build_app``), the one app that ``glmserve serve`` and each Ray Serve replica run.
+
+The layers below it (``server`` over ``serving.runtime.Runtime`` over the engines) never import
+this module or ``glmserve.runtime``: every import arrow points down (``tests/unit/
+test_import_graph.py`` keeps it so)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI
+
+from glmserve.runtime import serve_many, start_runtime
+from glmserve.server import create_app
+from glmserve.serving.runtime import Runtime
+from glmserve.serving.served import ServedModels
+from glmserve.settings import ServeSettings
+
+
+def build_app(settings: ServeSettings, replica_id: str | None = None,
+              deployment_health: Callable[[], Awaitable[dict]] | None = None) -> FastAPI:
+    """Start the engine and return the HTTP app serving it (the app shuts the engine down on
+    exit): the one app that ``glmserve serve`` and each Ray Serve replica run.
+
+    ``replica_id``, ``deployment_health``: see ``server.create_app``. Raises one of
+    ``STARTUP_ERRORS`` as ``start_runtime`` does."""
+    runtime = start_runtime(settings)
+    served: Runtime | ServedModels = runtime
+    if settings.many_models:
+        try:
+            served = serve_many(settings, runtime)
+        except BaseException:
+            runtime.shutdown()
+            raise
+    return create_app(served, api_key=settings.api_key,
+                      shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
+                      client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
+                      replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
+                      runtime_lora=settings.allow_runtime_lora_updating)

@@ -1,0 +1,44 @@
+"""``Runtime``: one started model and the services over it (chat, completions, responses,
+messages, tokenize, embeddings, LoRA adapters), what a request for the model is served by.
+Built by ``glmserve.runtime.start_runtime``; used by the server's routes and the registry of
+several models (``serving/served.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glmserve.engine import Engine
+from glmserve.serving.chat import ChatService
+from glmserve.serving.completions import CompletionService
+from glmserve.serving.embeddings import EmbeddingsService
+from glmserve.serving.lora import LoRAAdapterService
+from glmserve.serving.messages import MessagesService
+from glmserve.serving.responses import ResponsesService
+from glmserve.serving.sealed_reasoning import ReasoningSeal
+from glmserve.serving.tokenize import TokenizeService
+
+
+@dataclass(slots=True)
+class Runtime:
+    """One started model and the services over it: what a request for the model is served by."""
+
+    engine: Engine
+    chat: ChatService
+    completions: CompletionService
+    responses: ResponsesService
+    messages: MessagesService
+    tokenize: TokenizeService
+    embeddings: EmbeddingsService
+    lora: LoRAAdapterService
+
+    @classmethod
+    def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
+             seal: ReasoningSeal | None = None) -> Runtime:
+        """The services over ``chat``'s engine (started); ``seal``: the key of ``/v1/responses``'
+        ``encrypted_content`` (none: a 400 when a request asks for it)."""
+        return cls(chat.engine, chat, CompletionService(chat), ResponsesService(chat, seal), MessagesService(chat),
+                   TokenizeService(chat), EmbeddingsService(chat, max_embedding_inputs, max_embedding_tokens),
+                   LoRAAdapterService(chat))
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
