@@ -37,6 +37,7 @@ class Models:
         self.unloads: dict[str, int] = {}
         self.broken: set[str] = set()
         self.gate: threading.Event | None = None
+        self.unload_gate: threading.Event | None = None  # holds unloads (an engine slow to free)
 
     def spec(self, name: str, size: int = 0, **kw) -> ModelSpec:
         def load():
@@ -49,6 +50,8 @@ class Models:
 
         def unload(runtime):
             assert runtime == f"runtime of {name}"
+            if self.unload_gate is not None:
+                self.unload_gate.wait(10)
             self.unloads[name] = self.unloads.get(name, 0) + 1
 
         return ModelSpec(name, load, unload, lambda: size, **kw)
@@ -172,12 +175,12 @@ def test_keep_alive():
     run(main())
 
 
-def test_a_broken_model_fails_alone_and_is_tried_again():
-    models = Models()
+def test_a_broken_model_fails_alone_and_is_tried_again_after_a_back_off():
+    models, clock = Models(), Clock()
     models.broken.add("bad")
 
     async def main():
-        registry = ModelRegistry([models.spec("good"), models.spec("bad")])
+        registry = ModelRegistry([models.spec("good"), models.spec("bad")], clock=clock)
         results = await asyncio.gather(registry.acquire("bad"), registry.acquire("bad"), return_exceptions=True)
         assert all(isinstance(r, ModelLoadError) for r in results)
         assert "model 'bad' failed to load: bad.gguf: not a GGUF file" in str(results[0])
@@ -185,14 +188,73 @@ def test_a_broken_model_fails_alone_and_is_tried_again():
         assert status["bad"]["status"] == "unloaded" and "not a GGUF file" in status["bad"]["error"]
         async with await registry.acquire("good") as lease:
             assert lease.runtime == "runtime of good"
+        # within the back-off, the last failure at once, without a load
+        with pytest.raises(ModelLoadError, match="not a GGUF file .it is tried again in 1 s"):
+            await registry.acquire("bad")
+        assert models.loads["bad"] == 1  # the two concurrent requests shared one failed load
+        clock.now += 1.5
+        with pytest.raises(ModelLoadError):  # tried again; failed again: the back-off doubles
+            await registry.acquire("bad")
+        assert models.loads["bad"] == 2
         models.broken.clear()
-        async with await registry.acquire("bad") as lease:  # fixed: the next request loads it
+        clock.now += 1.5
+        with pytest.raises(ModelLoadError, match="tried again in 0 s"):
+            await registry.acquire("bad")
+        clock.now += 1
+        async with await registry.acquire("bad") as lease:  # fixed: the next load after the back-off
             assert lease.runtime == "runtime of bad"
         assert {s["model"]: s["error"] for s in registry.status()}["bad"] is None
         await registry.close()
 
     run(main())
-    assert models.loads["bad"] == 2  # the two concurrent requests shared one failed load
+    assert models.loads["bad"] == 3
+
+
+def test_a_failed_load_wakes_the_loads_waiting_for_its_room():
+    models = Models()
+    models.broken.add("bad")
+
+    async def main():
+        registry = ModelRegistry([models.spec("busy"), models.spec("bad"), models.spec("next")], max_loaded=2,
+                                 wait_s=60)
+        lease = await registry.acquire("busy")
+        models.gate = threading.Event()
+        bad = asyncio.create_task(registry.acquire("bad"))  # loading: it holds the second place
+        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(registry.acquire("next"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        models.gate.set()
+        with pytest.raises(ModelLoadError):
+            await bad
+        # woken by the failure, not after wait_s (60 s)
+        (await asyncio.wait_for(waiting, 5)).release()
+        lease.release()
+        await registry.close()
+
+    run(main())
+
+
+def test_keep_alive_0_then_a_load_never_holds_two_engines():
+    """The engine of a keep_alive 0 request is freed behind the reply; a load that needs its
+    room waits until it is freed (counted by the registry's own accounting)."""
+    models = Models()
+
+    async def main():
+        registry = ModelRegistry([models.spec("a"), models.spec("b")], max_loaded=1, wait_s=30)
+        async with await registry.acquire("a", keep_alive=0):
+            models.unload_gate = threading.Event()
+        assert registry.loaded() == [] and registry.alive == 1  # a is unloaded for requests, not yet freed
+        loading = asyncio.create_task(registry.acquire("b"))
+        await asyncio.sleep(0.1)
+        assert not loading.done() and models.loads == {"a": 1}  # b waits for a's engine
+        models.unload_gate.set()
+        (await asyncio.wait_for(loading, 5)).release()
+        assert registry.peak_alive == 1 and registry.loaded() == ["b"]
+        await registry.close()
+        assert registry.alive == 0
+
+    run(main())
 
 
 def test_names_aliases_and_unknown_models():
@@ -257,3 +319,24 @@ def test_a_pinned_model_stays():
 
     run(main())
     assert models.loads == {"one": 1}
+
+
+def test_unloading_a_model_whose_load_fails():
+    """``POST /models/unload`` during a load that fails: not loaded, said so (it was a 500)."""
+    models = Models()
+    models.broken.add("bad")
+
+    async def main():
+        registry = ModelRegistry([models.spec("bad")])
+        models.gate = threading.Event()
+        loading = asyncio.create_task(registry.acquire("bad"))
+        await asyncio.sleep(0.05)
+        unloading = asyncio.create_task(registry.unload("bad"))
+        await asyncio.sleep(0.05)
+        models.gate.set()
+        with pytest.raises(ModelLoadError):
+            await loading
+        assert await unloading is False and registry.status_of("bad") == "unloaded"
+        await registry.close()
+
+    run(main())

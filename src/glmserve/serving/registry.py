@@ -13,7 +13,13 @@ request: a duration, ``0`` unload at once, negative keep loaded):
   taken before its first load: file sizes plus the KV cache). When only busy models are in the way, the load waits for one to go
   idle, up to ``wait_s`` seconds (then ``RegistryFull``).
 - A model that fails to load raises ``ModelLoadError`` naming it and the cause to the requests
-  that waited on that load; the other models go on; the next request tries again.
+  that waited on that load, and wakes the loads waiting for room at once; the other models go
+  on. It is tried again only after a back-off (``LOAD_RETRY_S``: 1 s, doubling to 60 s); a
+  request before then gets the last failure at once.
+- A runtime counts against ``max_loaded`` and ``memory_budget`` until it is freed: a model
+  unloaded by ``keep_alive: 0`` is unloaded at once for requests, but a load that needs its room
+  waits for its engine to be freed. ``alive``/``peak_alive``: runtimes not yet freed, now and
+  at most.
 - Every change of a model's status is published to ``subscribe()``'s queues (``/models/events``).
 
 The registry knows nothing of engines: ``ModelSpec.load`` builds and starts a runtime and
@@ -28,57 +34,25 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from glmserve.engine.base import one_line
+from glmserve.serving.registry_types import (
+    Lease,
+    ModelLoadError,
+    ModelSpec,
+    ModelStatus,
+    RegistryError,
+    RegistryFull,
+    R,
+    UnknownModel,
+)
 
-R = TypeVar("R")  # a loaded model's runtime
+__all__ = ["Lease", "ModelLoadError", "ModelRegistry", "ModelSpec", "ModelStatus", "RegistryError", "RegistryFull",
+           "UnknownModel"]
+
+LOAD_RETRY_S = (1.0, 60.0)  # back-off after a failed load: the first, the longest (doubling)
 log = logging.getLogger("glmserve.registry")
-
-
-class ModelStatus(str, Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-
-
-class RegistryError(Exception):
-    """Base of the registry's errors; ``model`` is the name asked for."""
-
-    def __init__(self, model: str, message: str) -> None:
-        super().__init__(message)
-        self.model = model
-
-
-class UnknownModel(RegistryError):
-    """No servable model or alias has this name."""
-
-
-class ModelLoadError(RegistryError):
-    """The model failed to load (bad file, out of memory, larger than the memory budget)."""
-
-
-class RegistryFull(RegistryError):
-    """The model does not fit beside the busy models, and none went idle in time."""
-
-
-@dataclass(slots=True)
-class ModelSpec(Generic[R]):
-    """One servable model. ``load()`` returns its started runtime (blocking; raises on failure),
-    ``unload(runtime)`` stops it; ``estimate()``: bytes it takes once loaded (blocking, called
-    once, before its first load; must not raise); ``keep_alive``: seconds
-    it stays loaded when idle (None: the registry's default; ``math.inf``: until unloaded by
-    hand or evicted)."""
-
-    name: str
-    load: Callable[[], R]
-    unload: Callable[[R], None]
-    estimate: Callable[[], int] = lambda: 0
-    aliases: tuple[str, ...] = ()
-    keep_alive: float | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)  # shown as it is, e.g. the engine's name
-    pinned: bool = False  # never unloaded (keep_alive and eviction do not apply): a server of one model
 
 
 @dataclass(slots=True, eq=False)
@@ -92,30 +66,10 @@ class _Entry(Generic[R]):
     last_used: float = 0.0
     keep_alive: float = 0.0  # seconds idle before unloading, as the last request asked
     error: str | None = None  # the last load failure
+    failures: int = 0  # failed loads in a row
+    retry_at: float = 0.0  # no load before this (clock seconds), after a failure
     size_bytes: int | None = None  # spec.estimate(), once known
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no lease is held
-
-
-class Lease(Generic[R]):
-    """A hold on a loaded model: ``runtime`` stays loaded until ``release()`` (idempotent; also
-    on leaving ``async with``)."""
-
-    def __init__(self, registry: ModelRegistry[R], entry: _Entry[R]) -> None:
-        self._registry, self._entry = registry, entry
-        self.runtime: R = entry.runtime
-        self.model = entry.spec.name
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._registry._release(self._entry)
-
-    async def __aenter__(self) -> Lease[R]:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
 
 
 class ModelRegistry(Generic[R]):
@@ -145,6 +99,8 @@ class ModelRegistry(Generic[R]):
         self._changed = asyncio.Condition(self._lock)  # a lease was released or a model unloaded
         self._subscribers: set[asyncio.Queue] = set()
         self._expiry: asyncio.TimerHandle | None = None
+        self.alive = 0  # runtimes loaded and not yet freed
+        self.peak_alive = 0
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -180,8 +136,31 @@ class ModelRegistry(Generic[R]):
             raise ValueError(f"model {name!r} is {entry.status.value}")
         entry.runtime, entry.status, entry.last_used = runtime, ModelStatus.LOADED, self._clock()
         entry.keep_alive = self._keep_alive(entry, None)
+        self._count_loaded()
         if self.memory_budget is not None:
             entry.size_bytes = entry.spec.estimate()
+
+    def status_of(self, name: str) -> str:
+        """``loaded``, ``loading`` or ``unloaded``. Raises ``UnknownModel``."""
+        return self._entries[self.resolve(name)].status.value
+
+    def pinned(self, name: str) -> bool:
+        """Whether model ``name`` is never unloaded. Raises ``UnknownModel``."""
+        return self._entries[self.resolve(name)].spec.pinned
+
+    def _count_loaded(self) -> None:
+        self.alive += 1
+        self.peak_alive = max(self.peak_alive, self.alive)
+
+    async def _free(self, entry: _Entry[R], runtime: R) -> None:
+        try:
+            await asyncio.to_thread(entry.spec.unload, runtime)
+        finally:
+            self.alive -= 1
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
 
     def subscribe(self) -> asyncio.Queue:
         """A queue of status events (``{"model", "status", "error"}``), starting with the status
@@ -222,6 +201,9 @@ class ModelRegistry(Generic[R]):
             async with self._lock:
                 if entry.status is ModelStatus.LOADED:
                     continue
+                if entry.loading is None and entry.error is not None and self._clock() < entry.retry_at:
+                    raise ModelLoadError(entry.spec.name, f"{entry.error} (it is tried again in "
+                                         f"{entry.retry_at - self._clock():.0f} s)")
                 if entry.loading is None:
                     entry.loading = asyncio.get_running_loop().create_task(self._load(entry))
                 task = entry.loading
@@ -245,12 +227,13 @@ class ModelRegistry(Generic[R]):
                 runtime, entry.runtime, entry.status = entry.runtime, None, ModelStatus.UNLOADED
                 log.info("unloading model %s (keep_alive 0)", entry.spec.name)
                 self._publish(entry)
-                entry.unloading = loop.create_task(asyncio.to_thread(entry.spec.unload, runtime))
+                entry.unloading = loop.create_task(self._free(entry, runtime))
+                # a load waiting for room is woken once the engine is freed
+                entry.unloading.add_done_callback(lambda _: loop.create_task(self._notify()))
             loop.create_task(self._after_release())
 
     async def _after_release(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+        await self._notify()
         await self.expire_idle()
 
     # ---- loading and unloading ------------------------------------------------------------
@@ -281,13 +264,19 @@ class ModelRegistry(Generic[R]):
                 raise ModelLoadError(spec.name, f"model '{spec.name}' failed to load: {one_line(exc)}") from exc
             log.info("model %s loaded in %.1f s", spec.name, self._clock() - start)
             async with self._lock:
-                entry.runtime, entry.status = runtime, ModelStatus.LOADED
+                entry.runtime, entry.status, entry.failures = runtime, ModelStatus.LOADED, 0
                 entry.last_used = self._clock()
+                self._count_loaded()
                 self._publish(entry)
         except RegistryError as exc:
             async with self._lock:
                 entry.status, entry.error = ModelStatus.UNLOADED, str(exc)
+                if isinstance(exc, ModelLoadError):
+                    first, longest = LOAD_RETRY_S
+                    entry.failures += 1
+                    entry.retry_at = self._clock() + min(longest, first * 2 ** (entry.failures - 1))
                 self._publish(entry)
+                self._changed.notify_all()  # its room is free again: loads waiting for room go on
             raise
         finally:
             entry.loading = None
@@ -302,6 +291,11 @@ class ModelRegistry(Generic[R]):
                                  f"the memory budget of {self.memory_budget} bytes")
         deadline = self._clock() + self.wait_s
         while not self._fits(entry):
+            freeing = [e.unloading for e in self._entries.values()
+                       if e is not entry and e.unloading is not None and not e.unloading.done()]
+            if freeing:  # engines of keep_alive 0 unloads still being freed: their room comes back
+                await asyncio.gather(*freeing, return_exceptions=True)
+                continue
             idle = [e for e in self._entries.values()
                     if e is not entry and e.status is ModelStatus.LOADED and e.leases == 0 and not e.spec.pinned]
             if idle:
@@ -318,7 +312,8 @@ class ModelRegistry(Generic[R]):
                 pass
 
     def _fits(self, entry: _Entry[R]) -> bool:
-        held = [e for e in self._entries.values() if e is not entry and e.status is not ModelStatus.UNLOADED]
+        held = [e for e in self._entries.values() if e is not entry and (
+            e.status is not ModelStatus.UNLOADED or (e.unloading is not None and not e.unloading.done()))]
         if self.max_loaded is not None and len(held) + 1 > self.max_loaded:
             return False
         if self.memory_budget is not None:
@@ -332,7 +327,7 @@ class ModelRegistry(Generic[R]):
         log.info("unloading model %s (%s)", entry.spec.name, why)
         self._publish(entry)
         if runtime is not None:
-            await asyncio.to_thread(entry.spec.unload, runtime)
+            await self._free(entry, runtime)
         self._changed.notify_all()
 
     async def unload(self, name: str, wait_s: float | None = None) -> bool:
@@ -343,7 +338,10 @@ class ModelRegistry(Generic[R]):
         if entry.spec.pinned:
             return False
         if entry.loading is not None:
-            await asyncio.shield(entry.loading)
+            try:
+                await asyncio.shield(entry.loading)
+            except RegistryError:  # the load failed: the model is not loaded
+                return False
         try:
             await asyncio.wait_for(entry.idle.wait(), self.wait_s if wait_s is None else wait_s)
         except TimeoutError:

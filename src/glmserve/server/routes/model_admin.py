@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
 from glmserve.protocol.chat import _Lenient
+from glmserve.protocol.errors import invalid_request
 from glmserve.serving.registry import ModelLoadError, RegistryFull, UnknownModel
 from glmserve.serving.served import registry_error
 from glmserve.server.openapi import error_responses
@@ -43,14 +44,18 @@ async def load_model(body: ModelRequest, request: Request) -> ModelState:
 @router.post("/models/unload", responses=error_responses(400, 404, 503))
 async def unload_model(body: ModelRequest, request: Request) -> ModelState:
     """Unloads once the model's running requests end (a 503 if they do not within the
-    registry's wait)."""
+    registry's wait); answers the model's status after it (``unloaded``; ``loaded`` when a
+    request loaded it again meanwhile). The server's only model is never unloaded (a 400)."""
     registry = request.app.state.models.registry
     try:
+        if registry.pinned(body.model):
+            raise invalid_request(f"model '{registry.resolve(body.model)}' is this server's only model and is never "
+                                  "unloaded", "model")
         await registry.unload(body.model)
         name = registry.resolve(body.model)
     except (UnknownModel, RegistryFull) as exc:
         raise registry_error(exc) from exc
-    return ModelState(model=name, status="unloaded")
+    return ModelState(model=name, status=registry.status_of(name))
 
 
 @router.get("/models/events", response_class=EventSourceResponse, responses={
