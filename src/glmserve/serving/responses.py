@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, StreamOptions, Usage
@@ -48,6 +48,9 @@ from glmserve.serving.responses_request import function_tools, to_chat_request
 from glmserve.serving.sampling import with_defaults
 from glmserve.serving.sealed_reasoning import ReasoningSeal
 from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
+
+
+Sealer = Callable[[str], str]  # reasoning text -> encrypted_content (ReasoningSeal.seal)
 
 
 def _id(prefix: str) -> str:
@@ -187,7 +190,7 @@ class ResponsesService:
         return cut(starts[lo])
 
     @staticmethod
-    def _items(completion: ChatCompletion, namespaces: dict[str, str], seal) -> list[dict]:
+    def _items(completion: ChatCompletion, namespaces: dict[str, str], seal: Sealer | None) -> list[dict]:
         message = completion.choices[0].message
         items = []
         if message.reasoning_content:
@@ -208,7 +211,7 @@ class ResponsesService:
             "incomplete_details": IncompleteDetails(reason="max_output_tokens") if incomplete else None})
 
     async def _events(self, shell: Response, chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse],
-                      namespaces: dict[str, str], seal) -> AsyncIterator[ResponseEvent]:
+                      namespaces: dict[str, str], seal: Sealer | None) -> AsyncIterator[ResponseEvent]:
         seq = 0
         items: list[dict] = []
         open_item: dict | None = None  # the item being streamed: {"kind", "id", "text", ...}
