@@ -73,7 +73,7 @@ def test_stop_string(client):
 
 @pytest.mark.parametrize("kw, param", [
     ({"prompt": [10**9]}, "prompt"),
-    ({"prompt": ["ok", [1]]}, "prompt.0"),  # a mixed list: no branch of the union fits
+    ({"prompt": ["ok", [1]]}, "prompt.1"),  # a mixed list: its second item breaks the list of strings
     ({"prompt": PROMPT, "max_tokens": 10**6}, "max_tokens"),
     ({"prompt": PROMPT, "n": 9}, "n"),  # over --max-n
     ({"prompt": PROMPT, "n": 2, "best_of": 3}, "best_of"),
