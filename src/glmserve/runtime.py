@@ -35,6 +35,7 @@ from glmserve.models.catalog import (
     scan_models_dir,
 )
 from glmserve.multimodal import MediaPolicy
+from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat import ChatService
 from glmserve.serving.registry import ModelRegistry, ModelSpec
 from glmserve.serving.runtime import Runtime
@@ -70,9 +71,11 @@ def media_policy(settings: ServeSettings) -> MediaPolicy:
     )
 
 
-def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Runtime:
+def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
+                  adapters: AdapterTable | None = None) -> Runtime:
     """Build and start the engine and the services over it; ``aliases``: other names requests
-    may give the model.
+    may give the model; ``adapters``: the model's LoRA adapter table, kept from an earlier load
+    (its run-time adapters are loaded again at their first request; default: a new one).
 
     Raises one of ``STARTUP_ERRORS`` with a one-line message when the model cannot be found or
     loaded; the engine is shut down again if a later step fails."""
@@ -90,6 +93,8 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = ()) -> Run
                                None if settings.reasoning_budget < 0 else settings.reasoning_budget)
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
+        chat.adapter_table = adapters or AdapterTable(settings.max_loras)
+        chat.adapter_table.attach(engine, settings.lora_adapters())
         return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens,
                             ReasoningSeal(settings.state_dir))
     except BaseException:
@@ -133,7 +138,9 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
     if settings.config:
         entries += read_config(Path(settings.config).expanduser())
     name = default.chat.model_name
-    specs = [ModelSpec(name, load=lambda: start_runtime(settings), unload=Runtime.shutdown, keep_alive=math.inf,
+    tables = {name: default.chat.adapter_table}
+    specs = [ModelSpec(name, load=lambda: start_runtime(settings, adapters=tables[name]), unload=Runtime.shutdown,
+                       keep_alive=math.inf,
                        estimate=lambda: _memory_estimate(settings),
                        metadata={"engine": settings.engine})]
     for entry in entries:
@@ -143,7 +150,9 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
         if entry.embedding and own.engine == "vllm":
             raise ConfigError(f"model {entry.name!r}: embedding: the vllm engine serves no embeddings; "
                               "use llama_cpp or transformers")
-        specs.append(ModelSpec(entry.name, load=lambda own=own, aliases=entry.aliases: start_runtime(own, aliases),
+        tables[entry.name] = AdapterTable(own.max_loras)
+        specs.append(ModelSpec(entry.name, load=lambda own=own, aliases=entry.aliases, table=tables[entry.name]:
+                               start_runtime(own, aliases, table),
                                unload=Runtime.shutdown,
                                estimate=lambda own=own: _memory_estimate(own), aliases=entry.aliases,
                                keep_alive=entry.keep_alive,
@@ -155,7 +164,7 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
     except ValueError as exc:  # two models of one name
         raise ConfigError(str(exc)) from None
     registry.adopt(name, default)
-    return ServedModels(registry, name)
+    return ServedModels(registry, name, tables)
 
 
 def _memory_estimate(settings: ServeSettings) -> int:

@@ -56,6 +56,11 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
         "GGUF LoRA files for llama_cpp, PEFT folders for transformers and vllm."
     )
+    max_loras: int = Field(
+        8, ge=1, le=64, description="LoRA adapters held in memory at once per model (vLLM's name); to load "
+        "another, the least recently used one no request holds is unloaded, and loaded again from its path "
+        "when a request names it. At least as many as --lora gives.",
+    )
     models_dir: list[str] = Field(
         [], description="Also serve every .gguf file and Hugging Face model folder under this folder "
         "(repeatable), each by its path below it (without .gguf), loaded on its first request.",
@@ -208,6 +213,13 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
                 raise ValueError(f"LoRA adapter name {name!r} given twice")
             names.add(name)
         return value
+
+    @model_validator(mode="after")
+    def _check_max_loras(self) -> ServeSettings:
+        if len(self.lora) > self.max_loras:
+            raise ValueError(f"--lora gives {len(self.lora)} adapters, more than --max-loras {self.max_loras} "
+                             "holds at once: raise --max-loras")
+        return self
 
     @field_validator("keep_alive")
     @classmethod

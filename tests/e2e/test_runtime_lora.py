@@ -141,3 +141,35 @@ def test_unload_waits_for_a_running_stream(srv, gguf_adapter):
     assert text == whole and finish == "length"
     assert resp.status_code == 200
     assert _model_ids(srv) == [DEFAULT_MODEL]
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """The default model beside another under --max-loaded-models 1, and one adapter loaded at
+    a time (--max-loras 1)."""
+    from glmserve.models import default_model_path
+
+    root = tmp_path_factory.mktemp("models")
+    (root / "alpha.gguf").symlink_to(default_model_path())
+    server = RemoteServer("--allow-runtime-lora-updating", "--models-dir", str(root), "--max-loaded-models", "1",
+                          "--max-loras", "1", "--n-ctx", "1024")
+    yield server
+    server.stop()
+
+
+def test_an_adapter_outlives_its_models_eviction_and_max_loras(many, gguf_adapter):
+    """An adapter loaded at run time answers the same after its model was evicted (another
+    model's request, one model loaded at most) and loaded again; with one adapter held in memory
+    at a time, two adapters take turns, each loaded again when a request names it."""
+    assert _load(many, "tuned", gguf_adapter).status_code == 200
+    tuned = _answers(many, "tuned")[:2]
+    assert _answers(many, "alpha")[:1]  # evicts the default model, and its adapter with it
+    assert _model_ids(many) == [DEFAULT_MODEL, "alpha"]  # unloaded (the adapter is listed when loaded)
+    assert _answers(many, "tuned")[:2] == tuned  # the model loads again, then the adapter
+    assert "tuned" in _model_ids(many)
+    assert _load(many, "second", gguf_adapter).status_code == 200  # puts "tuned" out of memory
+    assert _answers(many, "second")[:2] == tuned  # the same file under another name
+    assert _answers(many, "tuned")[:2] == tuned  # loaded again from its path
+    assert _unload(many, "tuned").status_code == 200 and _unload(many, "second").status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        _answers(many, "tuned")

@@ -61,6 +61,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.requests: list[GenerationRequest] = []
         self.broken = False  # check_health fails, as when an engine's worker died
+        self.lora_log: list[tuple[str, str]] = []  # ("load" | "unload", adapter name), in order
 
     def prompt_text(self, request: GenerationRequest) -> str:
         names = {v: k for k, v in SPECIAL.items()}
@@ -92,13 +93,17 @@ class FakeEngine:
         """Any path but one ending in "misfit" loads."""
         if path.endswith("misfit"):
             raise LoRAAdapterError(f"LoRA adapter {name!r} ({path}) does not match the base model")
+        self.lora_log.append(("load", name))
         self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
 
     async def unload_lora_adapter(self, name: str) -> None:
+        self.lora_log.append(("unload", name))
         self.model_info = self.model_info.with_lora_adapters(
             tuple(a for a in self.model_info.lora_adapters if a != name))
 
     def generate(self, request: GenerationRequest, loop=None) -> AsyncIterator[GenerationOutput]:
+        if request.lora is not None and request.lora not in self.model_info.lora_adapters:
+            raise LoRAAdapterError(f"LoRA adapter {request.lora!r} is not loaded")  # as the engines refuse it
         self.requests.append(request)
         return self._generate(request)
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.server import create_app
-from glmserve.serving import lora
+from glmserve.serving import adapters
 from glmserve.serving.chat import ChatService
 from tests.unit.fakes import FakeEngine
 
@@ -55,7 +55,7 @@ def test_refusals_and_load_inplace():
 
 
 def test_number_of_adapters_is_bounded(monkeypatch):
-    monkeypatch.setattr(lora, "MAX_LORA_ADAPTERS", 2)
+    monkeypatch.setattr(adapters, "MAX_LORA_ADAPTERS", 2)
     with _http() as http:
         assert _load(http, "a").status_code == 200 and _load(http, "b").status_code == 200
         resp = _load(http, "c")

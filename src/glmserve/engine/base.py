@@ -98,8 +98,10 @@ class Engine(Protocol):
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Unload the adapter ``name`` (one of ``model_info.lora_adapters``): new requests for it
-        are refused at once; returns once the requests already admitted on it have finished and
-        it is freed."""
+        are refused at once; requests still on it end with an error (llama_cpp, transformers) or
+        are waited for (vllm, whose requests cannot be ended between steps); returns once it is
+        freed. The serving layer calls this only after the adapter's last request ended
+        (``serving/adapters.py``), so no answer is cut by it there."""
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` at the next step; its stream ends with ``finish_reason="abort"``."""

@@ -367,10 +367,6 @@ class Scheduler:
         if not self.host_cache.covers(tokens, slot.group):
             out.kv_ops.append(KVOp("save", slot.id, p1=n, tokens=tokens, group=slot.group))
 
-    def has_group(self, group: str) -> bool:
-        """Any running or waiting sequence of ``group``."""
-        return any(seq.group == group for seq in (*self.running, *self.waiting))
-
     def drop_group(self, group: str) -> list[int]:
         """Forget the idle prefix caches of ``group`` (its LoRA adapter is being unloaded; a later
         adapter of the same name has other KV values); returns their slot ids, for the engine to

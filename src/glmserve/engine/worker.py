@@ -218,6 +218,16 @@ class StepWorker(Generic[S]):
         else:
             self._add(item)
 
+    def _end_where(self, pick: Callable[[S], bool], error: str) -> None:
+        """End (worker thread) every unfinished request ``pick`` selects, with ``error``: those of
+        a LoRA adapter being unloaded. The serving layer unloads an adapter only after its last
+        request ended (``serving/adapters.py``), so only requests already aborted meet this."""
+        ended = [seq for seq in self._unfinished() if pick(seq)]
+        for seq in ended:
+            self._finish(seq, "error", error)
+        if ended:
+            self._after_aborts()
+
     def _apply_aborts(self) -> None:
         hit = False
         for request_id in self._aborts.take():

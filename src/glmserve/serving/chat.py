@@ -34,6 +34,7 @@ from glmserve.protocol.chat import (
     TopLogprob,
 )
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chunks import ChunkStream, StreamItem
 from glmserve.serving.run import Run, usage
 from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
@@ -89,6 +90,8 @@ class ChatService:
         self.engine = engine
         self.model_name = served_model_name
         self.aliases = frozenset(aliases)
+        self.adapter_table = AdapterTable()  # start_runtime gives the one that outlives this engine
+        self.adapter_table.attach(engine)
         self.media_policy = media_policy or MediaPolicy()
         self.schema_limits = schema_limits or SchemaLimits()
         self.template = template
@@ -135,8 +138,9 @@ class ChatService:
 
     @property
     def adapters(self) -> tuple[str, ...]:
-        """The LoRA adapters loaded now (``--lora``, and those loaded at run time)."""
-        return self.engine.model_info.lora_adapters
+        """The LoRA adapters requests may name (``--lora``, and those loaded at run time; each
+        is loaded in the engine when a request holds it: ``serving/adapters.py``)."""
+        return self.adapter_table.names
 
     def check_model(self, model: str) -> None:
         """Raises ``APIError`` 404 unless ``model`` is the served model, an alias of it or one

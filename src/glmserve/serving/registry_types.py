@@ -65,10 +65,17 @@ class Lease(Generic[R]):
         self.runtime: R = entry.runtime
         self.model = entry.spec.name
         self._released = False
+        self._then: list[Callable[[], None]] = []
+
+    def also_release(self, release: Callable[[], None]) -> None:
+        """Call ``release`` too when this lease is released (a LoRA adapter's lease)."""
+        self._then.append(release)
 
     def release(self) -> None:
         if not self._released:
             self._released = True
+            for release in self._then:
+                release()
             self._registry._release(self._entry)
 
     async def __aenter__(self) -> Lease[R]:

@@ -1,5 +1,6 @@
 """The models one app serves, as the routes see them: a request's ``model`` (a model's name, an
-alias, or a LoRA adapter of a loaded model) to a lease on that model's ``Runtime``, with the
+alias, or a LoRA adapter of a model) to a lease on that model's ``Runtime`` (and, for an adapter
+and a route that generates, a lease on the adapter: ``serving/adapters.py``), with the
 registry's errors as API errors; and the ``/v1/models`` cards.
 
 One model (``glmserve serve --model``) is a registry of one, loaded at start and kept.
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found
 from glmserve.protocol.models import ModelCard, model_capabilities
+from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.registry import (
     Lease,
     ModelLoadError,
@@ -43,11 +45,14 @@ def registry_error(exc: Exception) -> APIError:
 
 class ServedModels:
     """Over ``registry`` (of ``Runtime``\\ s); ``default``: the model a request without ``model``
-    gets (``/tokenize``)."""
+    gets (``/tokenize``); ``adapters``: each model's LoRA adapters (the table its runtimes are
+    started with, which outlives them; a model without one has the adapters of its runtime)."""
 
-    def __init__(self, registry: ModelRegistry[Runtime], default: str) -> None:
+    def __init__(self, registry: ModelRegistry[Runtime], default: str,
+                 adapters: dict[str, AdapterTable] | None = None) -> None:
         self.registry = registry
         self.default = default
+        self.adapters = dict(adapters or {})
         self._created: dict[str, int] = {}
 
     @classmethod
@@ -57,17 +62,20 @@ class ServedModels:
         registry: ModelRegistry[Runtime] = ModelRegistry(
             [ModelSpec(name, load=lambda: runtime, unload=lambda r: r.shutdown(), pinned=True)])
         registry.adopt(name, runtime)
-        return cls(registry, name)
+        return cls(registry, name, {name: runtime.chat.adapter_table})
 
-    def _model_of(self, model: str) -> str:
-        """The registry name serving ``model``: its own, or, for a LoRA adapter of a loaded
-        model, that model's."""
+    def _tables(self) -> dict[str, AdapterTable]:
+        return {**{name: runtime.chat.adapter_table for name, runtime in self.registry.runtimes().items()},
+                **self.adapters}
+
+    def _model_of(self, model: str) -> tuple[str, bool]:
+        """The registry name serving ``model``, and whether ``model`` is a LoRA adapter of it."""
         try:
-            return self.registry.resolve(model)
+            return self.registry.resolve(model), False
         except UnknownModel:
-            for name, runtime in self.registry.runtimes().items():
-                if model in runtime.chat.adapters:
-                    return name
+            for name, table in self._tables().items():
+                if model in table.names:
+                    return name, True
             raise
 
     async def acquire(self, model: str | None, keep_alive: float | None = None,
@@ -77,13 +85,20 @@ class ServedModels:
         embeddings only refuses (400, before loading it). Raises ``APIError``
         (``registry_error``)."""
         try:
-            name = self._model_of(model or self.default)
+            name, adapter = self._model_of(model or self.default)
             if generation and self.registry.metadata(name).get("embedding_only"):
                 raise invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)",
                                       "model", "model_not_supported")
-            return await self.registry.acquire(name, keep_alive)
+            lease = await self.registry.acquire(name, keep_alive)
         except (UnknownModel, ModelLoadError, RegistryFull) as exc:
             raise registry_error(exc) from exc
+        if adapter and generation:
+            try:  # the adapter is loaded, and stays, until the lease is released
+                lease.also_release(await lease.runtime.chat.adapter_table.acquire(model))
+            except BaseException:
+                lease.release()
+                raise
+        return lease
 
     def runtimes(self) -> dict[str, Runtime]:
         return self.registry.runtimes()
@@ -103,7 +118,7 @@ class ServedModels:
             info, chat = runtime.engine.model_info, runtime.chat
             capabilities = (["embedding"] if item["metadata"].get("embedding_only") else
                             model_capabilities(info.vision, chat.tool_parser, info.embedding_size is not None))
-            for card_name in (chat.model_name, *info.lora_adapters):
+            for card_name in (chat.model_name, *chat.adapters):
                 cards.append(ModelCard(
                     id=card_name, created=self._created_at(card_name), owned_by=info.owned_by,
                     max_model_len=info.context_length, root=info.id,

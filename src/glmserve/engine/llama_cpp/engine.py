@@ -295,14 +295,13 @@ class LlamaCppEngine(StepWorker[Sequence]):
         await self._on_worker(load)
 
     async def unload_lora_adapter(self, name: str) -> None:
-        """See ``Engine.unload_lora_adapter``. Its idle prefix caches are dropped too (their KV
-        holds the adapter's values)."""
+        """See ``Engine.unload_lora_adapter``: freed on the worker thread, between steps. Its idle
+        prefix caches are dropped too (their KV holds the adapter's values)."""
         self.model_info = self.model_info.with_lora_adapters(
             tuple(a for a in self.model_info.lora_adapters if a != name))
 
-        def free() -> bool:
-            if self._scheduler.has_group(name):
-                return False
+        def free() -> None:
+            self._end_where(lambda seq: seq.group == name, f"LoRA adapter {name!r} was unloaded")
             for slot in self._scheduler.drop_group(name):
                 self._decoder.clear_slot(slot)
             if self._active_group == name:
@@ -311,10 +310,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
             if adapter is not None:
                 llama_cpp.llama_adapter_lora_free(adapter)
                 log.info("LoRA adapter %s unloaded", name)
-            return True
 
-        while not await self._on_worker(free):
-            await asyncio.sleep(0.05)
+        await self._on_worker(free)
 
     def _use_adapter(self, group: str | None) -> None:
         """Apply ``group``'s adapter (None: none) to the context, if it is not applied yet."""

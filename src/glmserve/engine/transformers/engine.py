@@ -181,20 +181,17 @@ class TransformersEngine(StepWorker[_Seq]):
         await self._on_worker(load)
 
     async def unload_lora_adapter(self, name: str) -> None:
-        """See ``Engine.unload_lora_adapter``."""
+        """See ``Engine.unload_lora_adapter``: removed on the worker thread, between steps."""
         self.model_info = self.model_info.with_lora_adapters(
             tuple(a for a in self.model_info.lora_adapters if a != name))
 
-        def free() -> bool:
-            if any(seq.adapter == name for seq in self._unfinished()):
-                return False
+        def free() -> None:
+            self._end_where(lambda seq: seq.adapter == name, f"LoRA adapter {name!r} was unloaded")
             self._loaded.model = remove_adapter(self._loaded.model, name)
             self._loaded.adapters = tuple(a for a in self._loaded.adapters if a != name)
             log.info("LoRA adapter %s unloaded", name)
-            return True
 
-        while not await self._on_worker(free):
-            await asyncio.sleep(0.05)
+        await self._on_worker(free)
 
     # ---- worker thread (StepWorker hooks) -------------------------------------------------
 

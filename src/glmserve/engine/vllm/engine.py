@@ -110,7 +110,7 @@ class VllmEngine:
         self._tasks: dict[str, concurrent.futures.Future] = {}
         self._lora_requests: dict[str, LoRARequest] = {}
         self._lora_in_flight: collections.Counter[str] = collections.Counter()  # admitted requests per adapter
-        self._lora_lock = threading.Lock()  # generate() may run on any thread
+        self._lora_idle = threading.Condition()  # guards both; generate() may run on any thread
         self.spec_decode = SpecDecodeCounters() if config.speculative is not None else None
         self.tokenizer: HFTokenizer
         self.model_info: ModelInfo
@@ -186,18 +186,23 @@ class VllmEngine:
         self._admission.acquire()
         stream = OutputStream(loop)
         request_id, lora = request.request_id, request.lora
+        lora_request = None
         if lora is not None:
-            with self._lora_lock:
+            with self._lora_idle:
+                lora_request = self._lora_requests.get(lora)
+                if lora_request is None or lora not in self.model_info.lora_adapters:
+                    self._admission.release()  # never the base model under the adapter's name
+                    raise LoRAAdapterError(f"LoRA adapter {lora!r} is not loaded")
                 self._lora_in_flight[lora] += 1
-        future = asyncio.run_coroutine_threadsafe(self._run(request, params, stream, self._lora_requests.get(lora)),
-                                                  loop)
+        future = asyncio.run_coroutine_threadsafe(self._run(request, params, stream, lora_request), loop)
         self._tasks[request_id] = future
 
         def done(_: concurrent.futures.Future) -> None:
             self._tasks.pop(request_id, None)
             if lora is not None:
-                with self._lora_lock:
+                with self._lora_idle:
                     self._lora_in_flight[lora] -= 1
+                    self._lora_idle.notify_all()
 
         future.add_done_callback(done)
         return RequestStream(request_id, stream, self.abort)
@@ -223,16 +228,23 @@ class VllmEngine:
             await self._llm.add_lora(request)
         except Exception as exc:  # vLLM's load errors vary by version
             raise LoRAAdapterError(f"vLLM cannot load LoRA adapter {name!r} ({path}): {one_line(exc)}") from exc
-        self._lora_requests[name] = request
-        self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
+        with self._lora_idle:
+            self._lora_requests[name] = request
+            self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
 
     async def unload_lora_adapter(self, name: str) -> None:
-        """See ``Engine.unload_lora_adapter`` (vLLM's ``remove_lora`` once its requests ended)."""
-        self.model_info = self.model_info.with_lora_adapters(
-            tuple(a for a in self.model_info.lora_adapters if a != name))
-        while self._lora_in_flight[name] > 0:
-            await asyncio.sleep(0.05)
-        request = self._lora_requests.pop(name, None)
+        """See ``Engine.unload_lora_adapter`` (vLLM's ``remove_lora`` once its requests ended:
+        a condition the last one notifies, waited on off the event loop)."""
+        with self._lora_idle:
+            self.model_info = self.model_info.with_lora_adapters(
+                tuple(a for a in self.model_info.lora_adapters if a != name))
+
+        def wait_idle() -> LoRARequest | None:
+            with self._lora_idle:
+                self._lora_idle.wait_for(lambda: self._lora_in_flight[name] == 0)
+                return self._lora_requests.pop(name, None)
+
+        request = await asyncio.to_thread(wait_idle)
         if request is not None:
             await self._llm.remove_lora(request.lora_int_id)
             log.info("LoRA adapter %s unloaded", name)
