@@ -174,7 +174,7 @@ def test_vllm_never_runs_the_base_model_under_an_unloaded_adapters_name():
     """The vllm engine's own guard, for a request that reaches it after its adapter was unloaded
     (the serving layer's leases keep this from happening): refused, never run without the adapter."""
     pytest.importorskip("vllm")
-    from glmserve.engine.scheduler import AdmissionControl
+    from glmserve.engine.admission import AdmissionControl
     from glmserve.engine.types import GenerationRequest, SamplingParams
     from glmserve.engine.vllm import engine as vllm_engine
 

@@ -4,7 +4,6 @@ into each real engine: tests/e2e/test_runtime_lora.py and the transformers and v
 
 from __future__ import annotations
 
-import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate

@@ -8,7 +8,9 @@ import threading
 
 import pytest
 
-from glmserve.engine.scheduler import SPLIT_COPY_MIN_TOKENS, AdmissionControl, KVOp, Scheduler, Sequence, SeqStatus
+from glmserve.engine.admission import AdmissionControl
+from glmserve.engine.scheduler import SPLIT_COPY_MIN_TOKENS, Scheduler
+from glmserve.engine.sequence import KVOp, Sequence, SeqStatus
 
 
 def seq(name: str, tokens) -> Sequence:

@@ -42,7 +42,7 @@ from ray.serve.config import RequestRouterConfig
 
 from glmserve.deploy.affinity import SessionAffinityRouter
 from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_force
-from glmserve.engine.scheduler import queue_limit
+from glmserve.engine.admission import queue_limit
 from glmserve.composition import build_app
 from glmserve.runtime import STARTUP_ERRORS
 from glmserve.settings import DeploySettings, ServeSettings

@@ -1,4 +1,5 @@
-"""Continuous-batching scheduler: who runs, who waits, who is preempted.
+"""Continuous-batching scheduler: who runs, who waits, who is preempted (the data it decides
+over: ``engine/sequence.py``; the bound on requests let in: ``engine/admission.py``).
 
 No llama.cpp or torch imports (nano-vllm's split): the scheduler decides, the engine executes.
 Each engine step is ``schedule()`` -> the engine applies the returned KV operations and decodes
@@ -44,14 +45,11 @@ within its group: the same tokens under another adapter have other KV values.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Literal
+from typing import Literal
 
-from glmserve.engine.base import EngineOverloaded
-from glmserve.engine.prompt_cache import CachedPrompt, HostPromptCache, common_prefix
+from glmserve.engine.prompt_cache import HostPromptCache, common_prefix
+from glmserve.engine.sequence import Chunk, KVOp, SchedulerOutput, SeqStatus, Sequence, Slot
 
 KVLayout = Literal["split", "unified"]
 
@@ -65,90 +63,6 @@ SPLIT_COPY_MIN_TOKENS = 64
 HOST_SAVE_MIN_TOKENS = 128
 # ...and a saved state is loaded when it gives at least this many more tokens than any slot.
 HOST_RESTORE_MIN_TOKENS = 64
-
-
-class SeqStatus(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass(slots=True, eq=False)
-class Sequence:
-    """One request inside the engine. ``tokens`` = prompt then generated tokens;
-    ``num_computed`` of them are in the KV cache. ``payload`` is the engine's own state."""
-
-    request_id: str
-    tokens: list[int]
-    payload: Any = None
-    num_prompt: int = 0
-    num_computed: int = 0
-    num_cached: int = -1  # prompt tokens reused from the cache, set at first admission
-    slot: int = -1
-    status: SeqStatus = SeqStatus.WAITING
-    group: str | None = None  # LoRA adapter name; None: the base model
-
-    def __post_init__(self) -> None:
-        if not self.tokens:
-            raise ValueError("a sequence needs at least one token")
-        self.num_prompt = self.num_prompt or len(self.tokens)
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.tokens) - self.num_prompt
-
-
-@dataclass(slots=True, eq=False)
-class Slot:
-    """A llama.cpp sequence id: ``tokens[:n_kv]`` are in the KV cache under this id."""
-
-    id: int
-    tokens: list[int] = field(default_factory=list)
-    n_kv: int = 0
-    seq: Sequence | None = None
-    last_used: int = 0
-    group: str | None = None  # the group whose KV the cells hold
-
-
-@dataclass(slots=True, frozen=True)
-class KVOp:
-    """``rm``: drop ``slot``'s cells at positions >= ``p0``. ``cp``: make positions
-    ``[0, p1)`` of ``src`` visible to ``slot`` too (``p1`` -1: all of them, replacing what
-    ``slot`` held; the split layout copies whole streams). ``save``: keep ``slot``'s state (its
-    cells, positions ``[0, p1)``: ``tokens``, computed under ``group``) in the host prompt
-    cache. ``load``: replace ``slot``'s cells with ``entry``'s state from the host cache."""
-
-    kind: Literal["rm", "cp", "save", "load"]
-    slot: int
-    p0: int = 0
-    p1: int = -1
-    src: int = -1
-    tokens: tuple[int, ...] = ()
-    group: str | None = None
-    entry: CachedPrompt | None = None
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Decode ``seq.tokens[start:start + length]`` at positions ``start...`` in ``seq.slot``;
-    ``sample``: the chunk ends the known tokens, so sample the next one from its last logits."""
-
-    seq: Sequence
-    start: int
-    length: int
-    sample: bool
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    chunks: list[Chunk] = field(default_factory=list)
-    kv_ops: list[KVOp] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    group: str | None = None  # every chunk belongs to this group (LoRA adapter)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.length for c in self.chunks)
 
 
 class Scheduler:
@@ -409,51 +323,3 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
         return cleared
-
-
-QUEUE_PER_SEQ = 8  # waiting requests per running sequence when --max-queue is not set
-
-
-def queue_limit(max_num_seqs: int, max_queue: int | None) -> int:
-    """``max_queue``, or ``QUEUE_PER_SEQ x max_num_seqs`` when it is None: the admission limit
-    scales with the batch."""
-    return QUEUE_PER_SEQ * max_num_seqs if max_queue is None else max_queue
-
-
-class AdmissionControl:
-    """Thread-safe count of unfinished requests, bounded by ``max_num_seqs + max_queue``
-    (``max_queue`` None: see ``queue_limit``): the requests past that are refused at once (the
-    server answers 429), so the queue never grows without bound."""
-
-    def __init__(self, max_num_seqs: int, max_queue: int | None) -> None:
-        self.max_num_seqs, self.max_queue = max_num_seqs, queue_limit(max_num_seqs, max_queue)
-        self.capacity = max_num_seqs + self.max_queue
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> None:
-        """Take a place, or raise ``EngineOverloaded`` (the server's 429) when none is free."""
-        if not self.try_acquire():
-            raise EngineOverloaded(f"server is at capacity ({self.max_num_seqs} running, {self.max_queue} "
-                                   "waiting); retry shortly")
-
-    def try_acquire(self) -> bool:
-        with self._lock:
-            if self._count >= self.capacity:
-                return False
-            self._count += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self._count -= 1
-
-    @property
-    def in_flight(self) -> int:
-        return self._count
-
-    def split(self) -> tuple[int, int]:
-        """(running, waiting): the unfinished requests, the first ``max_num_seqs`` counted as
-        running (every engine runs a request as soon as a sequence is free)."""
-        count = self._count
-        return min(count, self.max_num_seqs), max(0, count - self.max_num_seqs)

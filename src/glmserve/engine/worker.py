@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.inbox import AbortSet, Inbox
-from glmserve.engine.scheduler import AdmissionControl
+from glmserve.engine.admission import AdmissionControl
 from glmserve.engine.stream import OutputBatch, OutputStream
 from glmserve.engine.types import EngineStats, FinishReason, GenerationOutput
 

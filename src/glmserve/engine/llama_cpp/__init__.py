@@ -13,7 +13,8 @@ from glmserve.engine.llama_cpp.settings import (BATCH_INVARIANT_MAX_NUM_BATCHED_
 from glmserve.models import ModelNotFoundError, resolve_model
 
 if TYPE_CHECKING:
-    from glmserve.engine.llama_cpp.engine import EngineConfig, LlamaCppEngine
+    from glmserve.engine.llama_cpp.config import EngineConfig
+    from glmserve.engine.llama_cpp.engine import LlamaCppEngine
     from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
@@ -36,7 +37,7 @@ def max_num_batched_tokens(settings: ServeSettings) -> int:
 def _config(settings: ServeSettings) -> EngineConfig:
     """Raises ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file,
     ``EngineError`` for ``--batch-invariant`` with more than 63 tokens per step."""
-    from glmserve.engine.llama_cpp.engine import EngineConfig
+    from glmserve.engine.llama_cpp.config import EngineConfig
     from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 
     return EngineConfig(
@@ -82,7 +83,7 @@ def build(settings: ServeSettings) -> LlamaCppEngine:
 def memory_estimate(settings: ServeSettings) -> int:
     """Bytes the model of ``settings`` takes once loaded: its GGUF file and its KV cache
     (``engine.memory_estimate``). Raises ``ModelNotFoundError``, ``EngineError``."""
-    from glmserve.engine.llama_cpp.engine import memory_estimate as estimate
+    from glmserve.engine.llama_cpp.memory import memory_estimate as estimate
 
     return estimate(resolve_model(settings.model).path, _config(settings))
 

@@ -11,7 +11,7 @@ import ctypes
 import llama_cpp
 
 from glmserve.engine.prompt_cache import HostPromptCache
-from glmserve.engine.scheduler import Chunk, KVOp, Sequence
+from glmserve.engine.sequence import Chunk, KVOp, Sequence
 
 
 class BatchDecoder:

@@ -32,52 +32,39 @@ pays, and finished sequences feed the n-gram pool of earlier generations (``ngra
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import llama_cpp
 from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
-from glmserve.engine.base import EngineError, LoRAAdapterError
-from glmserve.engine.llama_cpp.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
+from glmserve.engine.llama_cpp.config import EngineConfig
 from glmserve.engine.llama_cpp.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder
 from glmserve.engine.llama_cpp.handles import free_handles
-from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, POOL_SIZE, NgramPool
+from glmserve.engine.llama_cpp.lora import GGUFAdapters
+from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
+from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
-from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter, SpeculativeConfig
+from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
-from glmserve.engine.scheduler import KVLayout, Scheduler, Sequence, SeqStatus
+from glmserve.engine.scheduler import Scheduler
+from glmserve.engine.sequence import Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
                                    SpecDecodeCounters, TokenLogprob)
-from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS, StepWorker
+from glmserve.engine.worker import StepWorker
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    n_ctx: int = 4096  # 0: the model's training context
-    n_threads: int = 1
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
-    lora: dict | None = None  # adapter name -> GGUF LoRA file
-    kv_layout: KVLayout = "split"
-    cache_ram: int = 0  # host prompt cache, MiB (0: none; split layout only)
-    speculative: SpeculativeConfig | None = None  # --speculative ngram|draft
 
 
 @dataclass(slots=True)
@@ -88,51 +75,6 @@ class _SeqState:
     decoder: IncrementalDecoder
     stop_ids: frozenset[int]  # end generation with "stop" (empty with ignore_eos)
     drafter: NgramDrafter | ModelDrafter | None = None  # speculative decoding
-
-
-def kv_bytes_per_cell(metadata: dict[str, str], n_layer: int, n_head: int, n_head_kv: int, n_embd: int) -> int:
-    """Bytes of one KV cell over all layers: K and V (f16, llama.cpp's default type) of every KV
-    head (``n_head_kv`` x ``key_length`` from the GGUF metadata, which defaults to n_embd / n_head)."""
-    arch = metadata.get("general.architecture", "")
-    head_dim = int(metadata.get(f"{arch}.attention.key_length", 0) or n_embd // max(n_head, 1))
-    return 2 * 2 * n_layer * n_head_kv * head_dim
-
-
-def kv_cache_cells(config: EngineConfig, n_ctx_train: int) -> int:
-    """The KV cells ``config`` allocates: ``n_ctx`` (0: the training context) per sequence when
-    split, ``n_ctx`` in all when unified."""
-    wanted = config.n_ctx or n_ctx_train
-    return wanted * config.max_num_seqs if config.kv_layout == "split" else wanted
-
-
-def memory_estimate(path: Path, config: EngineConfig) -> int:
-    """Bytes the model at ``path`` takes once loaded with ``config``: the GGUF file (weights,
-    memory-mapped) and the KV cache, read from the GGUF metadata without loading the weights
-    (llama.cpp's ``vocab_only``). The file size alone when the metadata lacks a field (a
-    per-layer ``head_count_kv``, say). Raises ``EngineError`` for a file llama.cpp cannot read."""
-    size = path.stat().st_size
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    try:
-        with suppress_stdout_stderr(disable=False):
-            model = LlamaModel(path_model=str(path), params=params, verbose=False)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise EngineError(f"cannot load {path}: {exc}") from exc
-    try:
-        meta = model.metadata()
-        arch = meta.get("general.architecture", "")
-        n_layer, n_head, n_head_kv, n_embd, n_ctx_train = (
-            int(meta[f"{arch}.{key}"]) for key in ("block_count", "attention.head_count",
-                                                   "attention.head_count_kv", "embedding_length", "context_length"))
-    except (KeyError, ValueError):
-        return size
-    finally:
-        model.close()
-    if config.speculative is not None and config.speculative.draft_model is not None:
-        size += memory_estimate(config.speculative.draft_model, dataclasses.replace(config, speculative=None))
-    elif config.speculative is not None:
-        size += POOL_SIZE * 12  # the NgramPool's table
-    return size + kv_cache_cells(config, n_ctx_train) * kv_bytes_per_cell(meta, n_layer, n_head, n_head_kv, n_embd)
 
 
 class LlamaCppEngine(StepWorker[Sequence]):
@@ -151,8 +93,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._scheduler: Scheduler | None = None
         self._init_worker(config.max_num_seqs, config.max_queue)
         self._by_id: dict[str, Sequence] = {}
-        self._adapters: dict[str, ctypes.c_void_p] = {}
-        self._active_group: str | None = None
+        self._adapters: GGUFAdapters | None = None  # at start()
         self.spec_decode = SpecDecodeCounters() if config.speculative else None
         self._step_costs = StepCosts()  # one-sequence decode steps, timed while speculating
         self._ngram_pool: NgramPool | None = None  # --speculative ngram, at start()
@@ -173,10 +114,18 @@ class LlamaCppEngine(StepWorker[Sequence]):
                                      verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load {path}: {exc}") from exc
-        self._load_adapters()
+        self._adapters = GGUFAdapters(self._model.model)
         split = cfg.kv_layout == "split"
         wanted = cfg.n_ctx or self._model.n_ctx_train()
-        self._check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()))
+        try:
+            for name, adapter_path in (cfg.lora or {}).items():
+                self._adapters.load(name, adapter_path)
+            check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()), model_kv_bytes_per_cell(self._model), cfg)
+        except EngineError:  # LoRAAdapterError too
+            self._model.close()  # frees the adapters loaded so far with it
+            self._model = None
+            self._adapters.forget()
+            raise
         params = llama_cpp.llama_context_default_params()
         # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
         params.n_ctx = kv_cache_cells(cfg, self._model.n_ctx_train())
@@ -192,10 +141,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
             self._model.close()
             raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={wanted}, "
                               f"kv_layout={cfg.kv_layout}, max_num_seqs={cfg.max_num_seqs})")
+        self._adapters.ctx = self._ctx
         per_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # llama.cpp pads streams to 256 cells
         n_ctx = min(wanted, per_seq)
         cells = llama_cpp.llama_n_ctx(self._ctx)
-        self.kv_cache_bytes = cells * self._kv_bytes_per_cell()
+        self.kv_cache_bytes = cells * model_kv_bytes_per_cell(self._model)
         log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (f16 K and V); "
                  "each request may use n_ctx=%d; host prompt cache %s", cfg.kv_layout, cells,
                  per_seq if split else cells, cfg.max_num_seqs, self.kv_cache_bytes / 2**20, n_ctx,
@@ -213,7 +163,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
             grammar=True,
-            lora_adapters=tuple(self._adapters),
+            lora_adapters=self._adapters.names,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_queue=self._admission.max_queue,
@@ -236,60 +186,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
                      "they pay", spec.ngram_min, spec.ngram_max, POOL_NGRAM, spec.draft_max, cfg.max_num_batched_tokens)
         self._start_worker("llama-cpp-engine")
 
-    def _check_kv_fits(self, cells: int) -> None:
-        """Raise ``EngineError`` (the model is closed first) when a KV cache of ``cells`` would
-        take more than 3/4 of this machine's memory: llama.cpp writes every cell at start, so
-        such a cache would end in the kernel's OOM killer rather than an error."""
-        need = cells * self._kv_bytes_per_cell()
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        if need > total * 3 // 4:
-            self._model.close()
-            self._model = None
-            cfg = self.config
-            raise EngineError(
-                f"the KV cache ({cfg.kv_layout}: {cells} cells, {need / 2**30:.1f} GiB) would not fit in this "
-                f"machine's memory ({total / 2**30:.1f} GiB); lower --n-ctx or --max-num-seqs"
-                + (", or use --kv-layout unified (n_ctx cells shared by all sequences)" if cfg.kv_layout == "split"
-                   else ""))
-
-    def _kv_bytes_per_cell(self) -> int:
-        model = self._model.model
-        return kv_bytes_per_cell(self._model.metadata(), llama_cpp.llama_model_n_layer(model),
-                                 llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model),
-                                 llama_cpp.llama_model_n_embd(model))
-
-    def _load_adapters(self) -> None:
-        """Load every ``--lora`` GGUF adapter. Raises ``EngineError`` (the model is closed first)."""
-        for name, path in (self.config.lora or {}).items():
-            try:
-                self._adapters[name] = self._init_adapter(name, path)
-            except LoRAAdapterError:
-                self._model.close()  # frees the adapters loaded so far with it
-                self._model = None
-                self._adapters.clear()
-                raise
-
-    def _init_adapter(self, name: str, path: str | Path) -> ctypes.c_void_p:
-        """A GGUF LoRA adapter of this model; llama.cpp checks architecture and tensor shapes.
-        Raises ``LoRAAdapterError``."""
-        reason = None
-        if not Path(path).is_file():
-            reason = "no such file"
-        else:
-            with suppress_stdout_stderr(disable=False):
-                adapter = llama_cpp.llama_adapter_lora_init(self._model.model, str(path).encode())
-            if not adapter:
-                reason = ("does not match the base model, or is not a GGUF LoRA adapter (llama.cpp checks "
-                          "the architecture and tensor shapes)")
-        if reason is not None:
-            raise LoRAAdapterError(f"LoRA adapter {name!r} ({path}): {reason}")
-        log.info("LoRA adapter %s loaded from %s", name, path)
-        return adapter
-
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """See ``Engine.load_lora_adapter``: loaded on the worker thread, between steps."""
         def load() -> None:
-            self._adapters[name] = self._init_adapter(name, path)
+            self._adapters.load(name, path)
             self.model_info = self.model_info.with_lora_adapters((*self.model_info.lora_adapters, name))
 
         await self._on_worker(load)
@@ -304,28 +204,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
             self._end_where(lambda seq: seq.group == name, f"LoRA adapter {name!r} was unloaded")
             for slot in self._scheduler.drop_group(name):
                 self._decoder.clear_slot(slot)
-            if self._active_group == name:
-                self._use_adapter(None)
-            adapter = self._adapters.pop(name, None)
-            if adapter is not None:
-                llama_cpp.llama_adapter_lora_free(adapter)
-                log.info("LoRA adapter %s unloaded", name)
+            self._adapters.free(name)
 
         await self._on_worker(free)
-
-    def _use_adapter(self, group: str | None) -> None:
-        """Apply ``group``'s adapter (None: none) to the context, if it is not applied yet."""
-        if group == self._active_group:
-            return
-        with suppress_stdout_stderr(disable=False):  # llama.cpp logs the graph it reserves anew
-            if group is None:
-                rc = llama_cpp.llama_set_adapters_lora(self._ctx, None, 0, None)
-            else:
-                adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapters[group])
-                rc = llama_cpp.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0))
-        if rc != 0:
-            raise RuntimeError(f"llama_set_adapters_lora failed ({rc})")
-        self._active_group = group
 
     def shutdown(self) -> None:
         """Abort what is still running, stop the worker, free llama.cpp resources."""
@@ -410,7 +291,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
             log.info("request %s preempted (KV cache full); it will be recomputed", seq.request_id)
         if not out.chunks:
             return
-        self._use_adapter(out.group)
+        self._adapters.use(out.group)
         drafts = {}
         try:
             self._decoder.apply(out.kv_ops, self.host_cache)

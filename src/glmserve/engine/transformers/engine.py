@@ -54,7 +54,7 @@ class EngineConfig:
     n_ctx: int = 0  # 0: the model's own context length
     n_threads: int = 1
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_queue: int | None = None  # None: 8 x max_num_seqs (scheduler.queue_limit)
+    max_queue: int | None = None  # None: 8 x max_num_seqs (admission.queue_limit)
     lora: dict | None = None  # adapter name -> PEFT adapter folder
 
 

@@ -34,7 +34,7 @@ class EngineConfig:
     max_num_seqs: int | None = None  # None: vLLM's own default (its API server's)
     max_num_batched_tokens: int | None = None  # None: vLLM's own default
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1 (set before vLLM is imported)
-    max_queue: int | None = None  # None: 8 x the max_num_seqs in force (scheduler.queue_limit)
+    max_queue: int | None = None  # None: 8 x the max_num_seqs in force (admission.queue_limit)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None

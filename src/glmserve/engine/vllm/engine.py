@@ -54,7 +54,7 @@ from glmserve.engine.base import EngineError, GrammarError, LoRAAdapterError, on
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.peft_lora import check_adapter, lora_rank
 from glmserve.engine.rules import check_request, stop_token_ids
-from glmserve.engine.scheduler import AdmissionControl
+from glmserve.engine.admission import AdmissionControl
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (
     EngineStats,
