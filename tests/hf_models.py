@@ -369,3 +369,72 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+BERT_WORDS = ("the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away", "red", "blue", "sky", "is", "big")
+
+
+def tiny_bert(out: Path, pooling: str, seed: int = 0) -> Path:
+    """A tiny random BERT embedding model (hidden 64, 2 layers) as a sentence-transformers folder
+    whose pooling is ``pooling`` ("mean", "cls" or "lasttoken": ``1_Pooling/config.json``, which
+    llama.cpp's converter reads into the GGUF's ``bert.pooling_type``), with a WordPiece
+    vocabulary of special tokens and ``BERT_WORDS``."""
+    import json
+
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *BERT_WORDS]
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(out / "vocab.txt")).save_pretrained(out)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=128, type_vocab_size=2)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    with torch.no_grad():  # a random init's LayerNorms are identity: give them weights to show
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name:
+                param.copy_(1 + 0.1 * torch.randn_like(param) if name.endswith("weight") else 0.1 * torch.randn_like(param))
+    model.save_pretrained(out)
+    flags = {f"pooling_mode_{mode}": mode == {"mean": "mean_tokens", "cls": "cls_token"}.get(pooling, pooling)
+             for mode in ("mean_tokens", "cls_token", "lasttoken", "max_tokens")}
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **flags}))
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    return out
+
+
+def bert_reference(folder: Path, token_ids: list[int], pooling: str) -> list[float]:
+    """transformers' own embedding of ``token_ids`` by the model in ``folder``: its last hidden
+    states pooled as sentence-transformers pools them (mean, the [CLS] row, or the last row),
+    L2-normalised."""
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(folder, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([token_ids])).last_hidden_state[0]
+    pooled = {"mean": hidden.mean(0), "cls": hidden[0], "lasttoken": hidden[-1]}[pooling]
+    return torch.nn.functional.normalize(pooled, dim=0).tolist()
+
+
+def converted_gguf(folder: Path, out: Path, converter: Path) -> Path:
+    """``folder`` converted to an f32 GGUF by llama.cpp's own ``convert_hf_to_gguf.py``
+    (``converter``; ``make install`` extracts it from the llama-cpp-python source release).
+    The tiny vocabulary matches none of the pre-tokenizers the converter knows by checksum, so
+    the converter is run with that lookup answering "default" (the WordPiece vocabulary itself
+    is converted as for any BERT)."""
+    import subprocess
+    import sys
+
+    run = (f"import runpy, sys; sys.path.insert(0, {str(converter.parent)!r}); "
+           "import conversion.base as base; "
+           "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'; "
+           f"sys.argv = [{str(converter)!r}, {str(folder)!r}, '--outfile', {str(out)!r}, '--outtype', 'f32']; "
+           f"runpy.run_path({str(converter)!r}, run_name='__main__')")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{done.stderr[-3000:]}")
+    return out

@@ -150,6 +150,8 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
         if entry.embedding and own.engine == "vllm":
             raise ConfigError(f"model {entry.name!r}: embedding: the vllm engine serves no embeddings; "
                               "use llama_cpp or transformers")
+        if entry.embedding and own.engine == "llama_cpp" and "runner" not in entry.fields:
+            own = own.model_copy(update={"runner": "pooling"})  # no generation context for it
         tables[entry.name] = AdapterTable(own.max_loras)
         specs.append(ModelSpec(entry.name, load=lambda own=own, aliases=entry.aliases, table=tables[entry.name]:
                                start_runtime(own, aliases, table),

@@ -177,7 +177,8 @@ class ModelInfo:
     ``max_num_batched_tokens`` (None: the engine has no such limit) and ``max_queue``: the batch
     and admission limits in force (the flags, or the engine's defaults); ``embedding_size``: the
     length of the vectors ``Engine.embed`` returns (the model's hidden size), None when the
-    engine cannot embed."""
+    engine cannot embed; ``generation``: it generates text (False: an embedding model served
+    without a generation context, whose ``generate`` raises ``EngineError``)."""
 
     id: str
     context_length: int
@@ -192,6 +193,7 @@ class ModelInfo:
     max_num_batched_tokens: int | None = None
     max_queue: int = 0
     embedding_size: int | None = None
+    generation: bool = True
 
     def with_lora_adapters(self, names: tuple[str, ...]) -> ModelInfo:
         """A copy listing ``names`` as the LoRA adapters (an engine swaps its ``model_info``

@@ -43,7 +43,7 @@ SERVER_FIELDS = frozenset({
 MODEL_FIELDS = frozenset({
     "model", "served_model_name", "lora", "chat_template", "tool_call_parser", "default_chat_template_kwargs",
     "override_generation_config", "reasoning_budget", "speculative", "draft_model", "spec_draft_max",
-    "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code",
+    "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code", "runner",
 })
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -92,6 +92,10 @@ class ServedModels:
             lease = await self.registry.acquire(name, keep_alive)
         except (UnknownModel, ModelLoadError, RegistryFull) as exc:
             raise registry_error(exc) from exc
+        if generation and not lease.runtime.engine.model_info.generation:
+            lease.release()
+            raise invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)",
+                                  "model", "model_not_supported")
         if adapter and generation:
             try:  # the adapter is loaded, and stays, until the lease is released
                 lease.also_release(await lease.runtime.chat.adapter_table.acquire(model))
@@ -116,7 +120,7 @@ class ServedModels:
                                        status=item["status"], engine=engine))
                 continue
             info, chat = runtime.engine.model_info, runtime.chat
-            capabilities = (["embedding"] if item["metadata"].get("embedding_only") else
+            capabilities = (["embedding"] if item["metadata"].get("embedding_only") or not info.generation else
                             model_capabilities(info.vision, chat.tool_parser, info.embedding_size is not None))
             for card_name in (chat.model_name, *chat.adapters):
                 cards.append(ModelCard(

@@ -49,6 +49,7 @@ def _config(settings: ServeSettings) -> EngineConfig:
         lora=settings.lora_adapters(),
         kv_layout=settings.kv_layout,
         cache_ram=_cache_ram(settings),
+        runner=settings.runner,
         speculative=None if settings.speculative is None else SpeculativeConfig(
             settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
             _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None),

@@ -4,6 +4,7 @@ builds it from the settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from glmserve.engine.llama_cpp.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
@@ -22,3 +23,4 @@ class EngineConfig:
     kv_layout: KVLayout = "split"
     cache_ram: int = 0  # host prompt cache, MiB (0: none; split layout only)
     speculative: SpeculativeConfig | None = None  # --speculative ngram|draft
+    runner: Literal["auto", "generate", "pooling"] = "auto"  # pooling: embeddings only, no generation context

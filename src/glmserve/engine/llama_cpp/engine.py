@@ -3,16 +3,16 @@
 One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``) is split
 by default: one stream of ``n_ctx`` cells per sequence (llama.cpp's non-unified cache, as
 ``llama-server -np N`` but with the whole context for each sequence), or unified: ``n_ctx``
-cells shared by all sequences, for when memory is tight. A worker thread runs engine steps (nano-vllm's shape): ``Scheduler.schedule()``,
-then one ``llama_decode`` of a batch holding the next token of every running sequence plus
-prompt chunks of new ones, then sampling with each sequence's own llama.cpp sampler chain and
-post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop). Requests
-join and leave between steps; an abort takes effect at the next step.
+cells shared by all sequences, for when memory is tight. A worker thread runs engine steps
+(nano-vllm's shape): ``Scheduler.schedule()``, then one ``llama_decode`` of a batch holding the
+next token of every running sequence plus prompt chunks of new ones, then sampling with each
+sequence's own llama.cpp sampler chain and post-processing (detokenize, end-of-turn/length
+checks, hand-off to the event loop). Requests join and leave between steps; an abort takes
+effect at the next step.
 
-GGUF LoRA adapters (``--lora NAME=FILE.gguf``) are loaded at start, and at run time
-(``load_lora_adapter``). llama.cpp applies
-adapters to the whole context, so each step serves one adapter group (the scheduler takes turns
-among groups) and the context's adapter is switched between steps when the group changes.
+GGUF LoRA adapters (``lora.py``): each step serves one adapter group (the scheduler takes turns
+among groups), and the context's adapter is switched between steps when the group changes.
+With ``--runner pooling`` (or a non-causal GGUF) only embeddings are served (``embedding.py``).
 
 Prompt chunks fill each step up to ``max_num_batched_tokens`` (512 by default, llama.cpp's
 micro-batch, so long prompts prefill at llama.cpp's pace; 63 with ``--batch-invariant``, below
@@ -46,13 +46,13 @@ from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.config import EngineConfig
 from glmserve.engine.llama_cpp.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
-from glmserve.engine.llama_cpp.embedding import Embedder
+from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
 from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
 from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
-from glmserve.engine.llama_cpp.speculative import MAX_DRAFTING_BATCH, NgramDrafter
+from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
@@ -115,6 +115,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load {path}: {exc}") from exc
         self._adapters = GGUFAdapters(self._model.model)
+        if self._start_pooling():
+            return
         split = cfg.kv_layout == "split"
         wanted = cfg.n_ctx or self._model.n_ctx_train()
         try:
@@ -155,7 +157,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout,
                                     self.host_cache)
         self.tokenizer = LlamaCppTokenizer(self._model)
-        self._embedder = Embedder(self._model.model, n_ctx, cfg.n_threads)
+        self._embedder = Embedder(self._model.model, self._model.metadata(), n_ctx, cfg.n_threads)
         self.model_info = ModelInfo(
             id=self._resolved.name,
             context_length=n_ctx,
@@ -208,6 +210,31 @@ class LlamaCppEngine(StepWorker[Sequence]):
 
         await self._on_worker(free)
 
+    def _start_pooling(self) -> bool:
+        """Start for embeddings only (``--runner pooling``, or ``auto`` on a non-causal model):
+        the embedding context alone, made at the first request, no generation context, KV cache
+        or scheduler; False for a model to generate with. Raises ``EngineError`` (the model is
+        closed) for a non-causal model to generate with, or a flag only generation uses."""
+        cfg, model = self.config, self._model
+        try:
+            if not embeddings_only(model.metadata(), cfg.runner, bool(cfg.lora), cfg.speculative is not None):
+                return False
+        except EngineError:
+            self._model.close()
+            self._model = None
+            raise
+        n_ctx = min(cfg.n_ctx or model.n_ctx_train(), model.n_ctx_train())
+        self._embedder = Embedder(model.model, model.metadata(), n_ctx, cfg.n_threads)
+        self.tokenizer = LlamaCppTokenizer(model)
+        self.model_info = ModelInfo(
+            id=self._resolved.name, context_length=n_ctx, chat_template=None, bos_token="", eos_token="",
+            max_num_seqs=cfg.max_num_seqs, max_queue=self._admission.max_queue,
+            embedding_size=self._embedder.size, generation=False)
+        log.info("%s served for embeddings only (%s pooling, %s), inputs of up to %d tokens", self._resolved.name,
+                 self._embedder.pooling, "causal" if self._embedder.causal else "non-causal", n_ctx)
+        self._start_worker("llama-cpp-engine")
+        return True
+
     def shutdown(self) -> None:
         """Abort what is still running, stop the worker, free llama.cpp resources."""
         self._stop_worker()
@@ -231,6 +258,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
     def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         if not self._worker_running:
             raise EngineError("engine is not running")
+        if not self.model_info.generation:
+            raise EngineError(f"model {self.model_info.id!r} is served for embeddings only (POST /v1/embeddings)")
         check_request(request, self.model_info)
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
                                self.model_info.context_length)  # a bad grammar is a 400 even when full
@@ -265,7 +294,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         return scheduler.kv_used / scheduler.kv_capacity if scheduler is not None else None
 
     def _has_work(self) -> bool:
-        return self._scheduler.has_work()
+        return self._scheduler is not None and self._scheduler.has_work()
 
     def _add(self, seq: Sequence) -> None:
         self._by_id[seq.request_id] = seq
@@ -280,10 +309,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
         return seq.num_generated
 
     def _running(self) -> list[Sequence]:
-        return self._scheduler.running
+        return self._scheduler.running if self._scheduler is not None else []
 
     def _unfinished(self) -> list[Sequence]:
-        return [*self._scheduler.running, *self._scheduler.waiting]
+        scheduler = self._scheduler
+        return [*scheduler.running, *scheduler.waiting] if scheduler is not None else []
 
     def _step(self) -> None:
         out = self._scheduler.schedule()
@@ -295,7 +325,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         drafts = {}
         try:
             self._decoder.apply(out.kv_ops, self.host_cache)
-            drafts = self._drafts(out.chunks, out.num_tokens) if self.spec_decode is not None else {}
+            if self.spec_decode is not None:
+                drafts = plan_drafts(out.chunks, out.num_tokens, self._scheduler, self.config.max_num_batched_tokens)
             start = time.perf_counter()
             rows = self._decoder.decode(out.chunks, drafts)
         except RuntimeError as exc:
@@ -317,34 +348,6 @@ class LlamaCppEngine(StepWorker[Sequence]):
         token = seq.payload.sampler.sample(self._ctx, row)
         k = seq.payload.request.sampling.logprobs
         return token, None if k is None else token_logprob(self._ctx, row, self.tokenizer.n_vocab, token, k)
-
-    def _drafts(self, chunks: list, num_tokens: int) -> dict[Sequence, list[int]]:
-        """A draft for each decoding sequence whose drafter has one, within the batch's free
-        rows (and, unified layout, the free KV cells), ``max_tokens`` and ``n_ctx``: the whole
-        draft plus the token after it must fit, so only a step's last token can end a request.
-        None in a step that decodes more than ``MAX_DRAFTING_BATCH`` sequences or holds a prompt
-        chunk of more than one token."""
-        if sum(chunk.sample for chunk in chunks) > MAX_DRAFTING_BATCH or num_tokens > len(chunks):
-            return {}
-        scheduler = self._scheduler
-        room = self.config.max_num_batched_tokens - num_tokens
-        if not scheduler.split:
-            room = min(room, scheduler.kv_free)
-        drafts: dict[Sequence, list[int]] = {}
-        for chunk in chunks:
-            if room < 1:
-                break
-            seq = chunk.seq
-            drafter = seq.payload.drafter
-            if not chunk.sample or seq.num_generated == 0 or drafter is None:
-                continue
-            limit = min(room, seq.payload.request.sampling.max_tokens - seq.num_generated - 1,
-                        scheduler.n_ctx - len(seq.tokens) - 1)
-            draft = drafter.propose(seq.tokens, limit, seq.slot) if limit > 0 else []
-            if draft:
-                drafts[seq] = draft
-                room -= len(draft)
-        return drafts
 
     def _verify(self, seq: Sequence, row: int, draft: list[int]) -> None:
         """Sample rows ``row...`` (the sequence's last token, then its draft) until a sampled

@@ -28,6 +28,11 @@ class LlamaCppSettings(SpeculativeSettings):
         "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
         "is full). Either way every request may use the whole n-ctx.",
     )
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        "auto", description="llama_cpp (vLLM's flag): pooling serves the model for /v1/embeddings only, "
+        "without a generation context or KV cache; generate also generates; auto: pooling for a non-causal "
+        "GGUF (a BERT-style encoder), else generate.",
+    )
     cache_ram: int = Field(
         2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB (llama-server's "
         "--cache-ram): a free sequence's KV state is kept in RAM before its cells are reused, and a later "

@@ -46,6 +46,8 @@ from pathlib import Path
 
 from glmserve.engine.llama_cpp.draft_cost import Acceptance, StepCosts, best_length
 from glmserve.engine.llama_cpp.ngram_pool import NgramPool
+from glmserve.engine.scheduler import Scheduler
+from glmserve.engine.sequence import Chunk, Sequence
 
 MAX_COOLDOWN = 16  # steps without drafting after repeated first-token rejections
 MIN_DRAFT = 2  # a draft shorter than this costs a batch row and rarely pays
@@ -216,3 +218,32 @@ class NgramDrafter:
         if 1 <= at < len(tokens) and tokens[at - 1] == tokens[-1]:
             return at
         return None
+
+
+def plan_drafts(chunks: list[Chunk], num_tokens: int, scheduler: Scheduler,
+                max_num_batched_tokens: int) -> dict[Sequence, list[int]]:
+    """A draft for each decoding sequence of a step (``chunks``, ``num_tokens`` in all) whose
+    drafter has one, within the batch's free rows (and, unified layout, the free KV cells),
+    ``max_tokens`` and ``n_ctx``: the whole draft plus the token after it must fit, so only a
+    step's last token can end a request. None in a step that decodes more than
+    ``MAX_DRAFTING_BATCH`` sequences or holds a prompt chunk of more than one token."""
+    if sum(chunk.sample for chunk in chunks) > MAX_DRAFTING_BATCH or num_tokens > len(chunks):
+        return {}
+    room = max_num_batched_tokens - num_tokens
+    if not scheduler.split:
+        room = min(room, scheduler.kv_free)
+    drafts: dict[Sequence, list[int]] = {}
+    for chunk in chunks:
+        if room < 1:
+            break
+        seq = chunk.seq
+        drafter = seq.payload.drafter
+        if not chunk.sample or seq.num_generated == 0 or drafter is None:
+            continue
+        limit = min(room, seq.payload.request.sampling.max_tokens - seq.num_generated - 1,
+                    scheduler.n_ctx - len(seq.tokens) - 1)
+        draft = drafter.propose(seq.tokens, limit, seq.slot) if limit > 0 else []
+        if draft:
+            drafts[seq] = draft
+            room -= len(draft)
+    return drafts
