@@ -67,6 +67,7 @@ def test_an_embedding_model_answers_no_chat(srv):
     with pytest.raises(openai.BadRequestError, match="served for embeddings only"):
         srv.client().chat.completions.create(model="bert-mean", messages=[{"role": "user", "content": "hi"}])
     assert srv.client().embeddings.create(model="bert-mean", input=INPUTS[:1]).data  # and it still embeds
+    assert "Traceback" not in srv.log()  # the engine without a generation context takes no step
 
 
 def test_a_chat_model_served_with_runner_pooling(server):

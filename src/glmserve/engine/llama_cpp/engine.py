@@ -312,10 +312,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
         return self._scheduler.running if self._scheduler is not None else []
 
     def _unfinished(self) -> list[Sequence]:
-        scheduler = self._scheduler
-        return [*scheduler.running, *scheduler.waiting] if scheduler is not None else []
+        return [*self._running(), *(self._scheduler.waiting if self._scheduler is not None else ())]
 
     def _step(self) -> None:
+        if self._scheduler is None:  # served for embeddings only: the worker runs embed calls alone
+            return
         out = self._scheduler.schedule()
         for seq in out.preempted:
             log.info("request %s preempted (KV cache full); it will be recomputed", seq.request_id)
