@@ -194,3 +194,29 @@ def test_vllm_never_runs_the_base_model_under_an_unloaded_adapters_name():
         assert engine._admission.in_flight == 0 and engine._tasks == {}
 
     asyncio.run(run())
+
+
+def test_a_loaded_adapter_is_leased_while_another_one_loads():
+    """The lock serializes engine loads only: a request for a loaded adapter does not wait
+    behind another adapter's (slow) load."""
+    table, engine = _table(2, "a")
+    gate = asyncio.Event()
+    load = engine.load_lora_adapter
+
+    async def slow_load(name: str, path: str) -> None:
+        await gate.wait()
+        await load(name, path)
+
+    engine.load_lora_adapter = slow_load
+
+    async def run() -> None:
+        loading = asyncio.create_task(table.register("b", "/adapters/b", replace=False))
+        await asyncio.sleep(0.01)
+        release_a = await asyncio.wait_for(table.acquire("a"), 0.5)  # while b's load waits at the gate
+        assert not loading.done() and table.leases("a") == 1
+        release_a()
+        gate.set()
+        await asyncio.wait_for(loading, 1)
+        assert table.loaded == ("a", "b")
+
+    asyncio.run(run())

@@ -78,18 +78,21 @@ class AdapterTable:
         """A lease on adapter ``name`` for one request, loaded first if it is not; returns the
         release (idempotent). Raises ``APIError`` 404 (not registered, or being unloaded) or 400
         (the engine cannot load it now: its file is gone, say)."""
-        async with self._guard():
-            while True:
-                if name not in self.names:
-                    raise model_not_found(name)
-                if name in self._loaded or await self._make_room():
-                    break
-                await self._wait_for_release(holding_lock=True)
-            if name not in self._loaded:
-                await self._engine_load(name, self._paths[name] or "")
-            self._loaded.pop(name, None)
-            self._loaded[name] = None  # most recently used
-            self._leases[name] += 1
+        if name not in self._loaded or name in self._unloading:  # a loaded one needs no lock
+            async with self._guard():
+                while True:
+                    if name not in self.names:
+                        raise model_not_found(name)
+                    if name in self._loaded or await self._make_room():
+                        break
+                    await self._wait_for_release(holding_lock=True)
+                if name not in self._loaded:
+                    await self._engine_load(name, self._paths[name] or "")
+        # no await from the check to the lease: an eviction takes an adapter out of _loaded
+        # before it awaits the engine, so a loaded adapter leased here stays loaded
+        self._loaded.pop(name, None)
+        self._loaded[name] = None  # most recently used
+        self._leases[name] += 1
         released = False
 
         def release() -> None:
