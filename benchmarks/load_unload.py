@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from rounds import save  # benchmarks/rounds.py
+from rounds import memory_mib, save  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.protocol.chat import ChatCompletionRequest
@@ -40,16 +40,6 @@ from glmserve.runtime import start_runtime
 from glmserve.settings import ServeSettings
 
 QUESTIONS = ["What is the capital of France?", "Name a famous painter.", "List three fruits.", "What is 2 + 2?"]
-
-
-def memory_mib() -> tuple[float, float]:
-    """(VmRSS, RssAnon) of this process in MiB (Linux ``/proc/self/status``)."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields["VmRSS"], fields["RssAnon"]
 
 
 async def first_token_s(chat, model: str, question: str, max_tokens: int, t0: float) -> float:

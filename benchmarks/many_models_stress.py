@@ -32,23 +32,13 @@ from pathlib import Path
 
 import httpx
 
-from rounds import save  # benchmarks/rounds.py
+from rounds import memory_mib, save  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
 from glmserve.testing import RemoteServer
 
 QUESTIONS = ["What is the capital of France?", "Name a famous painter.", "List three fruits.", "What is 2 + 2?"]
-
-
-def server_memory_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, RssAnon) of process ``pid`` in MiB."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields["VmRSS"], fields["RssAnon"]
 
 
 async def one_request(client: httpx.AsyncClient, model: str, cut: bool, rng: random.Random) -> int:
@@ -125,7 +115,7 @@ def main() -> int:
                 for name in models[:3]:  # measured with no engine loaded, the same state each round
                     resp = httpx.post(f"{server.url}/models/unload", json={"model": name}, timeout=120)
                     counts["5xx"] += resp.status_code >= 500
-                rss, anon = server_memory_mib(server.proc.pid)
+                rss, anon = memory_mib(server.proc.pid)
                 counts.update(round=i + 1, vm_rss_mib=round(rss, 1), rss_anon_mib=round(anon, 1))
                 stats.append(counts)
                 rows.append(f"| {i + 1} | {counts['requests']} | {counts['ok']} | {counts['cut']} | {counts['4xx']} | "

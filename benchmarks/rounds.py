@@ -75,6 +75,17 @@ def table(stats: dict[str, dict[int, dict]], concurrency: list[int]) -> list[str
     return lines
 
 
+def memory_mib(pid: int | str = "self") -> tuple[float, float]:
+    """(VmRSS, RssAnon) of process ``pid`` (default: this one) in MiB, from Linux's
+    ``/proc/PID/status``; RssAnon is heap and engine buffers, without mapped model files."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields["VmRSS"], fields["RssAnon"]
+
+
 def save(name: str, title: str, report: str, stats: dict, command: str | None = None) -> None:
     """Print ``report`` and keep it in ``results/NAME.md`` (under ``title``, with the command
     that made it: ``command``, default ``python benchmarks/NAME.py``) and ``stats`` in
