@@ -1,9 +1,8 @@
 """``glmserve`` command line: ``glmserve serve [flags]``.
 
 Flags are generated from the settings classes (``settings.py``) by pydantic-settings, so each
-flag is also a ``GLMSERVE_<NAME>`` environment variable. ``--help`` lists the server's flags,
-then each engine's (``settings.ENGINE_SETTINGS``) in a group of its own; a flag two engines
-read is listed under the first.
+flag is also a ``GLMSERVE_<NAME>`` environment variable. ``--help`` lists them in the groups of
+``flags.flag_groups`` (server, model, engine, limits, scale-out for ``serve``), one line each.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsError
 
-from glmserve.settings import ENGINE_SETTINGS, BenchSettings, ChatSettings, DeploySettings, ServeSettings
+from glmserve.flags import Flag, flag_groups
+from glmserve.settings import BenchSettings, ChatSettings, DeploySettings
 
 USAGE = """usage: glmserve COMMAND [flags]
 
@@ -27,28 +27,55 @@ commands:
 """
 
 
+HELP_DESCRIPTION = {
+    "glmserve serve": "Start the OpenAI- and Anthropic-compatible server. Each flag is also an environment variable "
+                      "(GLMSERVE_<NAME>, e.g. GLMSERVE_N_CTX=8192); flags win.",
+    "glmserve chat": "Chat in the terminal: with a model in-process, or with any OpenAI-compatible server (--url).",
+    "glmserve bench": "Load-test any OpenAI-compatible server: TTFT, TPOT, ITL and throughput per concurrency.",
+}
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(f"glmserve: error: {message}", file=sys.stderr)
     return code
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each flag's help on one line (``flags.Flag.help`` is one sentence and its default)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=40)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return [text]
+
+
 def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
-    """pydantic-settings' command line for ``cls``, with each engine's flags in a help group of
-    their own when ``cls`` is a ``ServeSettings``."""
-    parser = argparse.ArgumentParser(prog=cls.model_config.get("cli_prog_name"), description=cls.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    owner: dict[str, argparse._ArgumentGroup] = {}
-    if issubclass(cls, ServeSettings):
-        for engine, settings_cls in ENGINE_SETTINGS.items():
-            group = parser.add_argument_group(f"{engine} engine (--engine {engine})", settings_cls.__doc__)
-            for name in settings_cls.model_fields:
-                owner.setdefault(name, group)
+    """pydantic-settings' command line for ``cls``, its flags in the groups of
+    ``flags.flag_groups`` with their one-line help."""
+    prog = cls.model_config.get("cli_prog_name")
+    parser = argparse.ArgumentParser(prog=prog, usage=f"{prog} [flags]", formatter_class=_HelpFormatter,
+                                     description=HELP_DESCRIPTION.get(prog))
+    described: dict[str, tuple[argparse._ArgumentGroup, Flag]] = {}
+    for group in flag_groups(cls):
+        container = parser.add_argument_group(group.title, group.description or None)
+        for flag in group.flags:
+            described[flag.name] = (container, flag)
 
     def add_argument(container, *names: str, **kwargs):
-        target = owner.get(kwargs.get("dest", "")) if container is parser else None
-        return (target or container).add_argument(*names, **kwargs)
+        if container is parser and kwargs.get("dest") in described:
+            container, flag = described[kwargs["dest"]]
+            kwargs["help"] = flag.help.replace("%", "%%")
+            if flag.metavar is not None and "metavar" in kwargs:
+                kwargs["metavar"] = flag.metavar
+        return container.add_argument(*names, **kwargs)
 
-    return CliSettingsSource(cls, root_parser=parser, add_argument_method=add_argument)
+    source = CliSettingsSource(cls, root_parser=parser, add_argument_method=add_argument)
+    # each group's flags in flag_groups' order (argparse lists them in the order they were added)
+    order = {flag.name: i for i, (_, flag) in enumerate(described.values())}
+    for container in parser._action_groups:
+        container._group_actions.sort(key=lambda action: order.get(action.dest, -1))
+    return source
 
 
 def _parse(cls, args: list[str]):

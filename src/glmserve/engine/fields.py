@@ -10,23 +10,21 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 Dtype = Annotated[Literal["auto", "float32", "bfloat16", "float16"], Field(
-    "auto", description="transformers, vllm: weight dtype; auto = bfloat16/float16 on GPU, float32 on CPU "
-    "(vllm: the model config's dtype).")]
+    "auto", description="transformers, vllm: weight dtype; auto: bfloat16/float16 on GPU, float32 on CPU (vllm: "
+                        "the model config's).")]
 TrustRemoteCode = Annotated[bool, Field(
-    False, description="transformers, vllm: allow model code from the model folder (remote-code checkpoints).")]
+    False, description="transformers, vllm: allow model code shipped in the model folder (remote-code "
+                       "checkpoints).")]
 NThreads = Annotated[int, Field(
     default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, le=1024,
     description="llama_cpp, transformers: CPU threads for generation.")]
 MaxNumBatchedTokens = Annotated[int | None, Field(
     None, ge=1, le=1 << 16,
-    description="llama_cpp, vllm: tokens per engine step: one per running sequence plus prompt chunks "
-    "(chunked prefill). llama_cpp: default 512 (llama.cpp's micro-batch), 63 with --batch-invariant (at "
-    "most 63 there). vllm: default vLLM's own (2048 on most GPUs, 8192 on H100/H200-class ones).")]
+    description="llama_cpp, vllm: tokens per engine step, one per running sequence plus prompt chunks (chunked "
+                "prefill).")]
 BatchInvariant = Annotated[bool, Field(
-    False, description="llama_cpp, vllm: batch-invariant outputs: a request's output does not depend on what it "
-    "is batched with (vLLM's batch-invariant mode). llama_cpp: every step stays below 64 tokens, where "
-    "llama.cpp's CPU backend computes every batch the same way (slower prefill of long prompts); vllm: "
-    "VLLM_BATCH_INVARIANT=1, NVIDIA GPUs of compute capability 8.0 or higher.")]
+    False, description="llama_cpp, vllm: a request's output does not depend on what it is batched with (slower "
+                       "prefill on llama_cpp).")]
 
 
 class SpeculativeSettings(BaseModel):
@@ -35,24 +33,19 @@ class SpeculativeSettings(BaseModel):
     ``draft_model``, from the same numbers)."""
 
     speculative: Literal["ngram", "draft"] | None = Field(
-        None, description="llama_cpp, vllm: speculative decoding: each decoding sequence drafts tokens and one "
-        "batch verifies them; the output distribution is that of decoding without it. ngram: prompt lookup, the "
-        "tokens that followed an earlier occurrence of the last n tokens (prompt and output so far); helps "
-        "input-grounded work (edit this code, repeat this JSON), natural text drafts little. draft: a "
-        "smaller model of the same vocabulary (--draft-model) drafts (vllm: vLLM's draft_model method).",
+        None, description="llama_cpp, vllm: speculative decoding; ngram: prompt lookup; draft: a smaller model "
+                          "(--draft-model) drafts.",
     )
-    spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: shortest "
-                                "n-gram looked up (tokens; vLLM's prompt_lookup_min).")
-    spec_ngram_max: int = Field(4, ge=1, le=64, description="llama_cpp, vllm --speculative ngram: longest n-gram "
-                                "looked up (tokens; vLLM's prompt_lookup_max); the longest match wins.")
-    spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm --speculative: most tokens "
-                                "drafted per sequence and step (vLLM's num_speculative_tokens; llama_cpp: drafts "
-                                "also fit within --max-num-batched-tokens).")
+    spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm, --speculative ngram: shortest n-gram "
+                                                            "looked up, in tokens (vLLM's prompt_lookup_min).")
+    spec_ngram_max: int = Field(4, ge=1, le=64, description="llama_cpp, vllm, --speculative ngram: longest n-gram "
+                                                            "looked up, in tokens (vLLM's prompt_lookup_max).")
+    spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm, --speculative: most tokens drafted "
+                                                              "per sequence and step (vLLM's "
+                                                              "num_speculative_tokens).")
     draft_model: str | None = Field(
-        None, description="llama_cpp, vllm --speculative draft: the draft model, smaller, with the model's "
-        "vocabulary; llama_cpp: a GGUF file or model name as for --model, drafting greedily and stopping "
-        "before a token it gives less than 0.75 probability (as llama.cpp's --spec-draft-p-min 0.75); vllm: a "
-        "Hugging Face model folder, vLLM's speculative_config model.",
+        None, description="llama_cpp, vllm, --speculative draft: the draft model, same vocabulary (llama_cpp: as "
+                          "--model; vllm: a HF folder).",
     )
 
     @model_validator(mode="after")

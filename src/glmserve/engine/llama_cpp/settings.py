@@ -23,19 +23,14 @@ class LlamaCppSettings(SpeculativeSettings):
     max_num_batched_tokens: MaxNumBatchedTokens
     batch_invariant: BatchInvariant
     kv_layout: Literal["split", "unified"] = Field(
-        "split", description="llama_cpp: KV cache layout. split: one stream of n_ctx cells per sequence "
-        "(max-num-seqs x n-ctx cells; faster decoding of many sequences, as llama-server -np N); unified: "
-        "n-ctx cells shared by all sequences (less memory; a request waits or is recomputed when the pool "
-        "is full). Either way every request may use the whole n-ctx.",
+        "split", description="llama_cpp: KV cache layout; split: n_ctx cells per sequence; unified: n_ctx cells "
+                             "shared by all (less memory).",
     )
     runner: Literal["auto", "generate", "pooling"] = Field(
-        "auto", description="llama_cpp (vLLM's flag): pooling serves the model for /v1/embeddings only, "
-        "without a generation context or KV cache; generate also generates; auto: pooling for a non-causal "
-        "GGUF (a BERT-style encoder), else generate.",
+        "auto", description="llama_cpp: pooling serves /v1/embeddings only (no generation context); auto: pooling "
+                            "for a non-causal GGUF.",
     )
     cache_ram: int = Field(
-        2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB (llama-server's "
-        "--cache-ram): a free sequence's KV state is kept in RAM before its cells are reused, and a later "
-        "prompt sharing a longer prefix with it restores it instead of recomputing it; least recently used "
-        "first out; 0: off. Split KV layout only (off by default with --kv-layout unified).",
+        2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB, as llama-server's "
+                                            "--cache-ram (0: off; split KV layout only).",
     )

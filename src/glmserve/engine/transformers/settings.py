@@ -14,7 +14,7 @@ class TransformersSettings(BaseModel):
 
     dtype: Dtype
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="transformers: where the model runs; auto = cuda when available, else cpu."
+        "auto", description="transformers: where the model runs; auto: cuda when available, else cpu."
     )
     trust_remote_code: TrustRemoteCode
     n_threads: NThreads

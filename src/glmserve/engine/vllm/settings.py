@@ -23,24 +23,23 @@ class VllmSettings(SpeculativeSettings):
         1, ge=1, le=1024, description="vllm: GPUs (or nodes) the layers are split over (pipeline parallelism)."
     )
     distributed_executor_backend: Literal["mp", "ray"] | None = Field(
-        None, description="vllm: how tensor/pipeline-parallel workers run: mp (processes on this machine) "
-        "or ray (a Ray cluster, across nodes). Default: vLLM's choice.",
+        None, description="vllm: where parallel workers run: mp (processes on this machine) or ray (a Ray "
+                          "cluster).",
     )
     gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="vllm: fraction of each GPU's memory vLLM may use (weights, activations, "
-        "KV cache).",
+        0.9, gt=0, le=1, description="vllm: fraction of each GPU's memory vLLM may use (weights, activations, KV "
+                                     "cache).",
     )
     kv_cache_memory: int | None = Field(
-        None, ge=1, description="vllm: KV cache size in bytes per GPU (instead of --gpu-memory-utilization). "
-        "On CPU the KV cache is sized by the VLLM_CPU_KVCACHE_SPACE environment variable (GiB).",
+        None, ge=1, description="vllm: KV cache bytes per GPU, instead of --gpu-memory-utilization (CPU: "
+                                "VLLM_CPU_KVCACHE_SPACE, GiB).",
     )
     enforce_eager: bool = Field(
-        False, description="vllm: run the model eagerly (no torch.compile or CUDA graphs): faster start, "
-        "slower steps.",
+        False, description="vllm: no torch.compile or CUDA graphs (faster start, slower steps).",
     )
     engine_arg: list[str] = Field(
-        [], description="vllm: any other vLLM engine argument KEY=VALUE (repeatable; an AsyncEngineArgs field, "
-        "VALUE as JSON when it parses as JSON), e.g. block_size=32.",
+        [], description="vllm: any other vLLM engine argument, an AsyncEngineArgs field, VALUE as JSON when it "
+                        "parses (repeatable).",
     )
 
     @field_validator("engine_arg")
