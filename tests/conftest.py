@@ -62,7 +62,7 @@ def client(server: RemoteServer) -> openai.OpenAI:
 def fresh_client() -> Iterator[openai.OpenAI]:
     """A client of a server of its own, whose KV cache starts empty: for tests that compare two
     greedy runs token for token (after much cache reuse llama.cpp may round attention
-    differently; see the README's "known limits" under continuous batching)."""
+    differently; see the known limits under continuous batching in docs/performance/batching.md)."""
     srv = RemoteServer()
     yield srv.client()
     srv.stop()

@@ -169,7 +169,7 @@ def tiny_idefics3(base: Path, out: Path) -> Path:
     return out
 
 
-# the GLM text architectures people run (README, "GLM models"): (architecture, its generation's
+# the GLM text architectures people run (docs/guides/models.md, "GLM models on each engine"): (architecture, its generation's
 # chat template in fixtures/glm, the tool-call parser detected from it)
 GLM_ARCHITECTURES = [("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4-9B
                      ("Glm4ForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4-0414

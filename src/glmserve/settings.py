@@ -311,7 +311,7 @@ class DeploySettings(ServeSettings):
                 raise ValueError("--min-replicas is larger than --max-replicas")
         if self.on_ray and self.many_models:
             raise ValueError("--models-dir and --config serve several models in one process; Ray Serve replicas "
-                             "serve one model each: deploy one application per model (README, Many replicas on Ray)")
+                             "serve one model each: deploy one application per model (docs/guides/ray.md)")
         if not self.many_models:
             for name in ("max_loaded_models", "memory_budget", "keep_alive"):
                 if name in self.model_fields_set:

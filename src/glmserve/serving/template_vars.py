@@ -12,7 +12,7 @@ from glmserve.protocol.errors import invalid_request
 
 # Agent routes (/v1/messages, /v1/responses) render past reasoning in every turn (GLM-4.7's
 # ``clear_thinking`` false, GLM-5.3's default), so that the prompt of the next request extends
-# this one's and the prefix cache covers it after a user reply (README, "Preserved thinking").
+# this one's and the prefix cache covers it after a user reply (docs/guides/reasoning.md, "Preserved thinking").
 PRESERVED_THINKING: dict[str, Any] = {"clear_thinking": False}
 
 
