@@ -1,0 +1,76 @@
+"""The examples in the docs (``docs/**/*.md``) and the README, as the tests read them.
+
+An example is a fenced ``sh``, ``bash`` or ``python`` block. It talks to a server when it names
+the docs' server address (``http://127.0.0.1:8000`` or ``localhost:8000``) or runs ``claude`` or
+``codex``. Such a block may be preceded by ``<!-- not run here: REASON -->`` when it cannot run
+against the default model on a CPU; every other one is run by ``tests/e2e/test_docs_examples.py``.
+Each ``glmserve serve`` command line in any block is parsed with the server's flag parser
+(``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGUAGES = {"sh", "bash", "python"}
+SERVER = re.compile(r"(?:https?://)?(?:127\.0\.0\.1|localhost):8000")
+AGENT = re.compile(r"^\s*(?:\S+=\S+\s+)*(?:claude|codex)\b", re.M)
+COMMENT = re.compile(r"(?:^|\s)#.*$", re.M)
+NOT_RUN = re.compile(r"<!-- not run here: (.+?) -->\s*$")
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One fenced block: ``page`` (path from the repository root), ``line`` (its fence's line,
+    1-based), ``language``, ``code``, and ``not_run`` (the reason given, or None)."""
+
+    page: str
+    line: int
+    language: str
+    code: str
+    not_run: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    @property
+    def talks_to_server(self) -> bool:
+        code = COMMENT.sub("", self.code)  # "serves on 127.0.0.1:8000" in a comment is no request
+        return self.language in LANGUAGES and bool(SERVER.search(code) or AGENT.search(code))
+
+
+def pages() -> list[Path]:
+    """The README and every page of the docs."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def examples() -> list[Example]:
+    """Every fenced block of every page, in order."""
+    found = []
+    for path in pages():
+        text = path.read_text()
+        for match in FENCE.finditer(text):
+            before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            reason = NOT_RUN.match(before)
+            found.append(Example(str(path.relative_to(ROOT)), text.count("\n", 0, match.start()) + 1,
+                                 match.group(1), match.group(2), reason.group(1) if reason else None))
+    return found
+
+
+def serve_commands() -> list[tuple[str, list[str]]]:
+    """Each ``glmserve serve`` command of a shell block: (where, its flags), continuation lines
+    joined and a trailing ``#`` comment dropped."""
+    commands = []
+    for example in examples():
+        if example.language not in {"sh", "bash"}:
+            continue
+        for line in example.code.replace("\\\n", " ").splitlines():
+            if re.match(r"\s*(?:\S*/)?glmserve serve\b", line):
+                commands.append((example.id, shlex.split(line, comments=True)[2:]))
+    return commands

@@ -1,0 +1,126 @@
+"""The documentation site: ``mkdocs build --strict`` succeeds (a broken link, anchor or a page
+missing from the nav fails it); the generated flag reference says exactly what ``glmserve serve
+--help`` (and ``chat``, ``bench``) print; the route and metric tables hold the server's routes and
+metrics; every ``glmserve serve`` command in the docs parses; the README is short and its links
+resolve."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from glmserve import cli
+from glmserve.settings import DeploySettings
+from tests.docs_examples import ROOT, pages, serve_commands
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built with ``--strict`` as ``make docs`` builds it."""
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def _text(fragment: str) -> str:
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", fragment))).strip()
+
+
+def _rows(page: Path) -> list[list[str]]:
+    """The cells of every table row of a built page, header rows left out."""
+    return [[_text(cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", page.read_text(), re.S) if "<td" in row]
+
+
+def _help(command: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """``glmserve COMMAND --help`` as (its group titles, [(flag usage, help)]), -h left out."""
+    proc = subprocess.run([sys.executable, "-m", "glmserve", command, "--help"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "100"})
+    assert proc.returncode == 0, proc.stderr
+    titles = re.findall(r"^([a-z-]+):$", proc.stdout, re.M)
+    flags: list[tuple[str, str]] = []
+    lines = proc.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("  --"):
+            continue
+        usage, _, text = line.strip().partition("  ")
+        flags.append((usage, text.strip() or lines[i + 1].strip()))
+    return titles, flags
+
+
+def test_the_site_builds_strictly_with_every_section(site):
+    for page in ("index.html", "getting-started/index.html", "guides/coding-agents/index.html",
+                 "guides/gpu-vllm/index.html", "guides/many-models/index.html", "guides/lora/index.html",
+                 "guides/vision/index.html", "guides/tools/index.html", "guides/ray/index.html",
+                 "guides/chat-ui/index.html", "guides/python-api/index.html", "reference/flags/index.html",
+                 "reference/routes/index.html", "reference/metrics/index.html", "performance/index.html",
+                 "design/index.html"):
+        assert (site / page).is_file(), page
+    # no generation mark is left unfilled
+    for page in site.rglob("*.html"):
+        assert "<!-- glmserve:" not in page.read_text(), page
+
+
+def test_the_flag_reference_is_what_help_prints(site):
+    rows = _rows(site / "reference" / "flags" / "index.html")
+    documented = [(usage, text) for usage, text, _ in rows]
+    titles, serve = _help("serve")
+    _, chat = _help("chat")
+    _, bench = _help("bench")
+    chat_own = [flag for flag in chat if flag[0].split()[0] in {"--url", "--system", "--temperature", "--top-p",
+                                                                "--max-tokens"}]
+    assert documented == serve + chat_own + bench
+    assert len(serve) == len(DeploySettings.model_fields)
+    # the page's sections are --help's groups, in order
+    headings = [_text(h) for h in re.findall(r"<h2[^>]*>(.*?)</h2>", (site / "reference/flags/index.html").read_text())]
+    groups = [t for t in titles if t != "options"]
+    assert [h.rstrip("¶").strip() for h in headings][:len(groups)] == groups
+    # and each flag's environment variable
+    assert ["--port N", "TCP port to listen on. (default: 8000)", "GLMSERVE_PORT"] in rows
+
+
+def test_the_route_table_holds_every_route_group(site):
+    rows = {(method, path) for method, path, *_ in _rows(site / "reference" / "routes" / "index.html")}
+    for route in (("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/responses"),
+                  ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"), ("POST", "/v1/embeddings"),
+                  ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/metrics"), ("POST", "/tokenize"),
+                  ("POST", "/v1/load_lora_adapter"), ("POST", "/models/unload"), ("GET", "/models/events")):
+        assert route in rows, route
+
+
+def test_the_metric_table_holds_the_served_metrics(site):
+    names = {name for name, *_ in _rows(site / "reference" / "metrics" / "index.html")}
+    for name in ("glmserve:time_to_first_token_seconds", "glmserve:request_success_total",
+                 "glmserve:num_requests_running", "glmserve:kv_cache_usage_perc",
+                 "glmserve:prompt_cache_ram_bytes", "glmserve:spec_decode_num_drafts_total"):
+        assert name in names, name
+
+
+@pytest.mark.parametrize("where,flags", serve_commands(), ids=[w for w, _ in serve_commands()])
+def test_every_serve_command_in_the_docs_parses(where, flags, capsys):
+    try:
+        cli._parse(DeploySettings, flags)
+    except SystemExit:
+        pytest.fail(f"{where}: glmserve serve {' '.join(flags)}: {capsys.readouterr().err}")
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    assert targets
+    for target in targets:
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+    # every page of the docs is in the site's navigation (mkdocs --strict checks the links between them)
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in pages()[1:]:
+        assert str(page.relative_to(ROOT / "docs")) in nav, page
