@@ -4,8 +4,9 @@ An example is a fenced ``sh``, ``bash`` or ``python`` block. It talks to a serve
 the docs' server address (``http://127.0.0.1:8000`` or ``localhost:8000``) or runs ``claude`` or
 ``codex``. Such a block may be preceded by ``<!-- not run here: REASON -->`` when it cannot run
 against the default model on a CPU; every other one is run by ``tests/e2e/test_docs_examples.py``.
-Each ``glmserve serve`` command line in any block is parsed with the server's flag parser
-(``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader.
+Each ``glmserve serve``, ``chat`` and ``bench`` command in any block is parsed with that command's
+flag parser, and each YAML block (a ``--config`` file, a Ray Serve config) is read as the server
+reads it (``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader.
 """
 
 from __future__ import annotations
@@ -63,14 +64,20 @@ def examples() -> list[Example]:
     return found
 
 
-def serve_commands() -> list[tuple[str, list[str]]]:
-    """Each ``glmserve serve`` command of a shell block: (where, its flags), continuation lines
-    joined and a trailing ``#`` comment dropped."""
+def cli_commands() -> list[tuple[str, str, list[str]]]:
+    """Each ``glmserve serve|chat|bench`` command of a shell block: (where, the command, its
+    flags), continuation lines joined, a pipe's left side and a trailing ``#`` comment dropped."""
     commands = []
     for example in examples():
         if example.language not in {"sh", "bash"}:
             continue
         for line in example.code.replace("\\\n", " ").splitlines():
-            if re.match(r"\s*(?:\S*/)?glmserve serve\b", line):
-                commands.append((example.id, shlex.split(line, comments=True)[2:]))
+            match = re.search(r"(?:^|\|)\s*(?:\S*/)?glmserve (serve|chat|bench)\b(.*)$", line)
+            if match:
+                commands.append((example.id, match.group(1), shlex.split(match.group(2), comments=True)))
     return commands
+
+
+def yaml_blocks() -> list[Example]:
+    """The YAML blocks: a ``--config`` file of a server of several models, or a Ray Serve config."""
+    return [example for example in examples() if example.language == "yaml"]

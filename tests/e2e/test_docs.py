@@ -1,8 +1,8 @@
 """The documentation site: ``mkdocs build --strict`` succeeds (a broken link, anchor or a page
 missing from the nav fails it); the generated flag reference says exactly what ``glmserve serve
 --help`` (and ``chat``, ``bench``) print; the route and metric tables hold the server's routes and
-metrics; every ``glmserve serve`` command in the docs parses; the README is short and its links
-resolve."""
+metrics; every ``glmserve serve|chat|bench`` command and config file in the docs is read as
+glmserve reads it; the README is short and its links resolve."""
 
 from __future__ import annotations
 
@@ -14,10 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from glmserve import cli
-from glmserve.settings import DeploySettings
-from tests.docs_examples import ROOT, pages, serve_commands
+from glmserve.engine import check_engine_settings
+from glmserve.models.catalog import read_config
+from glmserve.runtime import model_settings
+from glmserve.settings import DeploySettings, ServeSettings
+from scripts.docs_hooks import settings_class
+from tests.docs_examples import ROOT, cli_commands, pages, yaml_blocks
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +109,36 @@ def test_the_metric_table_holds_the_served_metrics(site):
         assert name in names, name
 
 
-@pytest.mark.parametrize("where,flags", serve_commands(), ids=[w for w, _ in serve_commands()])
-def test_every_serve_command_in_the_docs_parses(where, flags, capsys):
+@pytest.mark.parametrize("where,command,flags", cli_commands(), ids=[f"{w}:{c}" for w, c, _ in cli_commands()])
+def test_every_glmserve_command_in_the_docs_parses(where, command, flags, capsys):
     try:
-        cli._parse(DeploySettings, flags)
+        settings = cli._parse(settings_class(command), flags)
     except SystemExit:
-        pytest.fail(f"{where}: glmserve serve {' '.join(flags)}: {capsys.readouterr().err}")
+        pytest.fail(f"{where}: glmserve {command} {' '.join(flags)}: {capsys.readouterr().err}")
+    if command != "bench":  # and every flag is one the chosen engine reads, as start-up checks
+        check_engine_settings(settings)
+
+
+def test_the_docs_show_each_command():
+    assert {command for _, command, _ in cli_commands()} == {"serve", "chat", "bench"}
+    assert len(cli_commands()) >= 15
+
+
+@pytest.mark.parametrize("block", yaml_blocks(), ids=[block.id for block in yaml_blocks()])
+def test_every_config_file_in_the_docs_is_read_as_the_server_reads_it(block, tmp_path):
+    data = yaml.safe_load(block.code)
+    if "models" in data:  # --config FILE: each entry's settings as a server of several models makes them
+        path = tmp_path / "models.yaml"
+        path.write_text(block.code)
+        entries = read_config(path)
+        assert [entry.name for entry in entries] == [item["name"] for item in data["models"]]
+        for entry in entries:
+            model_settings(ServeSettings(), entry)
+    else:  # a Ray Serve config: each application's args as the serve run builder takes them
+        for app in data["applications"]:
+            assert app["import_path"] == "glmserve.deploy.ray:build"
+            assert not {"host", "port", "ray_address"} & set(app["args"])
+            DeploySettings(**app["args"])
 
 
 def test_the_readme_is_short_and_its_links_resolve():
