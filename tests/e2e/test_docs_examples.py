@@ -33,8 +33,10 @@ CURL = 'curl() { command curl --silent --show-error --fail-with-body "$@"; }\n'
 
 @pytest.fixture(scope="module")
 def server():
-    """The default model, with the run-time LoRA routes the LoRA guide's example calls."""
-    srv = RemoteServer("--allow-runtime-lora-updating")
+    """The default model as the coding agents guide serves it for its Claude Code check (greedy
+    by default: Claude Code sends no temperature), with the run-time LoRA routes the LoRA guide's
+    example calls."""
+    srv = RemoteServer("--override-generation-config", '{"temperature": 0}', "--allow-runtime-lora-updating")
     yield srv
     srv.stop()
 
