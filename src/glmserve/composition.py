@@ -15,7 +15,9 @@ from glmserve.runtime import serve_many, start_runtime
 from glmserve.server import create_app
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
+from glmserve.serving.stored_responses import ResponseStorage
 from glmserve.settings import ServeSettings
+from glmserve.state import ResponseStore, open_database
 
 
 def build_app(settings: ServeSettings, replica_id: str | None = None,
@@ -24,7 +26,10 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     exit): the one app that ``glmserve serve`` and each Ray Serve replica run.
 
     ``replica_id``, ``deployment_health``: see ``server.create_app``. Raises one of
-    ``STARTUP_ERRORS`` as ``start_runtime`` does."""
+    ``STARTUP_ERRORS`` as ``start_runtime`` does (``DatabaseError``: the state database cannot
+    be opened), before any engine starts."""
+    ttl_s = settings.store_ttl_s()
+    store = ResponseStore(open_database(settings.state_database_url()), ttl_s, settings.store_max_bytes)
     runtime = start_runtime(settings)
     served: Runtime | ServedModels = runtime
     if settings.many_models:
@@ -37,4 +42,5 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
-                      runtime_lora=settings.allow_runtime_lora_updating)
+                      runtime_lora=settings.allow_runtime_lora_updating, storage=ResponseStorage(store),
+                      purge_interval_s=min(3600.0, ttl_s / 10))

@@ -42,11 +42,12 @@ from glmserve.serving.runtime import Runtime
 from glmserve.serving.sealed_reasoning import ReasoningSeal
 from glmserve.serving.served import ServedModels
 from glmserve.settings import ServeSettings
+from glmserve.state import DatabaseError
 from glmserve.toolcalls import detect_parser
 
 log = logging.getLogger("glmserve.runtime")
 
-STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError, ConfigError)
+STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError, ConfigError, DatabaseError)
 
 
 def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:

@@ -5,13 +5,14 @@ Precedence (highest first): command-line flags, environment variables, defaults.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from glmserve.chat.template import RESERVED_TEMPLATE_VARIABLES
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
@@ -95,8 +96,9 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
     served_model_name: str | None = Field(
         None, description="Model id that clients send as model."
     )
-    api_key: str | None = Field(
-        None, description="Require 'Authorization: Bearer KEY' (or x-api-key) on every route but /health."
+    api_key: Annotated[list[str], NoDecode] = Field(
+        [], description="Require 'Authorization: Bearer KEY' (or x-api-key) but on /health; "
+                        "repeat it (or KEY1,KEY2) for keys owning separate stored responses."
     )
     n_ctx: int = Field(
         4096, ge=0, le=1 << 20,
@@ -190,9 +192,67 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
     )
     state_dir: str = Field(
         str(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "glmserve"),
-        description="Directory of what outlives a restart: the key that seals /v1/responses' encrypted_content "
-                    "(share it between replicas)."
+        description="Directory of what outlives a restart: the stored responses' SQLite file and the key that seals "
+                    "encrypted_content."
     )
+    database_url: str | None = Field(
+        None, description="Keep stored responses in this PostgreSQL database (postgresql://...) instead of "
+                          "--state-dir's SQLite file."
+    )
+    store_ttl: str = Field("30d", description="How long a stored response is kept (a number of seconds, or a "
+                                              "duration such as 30d or 12h).")
+    store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes of stored responses kept in all; past it the "
+                                                            "oldest are deleted.")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> Any:
+        """Keys separated by commas (``GLMSERVE_API_KEY=a,b``; the repeated flag arrives so), a
+        JSON list of keys, or a list."""
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return json.loads(value) if value.lstrip().startswith("[") else value.split(",")
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_keys(cls, value: list[str]) -> list[str]:
+        if any(not key.strip() for key in value):
+            raise ValueError("an API key cannot be empty")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        from glmserve.state import sqlalchemy_url
+
+        if value is not None:
+            sqlalchemy_url(value)
+        return value
+
+    @field_validator("store_ttl")
+    @classmethod
+    def _check_store_ttl(cls, value: str) -> str:
+        from glmserve.models.catalog import parse_keep_alive
+
+        try:
+            seconds = parse_keep_alive(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration (e.g. 2592000, 30d, 12h)") from None
+        if value.strip().startswith("-") or seconds <= 0:
+            raise ValueError("must be more than 0 seconds")
+        return value
+
+    def state_database_url(self) -> str:
+        """``--database-url``, else the SQLite file ``state.db`` in ``--state-dir``."""
+        return self.database_url or f"sqlite:///{Path(self.state_dir) / 'state.db'}"
+
+    def store_ttl_s(self) -> float:
+        """``--store-ttl`` in seconds."""
+        from glmserve.models.catalog import parse_keep_alive
+
+        return parse_keep_alive(self.store_ttl)
 
     @field_validator("lora")
     @classmethod

@@ -97,7 +97,6 @@ def test_json_schema_format(client):
 
 
 @pytest.mark.parametrize("kw, param", [
-    ({"store": True}, "store"),
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools.0.type"),
     ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),

@@ -35,6 +35,7 @@ SERVER_FIELDS = frozenset({
     "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
     "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
     "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas", "state_dir",
+    "database_url", "store_ttl", "store_max_bytes",
 })
 # settings that belong to one model: given as flags they are --model's own, and a --config entry
 # gives its own (a LoRA adapter, a draft model or a chat template made for one model does not fit
@@ -45,8 +46,8 @@ MODEL_FIELDS = frozenset({
     "override_generation_config", "reasoning_budget", "speculative", "draft_model", "spec_draft_max",
     "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code", "runner",
 })
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class ConfigError(ValueError):
@@ -68,7 +69,7 @@ class ModelEntry:
 
 def parse_keep_alive(value: Any) -> float:
     """Seconds, from Ollama's ``keep_alive`` forms: a number (seconds), a duration string of
-    ``ms``/``s``/``m``/``h`` parts, or a number as a string; negative means ``math.inf``.
+    ``ms``/``s``/``m``/``h``/``d`` parts, or a number as a string; negative means ``math.inf``.
     Raises ``ValueError``."""
     if isinstance(value, bool):
         raise ValueError(f"keep_alive: {value!r} is not a duration")

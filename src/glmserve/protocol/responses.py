@@ -137,7 +137,7 @@ class Response(BaseModel):
     object: Literal["response"] = "response"
     created_at: int
     completed_at: int | None = None
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     incomplete_details: IncompleteDetails | None = None
     error: Any = None
     model: str

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -20,39 +22,52 @@ from glmserve.server.routes.ui import install_ui
 from glmserve.serving.chat import ChatService
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
+from glmserve.serving.stored_responses import ResponseStorage
 
 
 def create_app(
-    served: ServedModels | Runtime | ChatService, api_key: str | None = None, shutdown_timeout: float = 30.0,
-    max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
+    served: ServedModels | Runtime | ChatService, api_key: str | Sequence[str] | None = None,
+    shutdown_timeout: float = 30.0, max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
     deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True, runtime_lora: bool = False,
+    storage: ResponseStorage | None = None, purge_interval_s: float = 3600.0,
 ) -> FastAPI:
     """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
     or a ``ChatService`` with the default services over it); unloads them all on exit.
 
-    ``api_key``: every route but ``/health`` needs it (``/docs`` and ``/redoc`` are off then);
+    ``api_key``: every route but ``/health`` needs it, or one of them (``/docs`` and ``/redoc``
+    are off then);
     ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
     ``max_request_bytes`` get a 413, bodies that stall for ``client_body_timeout`` seconds a
     408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
     response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
     ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
     ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``runtime_lora``: mount
-    ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``."""
+    ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``; ``storage``: stored responses
+    (default: none kept), its expired ones deleted every ``purge_interval_s`` seconds."""
     if isinstance(served, ChatService):
         served = Runtime.over(served)
     if isinstance(served, Runtime):
         served = ServedModels.single(served)
     models_served: ServedModels = served
+    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    stored = storage or ResponseStorage(None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        purging = asyncio.create_task(stored.purge_forever(purge_interval_s)) if stored.store else None
         yield
+        if purging is not None:
+            purging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purging
+        await stored.close()
         await models_served.close()
 
     app = FastAPI(title="glmserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.api_key = api_key
+    app.state.api_keys = keys
+    app.state.responses_storage = stored
     app.state.models = models_served
     app.state.replica_id = replica_id
     app.state.deployment_health = deployment_health
@@ -69,7 +84,7 @@ def create_app(
     protected = [Depends(require_api_key)]
     needs_key = error_responses(401)
     app.include_router(docs.spec_router, dependencies=protected)
-    if not api_key:
+    if not keys:
         app.include_router(docs.pages_router)
     app.include_router(models.router, dependencies=protected, responses=needs_key)
     if len(models_served.registry.status()) > 1:

@@ -1,9 +1,13 @@
-"""API-key checks for ``--api-key``: ``Authorization: Bearer KEY`` (OpenAI's 401 body:
-``invalid_api_key``) and, on Anthropic's routes, ``x-api-key: KEY`` as well (Anthropic's
-clients send that; the 401 is then Anthropic's ``authentication_error``)."""
+"""API-key checks for ``--api-key`` (one or several keys): ``Authorization: Bearer KEY``
+(OpenAI's 401 body: ``invalid_api_key``) and, on Anthropic's routes, ``x-api-key: KEY`` as well
+(Anthropic's clients send that; the 401 is then Anthropic's ``authentication_error``).
+
+``owner``: whom a stored object belongs to, the SHA-256 digest of the key the request gave
+(the key itself is never stored); ``""`` on a server without keys."""
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from fastapi import Request
@@ -20,14 +24,26 @@ def _bearer(request: Request) -> str | None:
     return token if scheme.lower() == "bearer" else None
 
 
+def _tokens(request: Request) -> list[str]:
+    return [t for t in (_bearer(request), request.headers.get("x-api-key")) if t is not None]
+
+
+def _matching_key(request: Request, tokens: list[str]) -> str | None:
+    keys: tuple[str, ...] = request.app.state.api_keys
+    for token in tokens:
+        for key in keys:
+            if _matches(token, key):
+                return key
+    return None
+
+
 async def require_api_key(request: Request) -> None:
-    """FastAPI dependency: 401 unless ``Authorization: Bearer <key>`` matches the server's key
-    (when one is set)."""
-    expected: str | None = request.app.state.api_key
-    if not expected:
+    """FastAPI dependency: 401 unless ``Authorization: Bearer <key>`` matches one of the
+    server's keys (when it has any)."""
+    if not request.app.state.api_keys:
         return
     token = _bearer(request)
-    if token is None or not _matches(token, expected):
+    if token is None or _matching_key(request, [token]) is None:
         raise APIError(
             401,
             "Incorrect API key provided. Send it as 'Authorization: Bearer <key>'.",
@@ -39,12 +55,15 @@ async def require_api_key(request: Request) -> None:
 
 async def require_anthropic_key(request: Request) -> None:
     """FastAPI dependency for Anthropic's routes: 401 unless ``x-api-key`` or a bearer token
-    matches the server's key (when one is set). ``anthropic-version`` and ``anthropic-beta``
-    headers are tolerated, whatever they say."""
-    expected: str | None = request.app.state.api_key
-    if not expected:
-        return
-    tokens = [t for t in (request.headers.get("x-api-key"), _bearer(request)) if t is not None]
-    if not any(_matches(t, expected) for t in tokens):
+    matches one of the server's keys (when it has any). ``anthropic-version`` and
+    ``anthropic-beta`` headers are tolerated, whatever they say."""
+    if request.app.state.api_keys and _matching_key(request, _tokens(request)) is None:
         raise APIError(401, "invalid x-api-key: send the server's --api-key as 'x-api-key: <key>'",
                        "authentication_error", None, "invalid_api_key")
+
+
+def owner(request: Request) -> str:
+    """Who owns what this request stores: the hex SHA-256 digest of its matching API key, or
+    ``""`` when the server has no keys. Call after ``require_api_key``."""
+    key = _matching_key(request, _tokens(request)) if request.app.state.api_keys else None
+    return "" if key is None else hashlib.sha256(key.encode()).hexdigest()

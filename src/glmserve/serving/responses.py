@@ -1,7 +1,8 @@
 """``/v1/responses`` (OpenAI's Responses API), stateless, on top of the chat handler: the
 request's ``input`` items become chat messages (``serving/responses_request.py``), the chat
-completion (or its chunks) becomes the ``response`` object (or its typed events). Nothing is
-stored: ``store: true``, ``background: true`` and ``previous_response_id`` are 400s.
+completion (or its chunks) becomes the ``response`` object (or its typed events). Storing,
+``previous_response_id`` and background runs are ``serving/stored_responses.py``'s: it hands
+this service the whole input and keeps what comes back.
 
 Items: a message's text becomes an ``output_text`` part of a ``message`` item; each tool call
 a ``function_call`` item (``call_id`` = the chat tool call's id); the model's reasoning a
@@ -90,17 +91,8 @@ def _reasoning_item(item_id: str, text: str | None, sealed: str | None = None) -
 
 
 def _checked(req: ResponsesRequest, seal: ReasoningSeal | None) -> None:
-    """400s for what this server does not do (yet): storing, background runs, ``include``
-    values other than ``INCLUDABLE``, logprobs."""
-    if req.store:
-        raise invalid_request("responses are not stored on this server: leave store out or set it to false",
-                              "store")
-    if req.background:
-        raise invalid_request("background responses need stored responses, which this server does not keep yet",
-                              "background")
-    if req.previous_response_id:
-        raise invalid_request("responses are not stored on this server, so previous_response_id cannot be "
-                              "used: send the whole conversation in input", "previous_response_id")
+    """400s for what this server does not do: ``include`` values other than ``INCLUDABLE``,
+    logprobs."""
     for i, value in enumerate(req.include or []):
         if value not in INCLUDABLE:
             raise invalid_request(f"include {value!r} is not served here (one of {', '.join(sorted(INCLUDABLE))})",
@@ -153,7 +145,8 @@ class ResponsesService:
                          presence_penalty=used.presence_penalty, frequency_penalty=used.frequency_penalty,
                          reasoning=req.reasoning.model_dump(exclude_none=True) if req.reasoning else None,
                          max_output_tokens=req.max_output_tokens, max_tool_calls=req.max_tool_calls,
-                         metadata=req.metadata or {}, user=req.user, safety_identifier=req.safety_identifier,
+                         metadata=req.metadata or {}, user=req.user, store=bool(req.store),
+                         background=bool(req.background), previous_response_id=req.previous_response_id, safety_identifier=req.safety_identifier,
                          prompt_cache_key=req.prompt_cache_key,
                          text=req.text.model_dump(by_alias=True, exclude_none=True) if req.text else {
                              "format": {"type": "text"}})

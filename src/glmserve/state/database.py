@@ -1,0 +1,79 @@
+"""Open the state database: an SQLAlchemy ``Engine`` for a URL, its schema migrated to the
+newest revision (Alembic, ``state/migrations``).
+
+SQLite connections run in WAL mode (readers never wait for the writer) with a busy timeout, so
+the server's threads and a second process on the same file take turns instead of failing.
+PostgreSQL migrations run under an advisory lock, so replicas starting together migrate once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Engine
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+_LOCK_ID = 0x676C6D73  # "glms": the advisory lock PostgreSQL replicas migrate under
+
+
+class DatabaseError(Exception):
+    """The state database cannot be opened or migrated (a start-up error, one line)."""
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``url`` with the driver this package uses: ``postgresql://`` and ``postgres://`` become
+    ``postgresql+psycopg://`` (psycopg 3); ``sqlite:///PATH`` is kept. Raises ``ValueError``
+    for any other scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"database URL {url!r}: expected postgresql://... or sqlite:///PATH")
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        return f"postgresql+psycopg://{rest}"
+    if scheme == "sqlite":
+        return url
+    raise ValueError(f"database URL scheme {scheme!r} is not served: use postgresql:// or sqlite:///")
+
+
+def _sqlite_pragmas(connection, _record) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def open_database(url: str) -> Engine:
+    """An engine on ``url`` (``postgresql://...`` or ``sqlite:///PATH``; an SQLite file's folder
+    is created), its schema migrated to the newest revision. Raises ``DatabaseError`` with a
+    one-line reason when the database cannot be reached, created or migrated."""
+    try:
+        full = sqlalchemy_url(url)
+    except ValueError as exc:
+        raise DatabaseError(str(exc)) from None
+    try:
+        if full.startswith("sqlite"):
+            database = sa.engine.make_url(full).database
+            if database and database != ":memory:":
+                Path(database).parent.mkdir(parents=True, exist_ok=True)
+            engine = sa.create_engine(full, connect_args={"timeout": 10})
+            sa.event.listen(engine, "connect", _sqlite_pragmas)
+        else:
+            engine = sa.create_engine(full, pool_pre_ping=True, pool_size=4, max_overflow=8)
+        _migrate(engine)
+    except (sa.exc.SQLAlchemyError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise DatabaseError(f"state database {sa.engine.make_url(full).render_as_string(hide_password=True)}: "
+                            f"{reason}") from None
+    return engine
+
+
+def _migrate(engine: Engine) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")

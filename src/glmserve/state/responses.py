@@ -1,0 +1,104 @@
+"""``ResponseStore``: stored ``/v1/responses`` objects, each with the input items it was made
+from, scoped to an owner (the API key that created it), kept ``ttl_s`` seconds and within
+``max_bytes`` in all (the oldest go first). Blocking calls: the serving layer runs them in a
+thread (``asyncio.to_thread``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+_METADATA = sa.MetaData()
+RESPONSES = sa.Table(
+    "responses", _METADATA,
+    sa.Column("id", sa.String(80), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("input_items", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A stored response: ``body`` the response object (a JSON dict), ``input_items`` every
+    input item it was made from (those of the responses it continued first), oldest first."""
+
+    body: dict[str, Any]
+    input_items: list[dict[str, Any]]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class ResponseStore:
+    """Responses in the state database ``engine`` (``state.open_database``): ``ttl_s`` seconds
+    after it was made a response is gone (unreadable at once, deleted by ``purge``); past
+    ``max_bytes`` of stored JSON in all, the oldest are deleted to make room."""
+
+    def __init__(self, engine: Engine, ttl_s: float, max_bytes: int) -> None:
+        self.engine, self.ttl_s, self.max_bytes = engine, ttl_s, max_bytes
+
+    def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        """Insert the response ``body`` (``body["id"]`` its key) or replace the one stored under
+        its id (a background run's later states), then keep the total within ``max_bytes``."""
+        text, items = _dumps(body), _dumps(input_items)
+        now = time.time()
+        row = {"owner": owner, "status": body.get("status", ""), "body": text, "input_items": items,
+               "size": len(text.encode()) + len(items.encode())}
+        with self.engine.begin() as conn:
+            updated = conn.execute(sa.update(RESPONSES).where(RESPONSES.c.id == body["id"],
+                                                              RESPONSES.c.owner == owner).values(**row))
+            if updated.rowcount == 0:
+                conn.execute(sa.insert(RESPONSES).values(id=body["id"], created_at=now, expires_at=now + self.ttl_s,
+                                                         **row))
+        self._bound()
+
+    def get(self, owner: str, response_id: str) -> StoredResponse | None:
+        """The response ``response_id`` if ``owner`` stored it and it has not expired."""
+        query = sa.select(RESPONSES.c.body, RESPONSES.c.input_items).where(
+            RESPONSES.c.id == response_id, RESPONSES.c.owner == owner, RESPONSES.c.expires_at > time.time())
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else StoredResponse(json.loads(row.body), json.loads(row.input_items))
+
+    def delete(self, owner: str, response_id: str) -> bool:
+        """Delete ``response_id`` if ``owner`` stored it; whether there was one to delete."""
+        with self.engine.begin() as conn:
+            gone = conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id == response_id, RESPONSES.c.owner == owner,
+                                                           RESPONSES.c.expires_at > time.time()))
+        return gone.rowcount > 0
+
+    def purge(self, now: float | None = None) -> int:
+        """Delete the responses expired at ``now`` (default: the clock); how many."""
+        with self.engine.begin() as conn:
+            gone = conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.expires_at <= (now or time.time())))
+        return gone.rowcount
+
+    def total_bytes(self) -> int:
+        """Bytes of stored JSON, all owners together."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(RESPONSES.c.size), 0))).scalar_one())
+
+    def _bound(self) -> None:
+        excess = self.total_bytes() - self.max_bytes
+        if excess <= 0:
+            return
+        oldest = sa.select(RESPONSES.c.id, RESPONSES.c.size).order_by(RESPONSES.c.created_at).limit(1000)
+        doomed: list[str] = []
+        with self.engine.begin() as conn:
+            for row in conn.execute(oldest):
+                if excess <= 0:
+                    break
+                doomed.append(row.id)
+                excess -= row.size
+            conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id.in_(doomed)))
