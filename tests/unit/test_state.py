@@ -1,0 +1,109 @@
+"""The state database (``glmserve.state``): migrations, SQLite's WAL mode, retention by age and
+by size, owners, and the settings that choose it. PostgreSQL: ``tests/e2e/test_stored_responses.py``."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+import sqlalchemy as sa
+from pydantic import ValidationError
+
+from glmserve.state import DatabaseError, ResponseStore, open_database, sqlalchemy_url
+from glmserve.state import responses as responses_module
+
+
+def _store(tmp_path, ttl_s: float = 100.0, max_bytes: int = 1 << 20) -> ResponseStore:
+    return ResponseStore(open_database(f"sqlite:///{tmp_path / 'sub' / 'state.db'}"), ttl_s, max_bytes)
+
+
+def test_the_schema_is_migrated_once_and_sqlite_runs_in_wal_mode(tmp_path):
+    store = _store(tmp_path)
+    store.put("", {"id": "resp_1", "status": "completed"}, [])
+    open_database(f"sqlite:///{tmp_path / 'sub' / 'state.db'}")  # again: already at the newest revision
+    with sqlite3.connect(tmp_path / "sub" / "state.db") as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert store.get("", "resp_1").body["status"] == "completed"
+
+
+def test_put_replaces_by_id_and_owners_are_apart(tmp_path):
+    store = _store(tmp_path)
+    store.put("a", {"id": "resp_1", "status": "queued"}, [{"type": "message"}])
+    store.put("a", {"id": "resp_1", "status": "completed", "output": [1]}, [{"type": "message"}])
+    assert store.get("a", "resp_1").body == {"id": "resp_1", "status": "completed", "output": [1]}
+    assert store.get("b", "resp_1") is None
+    assert not store.delete("b", "resp_1") and store.get("a", "resp_1") is not None
+    assert store.delete("a", "resp_1") and store.get("a", "resp_1") is None
+
+
+def test_a_response_expires_after_its_ttl(tmp_path, monkeypatch):
+    store = _store(tmp_path, ttl_s=100)
+    store.put("", {"id": "resp_old", "status": "completed"}, [])
+    now = time.time()
+    assert store.purge(now) == 0
+    monkeypatch.setattr(responses_module.time, "time", lambda: now + 101)
+    assert store.get("", "resp_old") is None  # unreadable at once, before any purge
+    assert not store.delete("", "resp_old")
+    assert store.purge(now + 101) == 1 and store.total_bytes() == 0
+
+
+def test_the_oldest_go_first_past_the_size_bound(tmp_path):
+    store = _store(tmp_path, max_bytes=2000)
+    for i in range(10):
+        store.put("", {"id": f"resp_{i}", "status": "completed", "text": "x" * 300}, [])
+    kept = [i for i in range(10) if store.get("", f"resp_{i}") is not None]
+    assert kept == list(range(10 - len(kept), 10)) and 3 <= len(kept) <= 6
+    assert store.total_bytes() <= 2000
+
+
+def test_urls():
+    assert sqlalchemy_url("postgresql://u@h:5/db") == "postgresql+psycopg://u@h:5/db"
+    assert sqlalchemy_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert sqlalchemy_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    for bad in ("mysql://h/db", "state.db", ""):
+        with pytest.raises(ValueError):
+            sqlalchemy_url(bad)
+
+
+def test_an_unreachable_database_is_one_line(tmp_path):
+    with pytest.raises(DatabaseError) as err:
+        open_database("postgresql://nobody:secret@127.0.0.1:1/db")
+    message = str(err.value)
+    assert "\n" not in message and "secret" not in message and "127.0.0.1" in message
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DatabaseError):  # its folder is a file
+        open_database(f"sqlite:///{tmp_path / 'file' / 'state.db'}")
+
+
+def test_settings(tmp_path):
+    from glmserve.settings import ServeSettings
+
+    settings = ServeSettings(state_dir=str(tmp_path))
+    assert settings.state_database_url() == f"sqlite:///{tmp_path / 'state.db'}"
+    assert settings.store_ttl_s() == 30 * 86400
+    assert ServeSettings(store_ttl="12h").store_ttl_s() == 12 * 3600
+    assert ServeSettings(database_url="postgresql://h/db").state_database_url() == "postgresql://h/db"
+    for bad in ({"database_url": "mysql://h/db"}, {"store_ttl": "0"}, {"store_ttl": "-1"}, {"store_ttl": "soon"},
+                {"store_max_bytes": 0}, {"api_key": ["a", " "]}):
+        with pytest.raises(ValidationError):
+            ServeSettings(**bad)
+    assert ServeSettings(api_key="a,b").api_key == ["a", "b"]
+    assert ServeSettings(api_key='["a,1", "b"]').api_key == ["a,1", "b"]
+
+
+def test_the_server_does_not_start_on_a_database_it_cannot_open(tmp_path):
+    from glmserve.composition import build_app
+    from glmserve.runtime import STARTUP_ERRORS
+    from glmserve.settings import ServeSettings
+
+    with pytest.raises(STARTUP_ERRORS) as err:
+        build_app(ServeSettings(database_url="postgresql://127.0.0.1:1/db"))
+    assert isinstance(err.value, DatabaseError)
+
+
+def test_revision_matches_the_tables_the_store_reads(tmp_path):
+    engine = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("responses")}
+    assert columns == {c.name for c in responses_module.RESPONSES.columns}
