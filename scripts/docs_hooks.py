@@ -30,6 +30,7 @@ ROUTE_PAGES = (
     ("/v1/unload_lora_adapter", "../guides/lora.md#at-run-time"),
     ("/models/", "../guides/many-models.md"),
     ("/metrics", "metrics.md"),
+    ("/v1/responses/", "../guides/state.md"),
     ("/health", "../getting-started.md#what-the-server-says-about-itself"),
     ("/v1/models", "../getting-started.md#what-the-server-says-about-itself"),
     ("/", "openai-api.md"),

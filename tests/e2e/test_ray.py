@@ -22,6 +22,7 @@ import pytest
 
 from glmserve.testing import RemoteServer
 from tests.conftest import DEFAULT_MODEL
+from tests.postgres import PostgresServer
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -59,9 +60,18 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def server(cluster: Cluster) -> Iterator[RemoteServer]:
+def postgres() -> Iterator[PostgresServer]:
+    pg = PostgresServer()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(scope="module")
+def server(cluster: Cluster, postgres: PostgresServer) -> Iterator[RemoteServer]:
+    """Two replicas sharing one PostgreSQL database for their stored responses."""
     srv = RemoteServer("--replicas", "2", "--ray-address", cluster.address, "--replica-cpus", "1",
-                       "--max-num-seqs", "1", "--max-queue", "2", n_threads=1, startup_timeout=SETTLE_S)
+                       "--max-num-seqs", "1", "--max-queue", "2", "--database-url", postgres.url, n_threads=1,
+                       startup_timeout=SETTLE_S)
     srv.wait_for_replicas(2, SETTLE_S)
     yield srv
     srv.stop()
@@ -124,6 +134,27 @@ def test_an_agent_session_stays_on_one_replica(server, client):
         assert len({replica(path, body, headers) for _ in range(12)}) == 1, (path, body, headers)
     spread = {replica("/v1/chat/completions", {**chat, "prompt_cache_key": f"key-{i}"}) for i in range(20)}
     assert spread == set(replica_actors())
+
+
+def test_a_response_stored_on_one_replica_continues_on_the_other(server, client):
+    """Both replicas keep their responses in one PostgreSQL database: a ``previous_response_id``
+    made on one replica is continued, read and listed on the other."""
+    first = client.responses.with_raw_response.create(model=DEFAULT_MODEL, input="My name is Ada.",
+                                                      max_output_tokens=4, temperature=0,
+                                                      extra_headers={"x-session-affinity": "first"})
+    made_on, made = first.headers[REPLICA], first.parse()
+    for i in range(40):  # sessions spread over both replicas: find one on the other
+        raw = client.responses.with_raw_response.create(
+            model=DEFAULT_MODEL, input="What is my name?", previous_response_id=made.id, max_output_tokens=4,
+            temperature=0, extra_headers={"x-session-affinity": f"next-{i}"})
+        if raw.headers[REPLICA] != made_on:
+            break
+    assert raw.headers[REPLICA] != made_on
+    after = raw.parse()
+    assert after.usage.input_tokens > made.usage.input_tokens + made.usage.output_tokens
+    items = client.responses.input_items.list(after.id, order="asc").data
+    assert [i.content[0].text for i in items] == ["My name is Ada.", made.output_text, "What is my name?"]
+    assert client.responses.retrieve(made.id).output_text == made.output_text
 
 
 def test_health_answers_for_the_deployment(server):
