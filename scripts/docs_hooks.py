@@ -31,6 +31,7 @@ ROUTE_PAGES = (
     ("/models/", "../guides/many-models.md"),
     ("/metrics", "metrics.md"),
     ("/v1/responses/", "../guides/state.md"),
+    ("/v1/conversations", "../guides/state.md#conversations"),
     ("/health", "../getting-started.md#what-the-server-says-about-itself"),
     ("/v1/models", "../getting-started.md#what-the-server-says-about-itself"),
     ("/", "openai-api.md"),

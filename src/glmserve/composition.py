@@ -15,9 +15,10 @@ from glmserve.runtime import serve_many, start_runtime
 from glmserve.server import create_app
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
+from glmserve.serving.conversations import ConversationService
 from glmserve.serving.stored_responses import ResponseStorage
 from glmserve.settings import ServeSettings
-from glmserve.state import ResponseStore, open_database
+from glmserve.state import ConversationStore, ResponseStore, open_database
 
 
 def build_app(settings: ServeSettings, replica_id: str | None = None,
@@ -42,5 +43,5 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
-                      runtime_lora=settings.allow_runtime_lora_updating, storage=ResponseStorage(store),
+                      runtime_lora=settings.allow_runtime_lora_updating, storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
                       purge_interval_s=min(3600.0, ttl_s / 10))

@@ -260,3 +260,62 @@ def test_raw_routes_answer_in_openai_shapes(server, client, model):
         answer = httpx.request(method, f"{server.url}{path}", headers=headers)
         assert answer.status_code == status, (path, answer.text)
         assert set(json.loads(answer.text)["error"]) >= {"message", "type", "param", "code"}
+
+
+def test_a_conversation_with_items_added_listed_and_answered(client, model):
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My name is Ada."}], metadata={"topic": "names"})
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "names"}
+    added = client.conversations.items.create(conversation.id, items=[
+        {"type": "message", "role": "assistant", "content": "Hello Ada."}])
+    assert [i.content[0].text for i in added.data] == ["Hello Ada."]
+    response = client.responses.create(model=model, input="What is my name?", conversation=conversation.id,
+                                       max_output_tokens=8)
+    assert response.conversation.id == conversation.id
+    whole = client.responses.create(model=model, max_output_tokens=8, store=False, input=[
+        {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": "What is my name?"}])
+    assert response.output_text == whole.output_text  # the conversation came before the input
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    assert [(i.role, i.content[0].text) for i in items] == [
+        ("user", "My name is Ada."), ("assistant", "Hello Ada."), ("user", "What is my name?"),
+        ("assistant", response.output_text)]
+    assert client.conversations.items.retrieve(items[1].id, conversation_id=conversation.id).id == items[1].id
+    assert client.conversations.update(conversation.id, metadata={"topic": "x"}).metadata == {"topic": "x"}
+    client.conversations.items.delete(items[0].id, conversation_id=conversation.id)
+    assert len(client.conversations.items.list(conversation.id).data) == 3
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.retrieve(items[0].id, conversation_id=conversation.id)
+    assert client.conversations.delete(conversation.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=model, input="Hi", conversation=conversation.id, max_output_tokens=2)
+
+
+def test_a_conversation_belongs_to_its_key(server, client, model):
+    other = server.client(api_key=OTHER_KEY)
+    conversation = client.conversations.create()
+    for call in (lambda: other.conversations.retrieve(conversation.id),
+                 lambda: other.conversations.items.list(conversation.id),
+                 lambda: other.conversations.items.create(conversation.id, items=[
+                     {"type": "message", "role": "user", "content": "Hi"}]),
+                 lambda: other.conversations.delete(conversation.id),
+                 lambda: other.responses.create(model=model, input="Hi", conversation=conversation.id,
+                                                max_output_tokens=2)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert client.conversations.items.list(conversation.id).data == []
+
+
+def test_conversation_requests_are_checked(client, model):
+    conversation = client.conversations.create()
+    with pytest.raises(openai.BadRequestError):  # OpenAI's limit: 20 items per request
+        client.conversations.items.create(conversation.id, items=[
+            {"type": "message", "role": "user", "content": "Hi"}] * 21)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.conversations.items.create(conversation.id, items=[{"type": "computer_call"}])
+    assert err.value.body["param"] == "items.0.type"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=model, input="Hi", conversation=conversation.id, previous_response_id="resp_1")
+    assert err.value.body["param"] == "conversation"

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from glmserve.state import DatabaseError, ResponseStore, open_database, sqlalchemy_url
 from glmserve.state import responses as responses_module
+from glmserve.state.tables import METADATA
 
 
 def _store(tmp_path, ttl_s: float = 100.0, max_bytes: int = 1 << 20) -> ResponseStore:
@@ -23,7 +24,7 @@ def test_the_schema_is_migrated_once_and_sqlite_runs_in_wal_mode(tmp_path):
     store.put("", {"id": "resp_1", "status": "completed"}, [])
     open_database(f"sqlite:///{tmp_path / 'sub' / 'state.db'}")  # again: already at the newest revision
     with sqlite3.connect(tmp_path / "sub" / "state.db") as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0002",)]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert store.get("", "resp_1").body["status"] == "completed"
 
@@ -103,7 +104,7 @@ def test_the_server_does_not_start_on_a_database_it_cannot_open(tmp_path):
     assert isinstance(err.value, DatabaseError)
 
 
-def test_revision_matches_the_tables_the_store_reads(tmp_path):
+def test_the_migrations_make_the_tables_the_stores_read(tmp_path):
     engine = open_database(f"sqlite:///{tmp_path / 'state.db'}")
-    columns = {c["name"] for c in sa.inspect(engine).get_columns("responses")}
-    assert columns == {c.name for c in responses_module.RESPONSES.columns}
+    for table in METADATA.sorted_tables:
+        assert {c["name"] for c in sa.inspect(engine).get_columns(table.name)} == {c.name for c in table.columns}

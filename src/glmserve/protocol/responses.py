@@ -73,6 +73,7 @@ class ResponsesRequest(_Lenient):
     store: bool | None = None
     background: bool | None = None
     previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
     include: list[str] | None = Field(None, max_length=16)
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
@@ -81,6 +82,16 @@ class ResponsesRequest(_Lenient):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     client_metadata: dict[str, Any] | None = None
+
+    @field_validator("conversation")
+    @classmethod
+    def _conversation_id(cls, value: Any) -> str | None:
+        """``"conv_..."`` or ``{"id": "conv_..."}``: the id."""
+        if isinstance(value, dict):
+            if not isinstance(value.get("id"), str):
+                raise ValueError("conversation must be an id or an object with 'id'")
+            return value["id"]
+        return value
 
     @field_validator("instructions", "tools", "tool_choice", "metadata", "user", "safety_identifier",
                      "prompt_cache_key", "text")
@@ -142,6 +153,7 @@ class Response(BaseModel):
     error: Any = None
     model: str
     previous_response_id: str | None = None
+    conversation: dict[str, str] | None = None
     instructions: str | None = None
     output: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)

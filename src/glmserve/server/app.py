@@ -16,8 +16,8 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import (chat, completions, docs, embeddings, health, lora, messages, metrics,
-                                    model_admin, models, responses, tokenize)
+from glmserve.server.routes import (chat, completions, conversations, docs, embeddings, health, lora, messages,
+                                    metrics, model_admin, models, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
 from glmserve.serving.chat import ChatService
 from glmserve.serving.runtime import Runtime
@@ -92,6 +92,7 @@ def create_app(
     app.include_router(chat.router, dependencies=protected, responses=needs_key)
     app.include_router(completions.router, dependencies=protected, responses=needs_key)
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
+    app.include_router(conversations.router, dependencies=protected, responses=needs_key)
     app.include_router(messages.router, dependencies=[Depends(require_anthropic_key)],
                        responses=error_responses(401, anthropic=True))
     app.include_router(embeddings.router, dependencies=protected, responses=needs_key)

@@ -146,7 +146,8 @@ class ResponsesService:
                          reasoning=req.reasoning.model_dump(exclude_none=True) if req.reasoning else None,
                          max_output_tokens=req.max_output_tokens, max_tool_calls=req.max_tool_calls,
                          metadata=req.metadata or {}, user=req.user, store=bool(req.store),
-                         background=bool(req.background), previous_response_id=req.previous_response_id, safety_identifier=req.safety_identifier,
+                         background=bool(req.background), previous_response_id=req.previous_response_id,
+                         conversation={"id": req.conversation} if req.conversation else None, safety_identifier=req.safety_identifier,
                          prompt_cache_key=req.prompt_cache_key,
                          text=req.text.model_dump(by_alias=True, exclude_none=True) if req.text else {
                              "format": {"type": "text"}})

@@ -23,14 +23,14 @@ import contextlib
 import logging
 import re
 import time
-import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.protocol.responses import Response, ResponseEvent, ResponsesRequest
+from glmserve.serving.conversations import ConversationService
+from glmserve.serving.items import page, stored_items
 from glmserve.serving.responses import ResponsesService
 from glmserve.state import ResponseStore, StoredResponse
 
@@ -40,29 +40,11 @@ EVENTS_KEPT_S = 600.0  # how long a finished background run's events stay for re
 MAX_RUNS_KEPT = 256  # finished runs whose events are kept, at most
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what an id this server makes can look like
-_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
 def not_found(response_id: str) -> APIError:
     """404, OpenAI's answer for a response id it does not have (or not for this key)."""
     return APIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", None, None)
-
-
-def input_items_of(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """``req.input`` as stored items, each with an ``id``: a string is one user message; a
-    message's string content becomes one ``input_text`` part (``output_text`` for the
-    assistant), as OpenAI lists input items."""
-    raw = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    items = []
-    for item in raw:
-        item = dict(item)
-        kind = item.setdefault("type", "message")
-        if kind == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
-        item.setdefault("id", f"{_PREFIX.get(kind, 'item')}_{uuid.uuid4().hex}")
-        items.append(item)
-    return items
 
 
 @dataclass
@@ -83,25 +65,31 @@ class ResponseStorage:
     ``previous_response_id`` are 400s). Owners are opaque strings (the route passes the API
     key's digest); one owner never reads another's responses (a 404, as for a missing id)."""
 
-    def __init__(self, store: ResponseStore | None) -> None:
+    def __init__(self, store: ResponseStore | None, conversations: ConversationService | None = None) -> None:
         self.store = store
+        self.conversations = conversations or ConversationService(None)
         self._runs: OrderedDict[str, _Run] = OrderedDict()
 
     # --- creating -------------------------------------------------------------------------
 
-    async def _resolved(self, req: ResponsesRequest, owner: str) -> tuple[ResponsesRequest, list[dict], bool]:
-        """``(request to generate, its whole input as stored items, whether to store)``.
-        Raises 400s for what cannot be stored or continued."""
+    async def _resolved(self, req: ResponsesRequest, owner: str) -> tuple[ResponsesRequest, _Keep]:
+        """``(request to generate, what to keep of its answer)``: the request's input after the
+        previous response's or the conversation's items. Raises 400s for what cannot be stored
+        or continued, 404 for a conversation that is not there."""
         store = req.store if req.store is not None else self.store is not None
         if self.store is None:
             for name, given in (("store", req.store), ("background", req.background),
-                                ("previous_response_id", req.previous_response_id)):
+                                ("previous_response_id", req.previous_response_id),
+                                ("conversation", req.conversation)):
                 if given:
                     raise invalid_request(f"{name} needs stored responses, which this server does not keep", name)
         if req.background and not store:
             raise invalid_request("background responses must be stored: leave store out or set it to true",
                                   "background")
-        items = input_items_of(req)
+        if req.previous_response_id and req.conversation:
+            raise invalid_request("previous_response_id and conversation cannot both be given", "conversation")
+        new = stored_items(req.input)
+        before: list[dict] = []
         if req.previous_response_id:
             previous = await self._lookup(req.previous_response_id, owner)
             if previous is None:
@@ -111,23 +99,26 @@ class ResponseStorage:
                 raise invalid_request(f"Previous response with id '{req.previous_response_id}' is "
                                       f"{previous.body.get('status')}: only a finished response can be continued",
                                       "previous_response_id")
-            items = previous.input_items + previous.body.get("output", []) + items
-        generate = req.model_copy(update={"input": items, "store": store})
-        return generate, items, store
+            before = previous.input_items + previous.body.get("output", [])
+        elif req.conversation:
+            before = await self.conversations.items(req.conversation, owner)
+        generate = req.model_copy(update={"input": before + new, "store": store})
+        return generate, _Keep(self, owner, before + new, new, store, req.conversation)
 
     async def create(self, service: ResponsesService, req: ResponsesRequest,
                      owner: str) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
-        """``service.create`` with the request's stored context, its result stored when
-        ``store``: a ``Response``, or its events (stored once the last has passed). Not for
-        ``background`` (``start``). Raises ``APIError`` before anything is generated."""
-        generate, items, store = await self._resolved(req, owner)
+        """``service.create`` with the request's stored context, its answer kept (stored when
+        ``store``, added to its conversation): a ``Response``, or its events (kept once the
+        last has passed). Not for ``background`` (``start``). Raises ``APIError`` before
+        anything is generated."""
+        generate, keep = await self._resolved(req, owner)
         result = await service.create(generate)
-        if not store:
+        if not keep.needed:
             return result
         if isinstance(result, Response):
-            await asyncio.to_thread(self.store.put, owner, result.model_dump(), items)
+            await keep(result.model_dump())
             return result
-        return _Storing(result, lambda body: self.store.put(owner, body, items))
+        return _Storing(result, keep)
 
     async def start(self, service: ResponsesService, req: ResponsesRequest, owner: str,
                     release: Callable[[], None]) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
@@ -135,12 +126,12 @@ class ResponseStorage:
         (``release`` is called when it ends): the ``queued`` response, or with ``stream`` the
         run's events as they come (a client that leaves does not stop the run)."""
         try:
-            generate, items, _ = await self._resolved(req, owner)
+            generate, keep = await self._resolved(req, owner)
             events = await service.create(generate.model_copy(update={"stream": True}))
             try:
                 created = await anext(events)  # response.created: the response, before generation
                 body = {**created.response, "status": "queued"}
-                await asyncio.to_thread(self.store.put, owner, body, items)
+                await keep.put(body)
             except BaseException:
                 await events.aclose()
                 raise
@@ -150,7 +141,7 @@ class ResponseStorage:
         run = _Run(owner)
         self._runs[body["id"]] = run
         self._record(run, created.model_copy(update={"response": body}))
-        run.task = asyncio.create_task(self._run(run, body, events, items, release))
+        run.task = asyncio.create_task(self._run(run, body, events, keep, release))
         if not req.stream:
             return Response.model_validate(body)
         return await self.follow(body["id"], owner, -1)
@@ -162,13 +153,12 @@ class ResponseStorage:
         run.changed = asyncio.Event()
 
     async def _run(self, run: _Run, body: dict, events: AsyncIterator[ResponseEvent | ErrorResponse],
-                   items: list[dict], release: Callable[[], None]) -> None:
-        put = self.store.put
+                   keep: _Keep, release: Callable[[], None]) -> None:
         try:
             async for event in events:
                 if event.type == "response.in_progress":
                     body = {**body, "status": "in_progress"}
-                    await asyncio.to_thread(put, run.owner, body, items)
+                    await keep.put(body)
                 elif event.type in ("response.completed", "response.incomplete"):
                     body = event.response
                 elif event.type == "error":
@@ -192,7 +182,7 @@ class ResponseStorage:
                 await events.aclose()
             release()
             try:
-                await asyncio.to_thread(put, run.owner, body, items)
+                await keep(body)
             except Exception:  # noqa: BLE001
                 log.exception("background response %s: its last state was not stored", body["id"])
             run.finished_at = time.monotonic()
@@ -258,17 +248,8 @@ class ResponseStorage:
                           order: str) -> dict:
         """OpenAI's list of the response's input items (``order`` ``asc``/``desc``, the page of
         ``limit`` after the item ``after``). Raises 404, or 400 for an ``after`` not in it."""
-        items = list((await self._stored(response_id, owner)).input_items)
-        if order == "desc":
-            items.reverse()
-        if after is not None:
-            ids = [item.get("id") for item in items]
-            if after not in ids:
-                raise invalid_request(f"item '{after}' is not an input item of response '{response_id}'", "after")
-            items = items[ids.index(after) + 1:]
-        page = items[:limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+        items = (await self._stored(response_id, owner)).input_items
+        return page(items, after, limit, order, f"response '{response_id}'")
 
     async def cancel(self, response_id: str, owner: str) -> dict:
         """Cancel a background run: its engine request is aborted and it is stored as
@@ -311,13 +292,39 @@ class ResponseStorage:
         await asyncio.gather(*running, return_exceptions=True)
 
 
+class _Keep:
+    """What is kept of one response: ``put(body)`` stores a state of it (when ``store``);
+    calling it with the last state also adds the request's ``new`` items and the output to its
+    ``conversation`` (a finished response's only)."""
+
+    def __init__(self, storage: ResponseStorage, owner: str, items: list[dict], new: list[dict], store: bool,
+                 conversation: str | None) -> None:
+        self.storage, self.owner, self.items, self.new = storage, owner, items, new
+        self.store, self.conversation = store, conversation
+
+    @property
+    def needed(self) -> bool:
+        return self.store or self.conversation is not None
+
+    async def put(self, body: dict) -> None:
+        if self.store:
+            await asyncio.to_thread(self.storage.store.put, self.owner, body, self.items)
+
+    async def __call__(self, body: dict) -> None:
+        await self.put(body)
+        if self.conversation is not None and body.get("status") in ("completed", "incomplete"):
+            await self.storage.conversations.append(self.conversation, self.owner,
+                                                    self.new + body.get("output", []))
+
+
 class _Storing:
     """A response's events, passed on; the final response (``response.completed`` or
-    ``.incomplete``) is stored with ``put`` before it is passed on. ``aclose`` closes the
-    source (aborting the engine request)."""
+    ``.incomplete``) is kept (``_Keep``) before it is passed on. ``aclose`` closes the source
+    (aborting the engine request)."""
 
-    def __init__(self, source: AsyncIterator[ResponseEvent | ErrorResponse], put: Callable[[dict], None]) -> None:
-        self._source, self._put = source, put
+    def __init__(self, source: AsyncIterator[ResponseEvent | ErrorResponse],
+                 keep: Callable[[dict], Awaitable[None]]) -> None:
+        self._source, self._keep = source, keep
 
     def __aiter__(self) -> _Storing:
         return self
@@ -325,7 +332,7 @@ class _Storing:
     async def __anext__(self) -> ResponseEvent | ErrorResponse:
         event = await anext(self._source)
         if isinstance(event, ResponseEvent) and event.type in ("response.completed", "response.incomplete"):
-            await asyncio.to_thread(self._put, event.response)
+            await self._keep(event.response)
         return event
 
     async def aclose(self) -> None:

@@ -13,18 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-_METADATA = sa.MetaData()
-RESPONSES = sa.Table(
-    "responses", _METADATA,
-    sa.Column("id", sa.String(80), primary_key=True),
-    sa.Column("owner", sa.String(64), nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("expires_at", sa.Float, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("body", sa.Text, nullable=False),
-    sa.Column("input_items", sa.Text, nullable=False),
-    sa.Column("size", sa.BigInteger, nullable=False),
-)
+from glmserve.state.tables import RESPONSES, dumps, stored_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +23,6 @@ class StoredResponse:
 
     body: dict[str, Any]
     input_items: list[dict[str, Any]]
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 class ResponseStore:
@@ -51,7 +36,7 @@ class ResponseStore:
     def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
         """Insert the response ``body`` (``body["id"]`` its key) or replace the one stored under
         its id (a background run's later states), then keep the total within ``max_bytes``."""
-        text, items = _dumps(body), _dumps(input_items)
+        text, items = dumps(body), dumps(input_items)
         now = time.time()
         row = {"owner": owner, "status": body.get("status", ""), "body": text, "input_items": items,
                "size": len(text.encode()) + len(items.encode())}
@@ -61,7 +46,7 @@ class ResponseStore:
             if updated.rowcount == 0:
                 conn.execute(sa.insert(RESPONSES).values(id=body["id"], created_at=now, expires_at=now + self.ttl_s,
                                                          **row))
-        self._bound()
+        self.make_room()
 
     def get(self, owner: str, response_id: str) -> StoredResponse | None:
         """The response ``response_id`` if ``owner`` stored it and it has not expired."""
@@ -85,11 +70,13 @@ class ResponseStore:
         return gone.rowcount
 
     def total_bytes(self) -> int:
-        """Bytes of stored JSON, all owners together."""
+        """Bytes of stored JSON (responses and conversation items), all owners together."""
         with self.engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(RESPONSES.c.size), 0))).scalar_one())
+            return stored_bytes(conn)
 
-    def _bound(self) -> None:
+    def make_room(self) -> None:
+        """Delete the oldest responses until the stored bytes are within ``max_bytes`` (or no
+        response is left)."""
         excess = self.total_bytes() - self.max_bytes
         if excess <= 0:
             return

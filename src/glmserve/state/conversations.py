@@ -1,0 +1,107 @@
+"""``ConversationStore``: OpenAI's conversations, each an ordered list of items (the JSON dicts
+the serving layer gives, each with an ``id``) and ``metadata``, scoped to an owner. Unlike
+responses they do not expire (as on OpenAI's API); their items count against the store's
+size bound (``ResponseStore.max_bytes``): a write that would pass it is refused. Blocking
+calls, run in a thread by the serving layer."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from glmserve.state.responses import ResponseStore
+from glmserve.state.tables import CONVERSATIONS, ITEMS, dumps, table_bytes
+
+class StoreFull(Exception):
+    """A write that would take the stored bytes past the bound."""
+
+
+class ConversationStore:
+    """Conversations in the database of ``responses`` (a ``ResponseStore``, whose size bound
+    they share: responses are evicted first, and past the bound a write raises ``StoreFull``)."""
+
+    def __init__(self, responses: ResponseStore) -> None:
+        self.responses = responses
+        self.engine = responses.engine
+
+    @staticmethod
+    def _object(row) -> dict[str, Any]:
+        return {"id": row.id, "object": "conversation", "created_at": int(row.created_at),
+                "metadata": json.loads(row.metadata)}
+
+    def _mine(self, conn: Connection, owner: str, conversation_id: str):
+        return conn.execute(sa.select(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id,
+                                                           CONVERSATIONS.c.owner == owner)).first()
+
+    def _append(self, conn: Connection, conversation_id: str, items: list[dict[str, Any]]) -> None:
+        rows = [{"conversation_id": conversation_id, "item_id": item["id"], "body": (body := dumps(item)),
+                 "size": len(body.encode())} for item in items]
+        if not rows:
+            return
+        size = sum(r["size"] for r in rows)
+        if table_bytes(conn, ITEMS) + size > self.responses.max_bytes:  # responses make room
+            raise StoreFull(f"the server's store is full (--store-max-bytes {self.responses.max_bytes}): delete "
+                            "conversations to make room")
+        conn.execute(sa.insert(ITEMS), rows)
+
+    def create(self, owner: str, conversation_id: str, metadata: dict[str, str],
+               items: list[dict[str, Any]]) -> dict[str, Any]:
+        """A new conversation holding ``items``. Raises ``StoreFull``."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.insert(CONVERSATIONS).values(id=conversation_id, owner=owner, created_at=time.time(),
+                                                         metadata=dumps(metadata)))
+            self._append(conn, conversation_id, items)
+            row = self._mine(conn, owner, conversation_id)
+        self.responses.make_room()
+        return self._object(row)
+
+    def get(self, owner: str, conversation_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = self._mine(conn, owner, conversation_id)
+        return None if row is None else self._object(row)
+
+    def update(self, owner: str, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any] | None:
+        with self.engine.begin() as conn:
+            conn.execute(sa.update(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id,
+                                                        CONVERSATIONS.c.owner == owner).values(
+                metadata=dumps(metadata)))
+            row = self._mine(conn, owner, conversation_id)
+        return None if row is None else self._object(row)
+
+    def delete(self, owner: str, conversation_id: str) -> bool:
+        with self.engine.begin() as conn:
+            if self._mine(conn, owner, conversation_id) is None:
+                return False
+            conn.execute(sa.delete(ITEMS).where(ITEMS.c.conversation_id == conversation_id))
+            conn.execute(sa.delete(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id))
+        return True
+
+    def add_items(self, owner: str, conversation_id: str, items: list[dict[str, Any]]) -> bool:
+        """Append ``items``; False when ``owner`` has no such conversation. Raises ``StoreFull``."""
+        with self.engine.begin() as conn:
+            if self._mine(conn, owner, conversation_id) is None:
+                return False
+            self._append(conn, conversation_id, items)
+        self.responses.make_room()
+        return True
+
+    def items(self, owner: str, conversation_id: str) -> list[dict[str, Any]] | None:
+        """Every item, oldest first; None when ``owner`` has no such conversation."""
+        with self.engine.connect() as conn:
+            if self._mine(conn, owner, conversation_id) is None:
+                return None
+            rows = conn.execute(sa.select(ITEMS.c.body).where(ITEMS.c.conversation_id == conversation_id)
+                                .order_by(ITEMS.c.seq))
+            return [json.loads(row.body) for row in rows]
+
+    def delete_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
+        with self.engine.begin() as conn:
+            if self._mine(conn, owner, conversation_id) is None:
+                return False
+            gone = conn.execute(sa.delete(ITEMS).where(ITEMS.c.conversation_id == conversation_id,
+                                                       ITEMS.c.item_id == item_id))
+        return gone.rowcount > 0

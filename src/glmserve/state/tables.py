@@ -1,0 +1,53 @@
+"""The state database's tables, as the stores read and write them (the migrations in
+``state/migrations`` make them; ``tests/unit/test_state.py`` checks that the two agree)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+METADATA = sa.MetaData()
+RESPONSES = sa.Table(
+    "responses", METADATA,
+    sa.Column("id", sa.String(80), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("input_items", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+)
+CONVERSATIONS = sa.Table(
+    "conversations", METADATA,
+    sa.Column("id", sa.String(80), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+)
+ITEMS = sa.Table(
+    "conversation_items", METADATA,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("conversation_id", sa.String(80), nullable=False),
+    sa.Column("item_id", sa.String(80), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+)
+
+
+def dumps(value: Any) -> str:
+    """``value`` as compact JSON text, non-ASCII kept."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def table_bytes(conn: Connection, table: sa.Table) -> int:
+    """Bytes of stored JSON in ``table`` (its ``size`` column), all owners together."""
+    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(table.c.size), 0))).scalar_one())
+
+
+def stored_bytes(conn: Connection) -> int:
+    """Bytes of stored JSON (responses and conversation items), all owners together."""
+    return table_bytes(conn, RESPONSES) + table_bytes(conn, ITEMS)
