@@ -15,10 +15,11 @@ from glmserve.runtime import serve_many, start_runtime
 from glmserve.server import create_app
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
+from glmserve.serving.batches import BatchService
 from glmserve.serving.conversations import ConversationService
 from glmserve.serving.stored_responses import ResponseStorage
 from glmserve.settings import ServeSettings
-from glmserve.state import ConversationStore, ResponseStore, open_database
+from glmserve.state import BatchStore, ConversationStore, FileStore, ResponseStore, open_database
 
 
 def build_app(settings: ServeSettings, replica_id: str | None = None,
@@ -30,7 +31,8 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     ``STARTUP_ERRORS`` as ``start_runtime`` does (``DatabaseError``: the state database cannot
     be opened), before any engine starts."""
     ttl_s = settings.store_ttl_s()
-    store = ResponseStore(open_database(settings.state_database_url()), ttl_s, settings.store_max_bytes)
+    database = open_database(settings.state_database_url())
+    store = ResponseStore(database, ttl_s, settings.store_max_bytes)
     runtime = start_runtime(settings)
     served: Runtime | ServedModels = runtime
     if settings.many_models:
@@ -44,4 +46,5 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
                       runtime_lora=settings.allow_runtime_lora_updating, storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
-                      purge_interval_s=min(3600.0, ttl_s / 10))
+                      purge_interval_s=min(3600.0, ttl_s / 10),
+                      batch_service=BatchService(BatchStore(database), FileStore(store)))

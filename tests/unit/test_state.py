@@ -15,6 +15,17 @@ from glmserve.state import responses as responses_module
 from glmserve.state.tables import METADATA
 
 
+def _newest_revision() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from glmserve.state.database import MIGRATIONS
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
 def _store(tmp_path, ttl_s: float = 100.0, max_bytes: int = 1 << 20) -> ResponseStore:
     return ResponseStore(open_database(f"sqlite:///{tmp_path / 'sub' / 'state.db'}"), ttl_s, max_bytes)
 
@@ -24,7 +35,7 @@ def test_the_schema_is_migrated_once_and_sqlite_runs_in_wal_mode(tmp_path):
     store.put("", {"id": "resp_1", "status": "completed"}, [])
     open_database(f"sqlite:///{tmp_path / 'sub' / 'state.db'}")  # again: already at the newest revision
     with sqlite3.connect(tmp_path / "sub" / "state.db") as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0002",)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(_newest_revision(),)]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert store.get("", "resp_1").body["status"] == "completed"
 

@@ -16,9 +16,11 @@ from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
-from glmserve.server.routes import (chat, completions, conversations, docs, embeddings, health, lora, messages,
-                                    metrics, model_admin, models, responses, tokenize)
+from glmserve.server.batch_dispatch import dispatcher
+from glmserve.server.routes import (batches, chat, completions, conversations, docs, embeddings, health, lora,
+                                    messages, metrics, model_admin, models, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
+from glmserve.serving.batches import Activity, BatchRunner, BatchService
 from glmserve.serving.chat import ChatService
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
@@ -31,6 +33,7 @@ def create_app(
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
     deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True, runtime_lora: bool = False,
     storage: ResponseStorage | None = None, purge_interval_s: float = 3600.0,
+    batch_service: BatchService | None = None,
 ) -> FastAPI:
     """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
     or a ``ChatService`` with the default services over it); unloads them all on exit.
@@ -44,7 +47,9 @@ def create_app(
     ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
     ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``runtime_lora``: mount
     ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``; ``storage``: stored responses
-    (default: none kept), its expired ones deleted every ``purge_interval_s`` seconds."""
+    (default: none kept), its expired ones deleted every ``purge_interval_s`` seconds;
+    ``batch_service``: files and batches (default: none kept), whose lines a ``BatchRunner``
+    runs while the app runs."""
     if isinstance(served, ChatService):
         served = Runtime.over(served)
     if isinstance(served, Runtime):
@@ -52,15 +57,28 @@ def create_app(
     models_served: ServedModels = served
     keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
     stored = storage or ResponseStorage(None)
+    batch_work = batch_service or BatchService(None, None)
+    activity = Activity()
+
+    def capacity() -> int:  # the engines' full batch size
+        return max((r.engine.model_info.max_num_seqs or 1 for r in models_served.runtimes().values()), default=1)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        purging = asyncio.create_task(stored.purge_forever(purge_interval_s)) if stored.store else None
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = []
+        if stored.store:
+            tasks.append(asyncio.create_task(stored.purge_forever(purge_interval_s)))
+        runner = None
+        if batch_work.batches is not None:
+            runner = BatchRunner(batch_work, dispatcher(app), capacity, activity)
+            tasks.append(asyncio.create_task(runner.run_forever()))
         yield
-        if purging is not None:
-            purging.cancel()
+        for task in tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await purging
+                await task
+        if runner is not None:
+            await runner.close()
         await stored.close()
         await models_served.close()
 
@@ -68,6 +86,8 @@ def create_app(
                   openapi_url=None)
     app.state.api_keys = keys
     app.state.responses_storage = stored
+    app.state.batches = batch_work
+    app.state.activity = activity
     app.state.models = models_served
     app.state.replica_id = replica_id
     app.state.deployment_health = deployment_health
@@ -94,6 +114,9 @@ def create_app(
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
     app.include_router(conversations.router, dependencies=protected, responses=needs_key)
     app.include_router(messages.router, dependencies=[Depends(require_anthropic_key)],
+                       responses=error_responses(401, anthropic=True))
+    app.include_router(batches.router, dependencies=protected, responses=needs_key)
+    app.include_router(batches.anthropic_router, dependencies=[Depends(require_anthropic_key)],
                        responses=error_responses(401, anthropic=True))
     app.include_router(embeddings.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)

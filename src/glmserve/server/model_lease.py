@@ -21,12 +21,18 @@ async def respond_with_model(request: Request, model: str | None, call: Callable
     no longer needs it: the routes that generate text. Raises ``APIError`` when the model is
     unknown, cannot be loaded, or is served for embeddings only."""
     lease = await request.app.state.models.acquire(model, keep_alive, generation=True)
+    leave = request.app.state.activity.enter()  # batch work yields while it is in flight
+
+    def release() -> None:
+        lease.release()
+        leave()
+
     try:
         result = call(lease.runtime)
     except BaseException:
-        lease.release()
+        release()
         raise
-    return await respond(result, request, dialect, release=lease.release)
+    return await respond(result, request, dialect, release=release)
 
 
 @asynccontextmanager

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from glmserve.state.responses import ResponseStore
-from glmserve.state.tables import CONVERSATIONS, ITEMS, dumps, table_bytes
+from glmserve.state.tables import CONVERSATIONS, FILES, ITEMS, dumps, table_bytes
 
 class StoreFull(Exception):
     """A write that would take the stored bytes past the bound."""
@@ -43,7 +43,7 @@ class ConversationStore:
         if not rows:
             return
         size = sum(r["size"] for r in rows)
-        if table_bytes(conn, ITEMS) + size > self.responses.max_bytes:  # responses make room
+        if table_bytes(conn, ITEMS) + table_bytes(conn, FILES) + size > self.responses.max_bytes:  # responses go
             raise StoreFull(f"the server's store is full (--store-max-bytes {self.responses.max_bytes}): delete "
                             "conversations to make room")
         conn.execute(sa.insert(ITEMS), rows)

@@ -37,6 +37,39 @@ ITEMS = sa.Table(
     sa.Column("size", sa.BigInteger, nullable=False),
 )
 
+FILES = sa.Table(
+    "files", METADATA,
+    sa.Column("id", sa.String(80), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("purpose", sa.String(32), nullable=False),
+    sa.Column("filename", sa.Text, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("content", sa.LargeBinary, nullable=False),
+)
+BATCHES = sa.Table(
+    "batches", METADATA,
+    sa.Column("id", sa.String(80), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("api", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+)
+BATCH_LINES = sa.Table(
+    "batch_lines", METADATA,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("batch_id", sa.String(80), nullable=False),
+    sa.Column("line_no", sa.Integer, nullable=False),
+    sa.Column("custom_id", sa.Text, nullable=False),
+    sa.Column("request", sa.Text, nullable=False),
+    sa.Column("done", sa.Boolean, nullable=False),
+    sa.Column("claimed_by", sa.String(64), nullable=True),
+    sa.Column("claimed_at", sa.Float, nullable=True),
+    sa.Column("status_code", sa.Integer, nullable=True),
+    sa.Column("result", sa.Text, nullable=True),
+)
+
 
 def dumps(value: Any) -> str:
     """``value`` as compact JSON text, non-ASCII kept."""
@@ -44,10 +77,11 @@ def dumps(value: Any) -> str:
 
 
 def table_bytes(conn: Connection, table: sa.Table) -> int:
-    """Bytes of stored JSON in ``table`` (its ``size`` column), all owners together."""
-    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(table.c.size), 0))).scalar_one())
+    """Bytes stored in ``table`` (its ``size`` or ``bytes`` column), all owners together."""
+    size = table.c.bytes if "bytes" in table.c else table.c.size
+    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(size), 0))).scalar_one())
 
 
 def stored_bytes(conn: Connection) -> int:
-    """Bytes of stored JSON (responses and conversation items), all owners together."""
-    return table_bytes(conn, RESPONSES) + table_bytes(conn, ITEMS)
+    """Bytes stored (responses, conversation items, files), all owners together."""
+    return table_bytes(conn, RESPONSES) + table_bytes(conn, ITEMS) + table_bytes(conn, FILES)

@@ -1,0 +1,61 @@
+"""A batch line run as its HTTP route would run it: the same request model (strict, parsed
+from JSON), the same services, the same error bodies (OpenAI's, or Anthropic's for
+``/v1/messages``), without a connection. ``dispatcher(app)`` is what the batch runner calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from glmserve.protocol.anthropic import MessagesRequest
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.protocol.completions import CompletionRequest
+from glmserve.protocol.embeddings import EmbeddingRequest
+from glmserve.protocol.errors import APIError
+from glmserve.protocol.responses import ResponsesRequest
+from glmserve.server.errors import error_content, validation_error
+from glmserve.serving.batches import Dispatch
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest, "/v1/embeddings": EmbeddingRequest, "/v1/messages": MessagesRequest,
+}
+
+
+def dispatcher(app: FastAPI) -> Dispatch:
+    """``dispatch(owner, url, body) -> (status, body)`` over ``app``'s models and stores."""
+
+    async def dispatch(owner: str, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        try:
+            try:
+                req = _MODELS[url].model_validate_json(json.dumps(body))
+            except ValidationError as exc:
+                raise validation_error(RequestValidationError(exc.errors())) from None
+            generation = url != "/v1/embeddings"
+            async with await app.state.models.acquire(req.model, getattr(req, "keep_alive", None),
+                                                      generation=generation) as lease:
+                runtime = lease.runtime
+                if url == "/v1/chat/completions":
+                    result = await runtime.chat.create(req)
+                elif url == "/v1/completions":
+                    result = await runtime.completions.create(req)
+                elif url == "/v1/embeddings":
+                    result = await runtime.embeddings.create(req)
+                elif url == "/v1/messages":
+                    result = await runtime.messages.create(req)
+                else:
+                    if req.background:
+                        raise APIError(400, "background is not served in a batch", "invalid_request_error",
+                                       "background")
+                    result = await app.state.responses_storage.create(runtime.responses, req, owner)
+            dump = result.model_dump() if url in ("/v1/responses", "/v1/messages") else \
+                result.model_dump(exclude_none=True)
+            return 200, dump
+        except APIError as exc:
+            return error_content(exc, url)
+
+    return dispatch

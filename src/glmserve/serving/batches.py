@@ -1,0 +1,428 @@
+"""Batches over the state database: OpenAI's Batch API (``/v1/files`` of JSONL request lines,
+``/v1/batches``) and Anthropic's Message Batches (``/v1/messages/batches``, requests inline), on
+one machinery: ``BatchService`` makes, reads, cancels and finishes batches; ``BatchRunner`` (one
+per server process) runs their lines through ``dispatch`` (the same handlers as the HTTP routes:
+``server/batch_dispatch.py``).
+
+Priority: the runner takes the engines' full batch size (the largest ``max_num_seqs`` of the
+models loaded) while no interactive generation request is in flight, and starts no new line
+while one is (``Activity``): lines already running finish, so an interactive request waits for
+at most the steps it shares with them. Durability: ``state/batches.py`` (a line's result is
+stored with its done mark; lines of a dead runner are claimed again after ``LEASE_S``).
+
+Shapes follow OpenAI's batch object and output lines (``{"id", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}``; non-200 lines go to the error file) and
+Anthropic's message batch and result lines (``succeeded``/``errored``/``canceled``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from glmserve.protocol.errors import APIError, invalid_request
+from glmserve.state import BatchStore, ClaimedLine, FileStore, StoreFull
+
+log = logging.getLogger("glmserve.batches")
+
+OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
+MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
+LEASE_S = 30.0  # a claim not renewed for this long is taken to be a dead runner's
+COMPLETION_WINDOW_S = 24 * 3600
+_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+# (owner, url, body) -> (HTTP status, JSON body) as the route would answer
+Dispatch = Callable[[str, str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
+
+
+def _not_found(kind: str, object_id: str) -> APIError:
+    return APIError(404, f"No {kind} found with id '{object_id}'.", "invalid_request_error", None, None)
+
+
+def _rfc3339(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+class Activity:
+    """How many interactive generation requests are in flight (the routes count them); the
+    batch runner yields to them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = asyncio.Event()
+
+    def enter(self) -> Callable[[], None]:
+        """Count one request in; the returned function counts it out (once)."""
+        self.count += 1
+        done = False
+
+        def leave() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.count -= 1
+                self.changed.set()
+        return leave
+
+
+class BatchService:
+    """The batch routes' handlers over ``batches`` and ``files``; None: a stateless server,
+    where every route is a 404. ``wake``: called when a batch is made (the runner looks for
+    work at once)."""
+
+    def __init__(self, batches: BatchStore | None, files: FileStore | None) -> None:
+        self.batches, self.files = batches, files
+        self.wake: Callable[[], None] = lambda: None
+
+    async def _call(self, store: Any, method: str, *args: Any) -> Any:
+        if store is None:
+            raise APIError(404, "files and batches are not stored on this server", "invalid_request_error", None,
+                           None)
+        try:
+            return await asyncio.to_thread(getattr(store, method), *args)
+        except StoreFull as exc:
+            raise invalid_request(str(exc), None, "store_full") from None
+
+    # --- files ----------------------------------------------------------------------------
+
+    async def upload(self, owner: str, purpose: str, filename: str, content: bytes) -> dict:
+        """A ``batch`` file (JSONL). Raises 400 for another purpose or a file that is not
+        UTF-8 text."""
+        if purpose != "batch":
+            raise invalid_request(f"purpose {purpose!r} is not served here: only 'batch' files are", "purpose")
+        try:
+            content.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid_request("a batch file must be UTF-8 JSONL text", "file") from None
+        return await self._call(self.files, "create", owner, f"file-{uuid.uuid4().hex}", purpose,
+                                filename[:255] or "upload.jsonl", content)
+
+    async def file(self, owner: str, file_id: str) -> dict:
+        found = await self._call(self.files, "get", owner, file_id) if _ID.fullmatch(file_id) else None
+        if found is None:
+            raise _not_found("file", file_id)
+        return found
+
+    async def file_content(self, owner: str, file_id: str) -> bytes:
+        await self.file(owner, file_id)
+        return await self._call(self.files, "content", owner, file_id)
+
+    async def list_files(self, owner: str, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
+        files = await self._call(self.files, "list", owner, purpose)
+        return _page(files, after, limit, order, "file")
+
+    async def delete_file(self, owner: str, file_id: str) -> dict:
+        if not (_ID.fullmatch(file_id) and await self._call(self.files, "delete", owner, file_id)):
+            raise _not_found("file", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # --- OpenAI batches -------------------------------------------------------------------
+
+    async def create(self, owner: str, input_file_id: str, endpoint: str, completion_window: str,
+                     metadata: dict[str, str] | None) -> dict:
+        """A batch of the file's lines: ``in_progress``, or ``failed`` with OpenAI's ``errors``
+        (line numbers from 1) when a line is not a request for ``endpoint``. Raises 400 for an
+        endpoint or window not served, 404 for a file that is not there."""
+        if endpoint not in OPENAI_ENDPOINTS:
+            raise invalid_request(f"endpoint {endpoint!r} is not served in batches (one of "
+                                  f"{', '.join(OPENAI_ENDPOINTS)})", "endpoint")
+        if completion_window != "24h":
+            raise invalid_request("completion_window must be '24h'", "completion_window")
+        text = (await self.file_content(owner, input_file_id)).decode("utf-8")
+        lines, errors = _parse_lines(text, endpoint)
+        now = time.time()
+        body = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": endpoint, "errors": None,
+                "input_file_id": input_file_id, "completion_window": completion_window,
+                "status": "in_progress", "output_file_id": None, "error_file_id": None, "created_at": int(now),
+                "in_progress_at": int(now), "expires_at": int(now + COMPLETION_WINDOW_S), "finalizing_at": None,
+                "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+                "cancelled_at": None, "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
+                "metadata": metadata or {}}
+        if errors:
+            body.update(status="failed", in_progress_at=None, failed_at=int(now),
+                        errors={"object": "list", "data": errors[:100]}, request_counts={
+                            "total": 0, "completed": 0, "failed": 0})
+            lines = []
+        await self._call(self.batches, "create", owner, body["id"], "openai", body, lines)
+        self.wake()
+        return body
+
+    async def get(self, owner: str, batch_id: str, api: str = "openai") -> dict:
+        body = await self._call(self.batches, "get", owner, batch_id, api) if _ID.fullmatch(batch_id) else None
+        if body is None:
+            raise _not_found("batch", batch_id)
+        if body["status"] in ("in_progress", "cancelling"):
+            total, done, failed, _ = await self._call(self.batches, "counts", batch_id)
+            body = _with_counts(body, total, done, failed)
+        return body
+
+    async def list(self, owner: str, after: str | None, limit: int, api: str = "openai") -> dict:
+        batches = await self._call(self.batches, "list", owner, api)
+        return _page(batches, after, limit, "asc", "batch")
+
+    async def cancel(self, owner: str, batch_id: str, api: str = "openai") -> dict:
+        """Stop a batch: no new line starts, running ones finish (``cancelling``), then it is
+        ``cancelled`` with the results so far. A finished batch is returned as it ended."""
+        body = await self.get(owner, batch_id, api)
+        if body_status(body) not in ("in_progress",):
+            if api == "openai" and body["status"] in ("failed", "completed", "expired", "cancelled"):
+                raise invalid_request(f"Cannot cancel a batch with status '{body['status']}'.", None)
+            return body
+        now = time.time()
+        body = _cancelling(body, now)
+        await self._call(self.batches, "update", batch_id, body, ("in_progress",))
+        await self.finish_if_done(batch_id)
+        return await self.get(owner, batch_id, api)
+
+    async def delete(self, owner: str, batch_id: str, api: str) -> dict:
+        body = await self.get(owner, batch_id, api)
+        if body_status(body) != "ended":
+            raise invalid_request("a batch can be deleted once it has ended: cancel it first", None)
+        await self._call(self.batches, "delete", owner, batch_id, api)
+        return {"id": batch_id, "type": "message_batch_deleted"}
+
+    # --- Anthropic message batches --------------------------------------------------------
+
+    async def create_messages(self, owner: str, requests: list[dict[str, Any]]) -> dict:
+        """An Anthropic message batch of ``requests`` (``{"custom_id", "params"}``). Raises
+        400 naming the request that is not one."""
+        lines, seen = [], set()
+        for i, item in enumerate(requests):
+            custom_id, params = item.get("custom_id"), item.get("params")
+            if not isinstance(custom_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", custom_id):
+                raise invalid_request("custom_id must be 1 to 64 letters, digits, '-' or '_'",
+                                      f"requests.{i}.custom_id")
+            if custom_id in seen:
+                raise invalid_request(f"custom_id {custom_id!r} is given twice", f"requests.{i}.custom_id")
+            if not isinstance(params, dict):
+                raise invalid_request("params must be a Messages request", f"requests.{i}.params")
+            if params.get("stream"):
+                raise invalid_request("stream is not served in a batch", f"requests.{i}.params.stream")
+            seen.add(custom_id)
+            lines.append((custom_id, params))
+        now = time.time()
+        body = {"id": f"msgbatch_{uuid.uuid4().hex}", "type": "message_batch", "processing_status": "in_progress",
+                "status": "in_progress", "request_counts": {"processing": len(lines), "succeeded": 0, "errored": 0,
+                                                            "canceled": 0, "expired": 0},
+                "ended_at": None, "created_at": _rfc3339(now), "expires_at": _rfc3339(now + COMPLETION_WINDOW_S),
+                "cancel_initiated_at": None, "archived_at": None, "results_url": None}
+        await self._call(self.batches, "create", owner, body["id"], "anthropic", body, lines)
+        self.wake()
+        return body
+
+    async def message_results(self, owner: str, batch_id: str) -> bytes:
+        """The ended batch's results as Anthropic's JSONL. Raises 404, or 400 before it ended."""
+        body = await self.get(owner, batch_id, "anthropic")
+        if body["processing_status"] != "ended":
+            raise invalid_request(f"batch '{batch_id}' has not ended yet: its results are not ready", None)
+        lines = []
+        for line in await self._call(self.batches, "results", batch_id):
+            if line.status_code is None:
+                result = {"type": "canceled"}
+            elif line.status_code == 200:
+                result = {"type": "succeeded", "message": line.result}
+            else:
+                result = {"type": "errored", "error": line.result}
+            lines.append(json.dumps({"custom_id": line.custom_id, "result": result}, ensure_ascii=False))
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+    # --- finishing ------------------------------------------------------------------------
+
+    async def finish_if_done(self, batch_id: str) -> None:
+        """If no line of the batch is left to run (or, cancelling, none is running), write its
+        results and end it: ``completed`` (OpenAI: output and error files) or ``cancelled``;
+        Anthropic's ``ended``."""
+        body = await self._call(self.batches, "body", batch_id)
+        if body is None or body["status"] not in ("in_progress", "cancelling"):
+            return
+        total, done, failed, in_flight = await self._call(self.batches, "counts", batch_id)
+        if body["status"] == "in_progress" and done < total or body["status"] == "cancelling" and in_flight:
+            return
+        results = await self._call(self.batches, "results", batch_id)
+        owner = await self._call(self.batches, "owner_of", batch_id)
+        now = time.time()
+        if body.get("type") == "message_batch":
+            ended = _with_counts(body, total, done, failed)
+            ended.update(status="ended", processing_status="ended", ended_at=_rfc3339(now))
+        else:
+            ended = await self._openai_files(body, owner, results)
+            ended = _with_counts(ended, total, done, failed)
+            cancelled = body["status"] == "cancelling"
+            ended.update(status="cancelled" if cancelled else "completed", finalizing_at=int(now),
+                         **({"cancelled_at": int(now)} if cancelled else {"completed_at": int(now)}))
+        if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
+            log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
+
+    async def _openai_files(self, body: dict, owner: str, results: list) -> dict:
+        output, errors = [], []
+        for line in results:
+            if line.status_code is None:
+                continue
+            record = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+                      "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
+                                   "body": line.result}, "error": None}
+            (output if line.status_code == 200 else errors).append(json.dumps(record, ensure_ascii=False))
+        ended = dict(body)
+        for key, lines in (("output_file_id", output), ("error_file_id", errors)):
+            if lines:
+                file = await asyncio.to_thread(self.files.create, owner, f"file-{uuid.uuid4().hex}", "batch_output",
+                                               f"{body['id']}_{key.split('_')[0]}.jsonl",
+                                               ("\n".join(lines) + "\n").encode(), False)
+                ended[key] = file["id"]
+        return ended
+
+
+def body_status(body: dict) -> str:
+    """A batch's status in its own API's words (Anthropic: ``processing_status``)."""
+    return body.get("processing_status") or body["status"]
+
+
+def _cancelling(body: dict, now: float) -> dict:
+    if body.get("type") == "message_batch":
+        return {**body, "status": "cancelling", "processing_status": "canceling", "cancel_initiated_at": _rfc3339(now)}
+    return {**body, "status": "cancelling", "cancelling_at": int(now)}
+
+
+def _with_counts(body: dict, total: int, done: int, failed: int) -> dict:
+    if body.get("type") == "message_batch":
+        ended = body.get("processing_status") in ("ended",) or body["status"] in ("cancelling", "ended")
+        return {**body, "request_counts": {
+            "processing": 0 if ended else total - done, "succeeded": done - failed, "errored": failed,
+            "canceled": total - done if ended else 0, "expired": 0}}
+    return {**body, "request_counts": {"total": total, "completed": done - failed, "failed": failed}}
+
+
+def _page(objects: list[dict], after: str | None, limit: int, order: str, kind: str) -> dict:
+    objects = list(reversed(objects)) if order == "desc" else objects
+    if after is not None:
+        ids = [o["id"] for o in objects]
+        if after not in ids:
+            raise invalid_request(f"no {kind} '{after}' to list after", "after")
+        objects = objects[ids.index(after) + 1:]
+    shown = objects[:limit]
+    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
+            "last_id": shown[-1]["id"] if shown else None, "has_more": len(objects) > limit}
+
+
+def _parse_lines(text: str, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """The requests of a batch file (``(custom_id, body)``) and OpenAI's error objects for the
+    lines that are not one (``line`` from 1)."""
+    lines, errors, seen = [], [], set()
+
+    def error(code: str, message: str, line: int, param: str | None = None) -> None:
+        errors.append({"code": code, "message": message, "param": param, "line": line})
+
+    rows = [(n, row) for n, row in enumerate(text.splitlines(), 1) if row.strip()]
+    if not rows:
+        error("empty_file", "the input file holds no request", 0)
+    if len(rows) > MAX_LINES:
+        error("too_many_requests", f"a batch holds at most {MAX_LINES} requests, this file {len(rows)}", 0)
+        return [], errors
+    for n, row in rows:
+        try:
+            item = json.loads(row)
+        except ValueError:
+            error("invalid_json_line", "This line is not parseable as valid JSON.", n)
+            continue
+        if not isinstance(item, dict):
+            error("invalid_request", "a line must be a JSON object", n)
+            continue
+        custom_id = item.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            error("missing_required_parameter", "custom_id must be a non-empty string", n, "custom_id")
+        elif custom_id in seen:
+            error("duplicate_custom_id", f"custom_id {custom_id!r} is used twice", n, "custom_id")
+        elif item.get("method") != "POST":
+            error("invalid_method", "method must be 'POST'", n, "method")
+        elif item.get("url") != endpoint:
+            error("mismatched_url", f"url must be the batch's endpoint {endpoint}", n, "url")
+        elif not isinstance(item.get("body"), dict):
+            error("missing_required_parameter", "body must be a request object", n, "body")
+        elif item["body"].get("stream"):
+            error("invalid_request", "stream is not served in a batch", n, "body.stream")
+        else:
+            seen.add(custom_id)
+            lines.append((custom_id, item["body"]))
+    return lines, errors
+
+
+class BatchRunner:
+    """Runs the batches' lines in the background of one server process (see module docstring).
+    ``capacity()``: how many lines may run at once (the engines' batch size); ``activity``:
+    interactive requests in flight."""
+
+    def __init__(self, service: BatchService, dispatch: Dispatch, capacity: Callable[[], int],
+                 activity: Activity, poll_s: float = 1.0) -> None:
+        self.service, self.dispatch, self.capacity, self.activity = service, dispatch, capacity, activity
+        self.poll_s = poll_s
+        self.runner_id = uuid.uuid4().hex
+        self._running: dict[int, asyncio.Task] = {}
+        self._wake = asyncio.Event()
+        service.wake = self._wake.set
+
+    async def run_forever(self) -> None:
+        store = self.service.batches
+        last_beat = last_finish = 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if now - last_beat > LEASE_S / 3:
+                    await asyncio.to_thread(store.heartbeat, self.runner_id, list(self._running))
+                    last_beat = now
+                free = self.capacity() - len(self._running) if self.activity.count == 0 else 0
+                claimed = await asyncio.to_thread(store.claim, self.runner_id, free, LEASE_S) if free > 0 else []
+                for line in claimed:
+                    self._running[line.id] = asyncio.create_task(self._run(line))
+                if now - last_finish > self.poll_s or (not claimed and not self._running):
+                    for batch_id in await asyncio.to_thread(store.unfinished):
+                        await self.service.finish_if_done(batch_id)
+                    last_finish = now
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 (a database hiccup must not end the runner)
+                log.exception("batch runner step failed")
+            waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self.activity.changed.wait())]
+            waits += list(self._running.values())
+            try:
+                await asyncio.wait(waits, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits[:2]:
+                    w.cancel()
+            self._wake.clear()
+            self.activity.changed.clear()
+
+    async def _run(self, line: ClaimedLine) -> None:
+        url = "/v1/messages" if line.api == "anthropic" else await self._endpoint(line.batch_id)
+        try:
+            status, body = await self.dispatch(line.owner, url, line.request)
+            await asyncio.to_thread(self.service.batches.complete, line.id, status, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 (the line stays pending; its claim runs out and it runs again)
+            log.exception("batch %s line %s failed", line.batch_id, line.custom_id)
+        finally:
+            self._running.pop(line.id, None)
+            self._wake.set()
+
+    async def _endpoint(self, batch_id: str) -> str:
+        body = await asyncio.to_thread(self.service.batches.body, batch_id)
+        return body["endpoint"] if body else "/v1/chat/completions"
+
+    async def close(self) -> None:
+        """Stop: lines running are dropped unrecorded and their claims given up, so the next
+        runner (this server restarted, another replica) runs them."""
+        ids, tasks = list(self._running), list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.service.batches.release, self.runner_id, ids)

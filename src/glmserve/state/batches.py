@@ -1,0 +1,174 @@
+"""``BatchStore``: batches (OpenAI's ``/v1/batches``, Anthropic's ``/v1/messages/batches``) and
+their request lines, each line's result stored in the same transaction that marks it done.
+
+Runners (one per server process, ``serving/batches.py``) claim pending lines with one
+conditional ``UPDATE`` (atomic on SQLite and PostgreSQL, so two replicas never claim the same
+line), keep their claims fresh while the lines run (``heartbeat``), and record each result only
+if the line is not done yet. A line claimed by a process that died (SIGKILL, a lost replica) is
+claimed again once its claim is ``lease_s`` old: after a restart a batch goes on where it
+stopped, and no line is written twice. Blocking calls."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from glmserve.state.tables import BATCH_LINES, BATCHES, dumps
+
+RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (cancelling: none new)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedLine:
+    """A line a runner claimed: its batch, owner and API, and its request (a JSON dict)."""
+
+    id: int
+    batch_id: str
+    owner: str
+    api: str
+    custom_id: str
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LineResult:
+    line_no: int
+    custom_id: str
+    status_code: int | None  # None: not run (the batch was cancelled first)
+    result: Any
+
+
+class BatchStore:
+    def __init__(self, engine: sa.engine.Engine) -> None:
+        self.engine = engine
+
+    def create(self, owner: str, batch_id: str, api: str, body: dict[str, Any],
+               lines: list[tuple[str, dict[str, Any]]]) -> None:
+        """A new batch (``body``: its object, ``body["status"]`` its status) of ``lines``
+        (``(custom_id, request)`` in order)."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.insert(BATCHES).values(id=batch_id, owner=owner, created_at=time.time(), api=api,
+                                                   status=body["status"], body=dumps(body)))
+            if lines:
+                conn.execute(sa.insert(BATCH_LINES), [
+                    {"batch_id": batch_id, "line_no": i, "custom_id": custom_id, "request": dumps(request),
+                     "done": False} for i, (custom_id, request) in enumerate(lines)])
+
+    def get(self, owner: str, batch_id: str, api: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(BATCHES.c.body).where(BATCHES.c.id == batch_id, BATCHES.c.owner == owner,
+                                                               BATCHES.c.api == api)).first()
+        return None if row is None else json.loads(row.body)
+
+    def owner_of(self, batch_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(BATCHES.c.owner).where(BATCHES.c.id == batch_id)).scalar_one_or_none()
+
+    def list(self, owner: str, api: str) -> list[dict[str, Any]]:
+        """The owner's batches of ``api``, newest first."""
+        query = sa.select(BATCHES.c.body).where(BATCHES.c.owner == owner, BATCHES.c.api == api).order_by(
+            BATCHES.c.created_at.desc(), BATCHES.c.id.desc())
+        with self.engine.connect() as conn:
+            return [json.loads(row.body) for row in conn.execute(query)]
+
+    def update(self, batch_id: str, body: dict[str, Any], when_status: tuple[str, ...] | None = None) -> bool:
+        """Replace the batch's object (and status); ``when_status``: only if its status is one
+        of these. Whether it was replaced."""
+        query = sa.update(BATCHES).where(BATCHES.c.id == batch_id)
+        if when_status is not None:
+            query = query.where(BATCHES.c.status.in_(when_status))
+        with self.engine.begin() as conn:
+            return conn.execute(query.values(status=body["status"], body=dumps(body))).rowcount > 0
+
+    def delete(self, owner: str, batch_id: str, api: str) -> bool:
+        with self.engine.begin() as conn:
+            gone = conn.execute(sa.delete(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.owner == owner,
+                                                         BATCHES.c.api == api))
+            if gone.rowcount:
+                conn.execute(sa.delete(BATCH_LINES).where(BATCH_LINES.c.batch_id == batch_id))
+        return gone.rowcount > 0
+
+    def claim(self, runner: str, n: int, lease_s: float) -> list[ClaimedLine]:
+        """Claim up to ``n`` pending lines of ``in_progress`` batches, oldest batch first: lines
+        nobody holds, or whose claim is older than ``lease_s`` (its runner died)."""
+        now = time.time()
+        running = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
+        free = sa.or_(BATCH_LINES.c.claimed_by.is_(None), BATCH_LINES.c.claimed_at < now - lease_s)
+        pick = (sa.select(BATCH_LINES.c.id).where(BATCH_LINES.c.done.is_(False), free,
+                                                  BATCH_LINES.c.batch_id.in_(running))
+                .order_by(BATCH_LINES.c.id).limit(n))
+        with self.engine.begin() as conn:
+            ids = [row.id for row in conn.execute(pick)]
+            if not ids:
+                return []
+            conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(ids), BATCH_LINES.c.done.is_(False), free)
+                         .values(claimed_by=runner, claimed_at=now))
+            rows = conn.execute(
+                sa.select(BATCH_LINES.c.id, BATCH_LINES.c.batch_id, BATCH_LINES.c.custom_id, BATCH_LINES.c.request,
+                          BATCHES.c.owner, BATCHES.c.api)
+                .join(BATCHES, BATCHES.c.id == BATCH_LINES.c.batch_id)
+                .where(BATCH_LINES.c.id.in_(ids), BATCH_LINES.c.claimed_by == runner,
+                       BATCH_LINES.c.claimed_at == now)
+                .order_by(BATCH_LINES.c.id))
+            return [ClaimedLine(r.id, r.batch_id, r.owner, r.api, r.custom_id, json.loads(r.request)) for r in rows]
+
+    def heartbeat(self, runner: str, line_ids: list[int]) -> None:
+        """Keep ``runner``'s claims on ``line_ids`` fresh."""
+        if line_ids:
+            with self.engine.begin() as conn:
+                conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(line_ids),
+                                                          BATCH_LINES.c.claimed_by == runner)
+                             .values(claimed_at=time.time()))
+
+    def release(self, runner: str, line_ids: list[int]) -> None:
+        """Give up ``runner``'s claims on ``line_ids`` (a server stopping): others take them at once."""
+        if line_ids:
+            with self.engine.begin() as conn:
+                conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(line_ids),
+                                                          BATCH_LINES.c.claimed_by == runner,
+                                                          BATCH_LINES.c.done.is_(False))
+                             .values(claimed_by=None, claimed_at=None))
+
+    def complete(self, line_id: int, status_code: int, result: Any) -> bool:
+        """Record a line's result, unless it is done already; whether it was recorded."""
+        with self.engine.begin() as conn:
+            done = conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id == line_id,
+                                                             BATCH_LINES.c.done.is_(False))
+                                .values(done=True, status_code=status_code, result=dumps(result)))
+        return done.rowcount > 0
+
+    def counts(self, batch_id: str) -> tuple[int, int, int, int]:
+        """``(total, done, failed, in flight)`` lines of the batch (failed: done with a status
+        that is not 200; in flight: claimed, not done, claim younger than a minute)."""
+        ok = sa.case((sa.and_(BATCH_LINES.c.done.is_(True), BATCH_LINES.c.status_code != 200), 1), else_=0)
+        running = sa.case((sa.and_(BATCH_LINES.c.done.is_(False), BATCH_LINES.c.claimed_by.is_not(None),
+                                   BATCH_LINES.c.claimed_at > time.time() - 60), 1), else_=0)
+        done = sa.case((BATCH_LINES.c.done.is_(True), 1), else_=0)
+        query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(done), 0), sa.func.coalesce(sa.func.sum(ok), 0),
+                          sa.func.coalesce(sa.func.sum(running), 0)).where(BATCH_LINES.c.batch_id == batch_id)
+        with self.engine.connect() as conn:
+            total, n_done, failed, in_flight = conn.execute(query).one()
+        return int(total), int(n_done), int(failed), int(in_flight)
+
+    def results(self, batch_id: str) -> list[LineResult]:
+        """Every line, in the input's order, with its result (None where it was not run)."""
+        query = (sa.select(BATCH_LINES.c.line_no, BATCH_LINES.c.custom_id, BATCH_LINES.c.status_code,
+                           BATCH_LINES.c.result, BATCH_LINES.c.done)
+                 .where(BATCH_LINES.c.batch_id == batch_id).order_by(BATCH_LINES.c.line_no))
+        with self.engine.connect() as conn:
+            return [LineResult(r.line_no, r.custom_id, r.status_code if r.done else None,
+                               json.loads(r.result) if r.done else None) for r in conn.execute(query)]
+
+    def unfinished(self) -> list[str]:
+        """Ids of the batches runners still work on (``RUNNING``)."""
+        with self.engine.connect() as conn:
+            return [r.id for r in conn.execute(sa.select(BATCHES.c.id).where(BATCHES.c.status.in_(RUNNING)))]
+
+    def body(self, batch_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(BATCHES.c.body).where(BATCHES.c.id == batch_id)).first()
+        return None if row is None else json.loads(row.body)

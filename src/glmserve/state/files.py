@@ -1,0 +1,69 @@
+"""``FileStore``: uploaded files (``/v1/files``) and the batch output and error files made
+here, their bytes in the state database, scoped to an owner. Uploads count against the store's
+size bound (``ResponseStore.max_bytes``: responses are deleted first to make room, then an upload
+that does not fit raises ``StoreFull``); files do not expire. Blocking calls."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from glmserve.state.conversations import StoreFull
+from glmserve.state.responses import ResponseStore
+from glmserve.state.tables import FILES, ITEMS, table_bytes
+
+
+class FileStore:
+    """Files in the database of ``responses`` (whose size bound uploads share)."""
+
+    def __init__(self, responses: ResponseStore) -> None:
+        self.responses = responses
+        self.engine = responses.engine
+
+    @staticmethod
+    def _object(row) -> dict[str, Any]:
+        return {"id": row.id, "object": "file", "bytes": int(row.bytes), "created_at": int(row.created_at),
+                "filename": row.filename, "purpose": row.purpose, "status": "processed", "expires_at": None,
+                "status_details": None}
+
+    _COLUMNS = (FILES.c.id, FILES.c.bytes, FILES.c.created_at, FILES.c.filename, FILES.c.purpose)
+
+    def create(self, owner: str, file_id: str, purpose: str, filename: str, content: bytes,
+               bounded: bool = True) -> dict[str, Any]:
+        """Store ``content`` as a new file; ``bounded``: an upload, refused with ``StoreFull``
+        when it does not fit (the server's own output files are not)."""
+        with self.engine.begin() as conn:
+            if bounded and table_bytes(conn, FILES) + table_bytes(conn, ITEMS) + len(content) \
+                    > self.responses.max_bytes:
+                raise StoreFull(f"the server's store is full (--store-max-bytes {self.responses.max_bytes}): "
+                                "delete files to make room")
+            conn.execute(sa.insert(FILES).values(id=file_id, owner=owner, created_at=time.time(), purpose=purpose,
+                                                 filename=filename, bytes=len(content), content=content))
+            row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id)).first()
+        self.responses.make_room()
+        return self._object(row)
+
+    def get(self, owner: str, file_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id, FILES.c.owner == owner)).first()
+        return None if row is None else self._object(row)
+
+    def content(self, owner: str, file_id: str) -> bytes | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(FILES.c.content).where(FILES.c.id == file_id, FILES.c.owner == owner)).first()
+        return None if row is None else bytes(row.content)
+
+    def list(self, owner: str, purpose: str | None) -> list[dict[str, Any]]:
+        """The owner's files, oldest first (``purpose``: only those)."""
+        query = sa.select(*self._COLUMNS).where(FILES.c.owner == owner).order_by(FILES.c.created_at, FILES.c.id)
+        if purpose is not None:
+            query = query.where(FILES.c.purpose == purpose)
+        with self.engine.connect() as conn:
+            return [self._object(row) for row in conn.execute(query)]
+
+    def delete(self, owner: str, file_id: str) -> bool:
+        with self.engine.begin() as conn:
+            gone = conn.execute(sa.delete(FILES).where(FILES.c.id == file_id, FILES.c.owner == owner))
+        return gone.rowcount > 0
