@@ -26,3 +26,25 @@ def gguf_adapter(smollm2_hf, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gguf-lora")
     adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
     return gguf_lora(adapter, root / "tuned.gguf")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL cluster of the tests' own (``tests/postgres.py``), shared by the session:
+    each test's objects have their own ids."""
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def state_backend(request) -> tuple[str, dict[str, str]]:
+    """``(name, environment)``: where the servers of a module keep their state, the default
+    SQLite file in a fresh ``--state-dir``, then a PostgreSQL database (``--database-url``)."""
+    import tempfile
+
+    if request.param == "postgresql":
+        return request.param, {"GLMSERVE_DATABASE_URL": request.getfixturevalue("postgres").url}
+    return request.param, {"GLMSERVE_STATE_DIR": tempfile.mkdtemp(prefix="glmserve-state-")}

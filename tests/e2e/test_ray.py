@@ -60,13 +60,6 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    yield pg
-    pg.stop()
-
-
-@pytest.fixture(scope="module")
 def server(cluster: Cluster, postgres: PostgresServer) -> Iterator[RemoteServer]:
     """Two replicas sharing one PostgreSQL database for their stored responses."""
     srv = RemoteServer("--replicas", "2", "--ray-address", cluster.address, "--replica-cpus", "1",

@@ -20,7 +20,6 @@ import pytest
 
 from glmserve.testing import RemoteServer
 
-from tests.postgres import PostgresServer
 
 KEY, OTHER_KEY = "key-a", "key-b"
 GREEDY = ("--override-generation-config", '{"temperature": 0}')
@@ -28,25 +27,8 @@ LONG = "Write a long story about a dragon."
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    pg = PostgresServer()
-    yield pg
-    pg.stop()
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def backend(request, postgres) -> Iterator[tuple[str, dict[str, str]]]:
-    """``(name, environment)``: where the servers of a test keep their state."""
-    if request.param == "postgresql":
-        yield request.param, {"GLMSERVE_DATABASE_URL": postgres.url}
-    else:
-        folder = tempfile.mkdtemp(prefix="glmserve-state-")
-        yield request.param, {"GLMSERVE_STATE_DIR": folder}
-
-
-@pytest.fixture(scope="module")
-def server(backend) -> Iterator[RemoteServer]:
-    srv = RemoteServer("--api-key", KEY, "--api-key", OTHER_KEY, *GREEDY, env=backend[1])
+def server(state_backend) -> Iterator[RemoteServer]:
+    srv = RemoteServer("--api-key", KEY, "--api-key", OTHER_KEY, *GREEDY, env=state_backend[1])
     yield srv
     srv.stop()
 
@@ -227,9 +209,9 @@ def test_each_key_sees_only_its_own_responses(server, client, model):
         server.client(api_key="key-c").responses.retrieve(mine.id)
 
 
-def test_responses_outlive_a_restart(backend, model):
-    env = dict(backend[1])
-    if backend[0] == "sqlite":
+def test_responses_outlive_a_restart(state_backend, model):
+    env = dict(state_backend[1])
+    if state_backend[0] == "sqlite":
         env["GLMSERVE_STATE_DIR"] = tempfile.mkdtemp(prefix="glmserve-state-")
     first = RemoteServer("--api-key", KEY, *GREEDY, env=env)
     try:
