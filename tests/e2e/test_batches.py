@@ -65,6 +65,11 @@ def _records(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [] if file_id is None else [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
 
 
+def _running(server: RemoteServer) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    return float(re.search(r"^glmserve:num_requests_running\{[^}]*\} (\S+)$", text, re.M).group(1))
+
+
 def _successes(server: RemoteServer) -> int:
     text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     return int(sum(float(v) for v in re.findall(r"^glmserve:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
@@ -115,9 +120,13 @@ def test_each_endpoint_in_a_batch(client, model, endpoint, body):
                       "/v1/messages": "message"}[endpoint]}
 
 
-def test_a_cancelled_batch_stops(client, model):
+def test_a_batch_fills_the_engine_and_a_cancelled_one_stops(server, client, model):
     batch = client.batches.create(input_file_id=_upload(client, _chat_lines(model, 200, max_tokens=32)),
                                   endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while _running(server) < 8 and time.monotonic() < deadline:  # the engine's whole batch (--max-num-seqs 8)
+        time.sleep(0.05)
+    assert _running(server) == 8
     while client.batches.retrieve(batch.id).request_counts.completed < 4:
         time.sleep(0.2)
     cancelling = client.batches.cancel(batch.id)

@@ -341,3 +341,39 @@ def test_split_idle_cache_is_reused_in_place():
 def test_unknown_kv_layout_is_refused():
     with pytest.raises(ValueError, match="kv_layout"):
         Scheduler(max_num_seqs=1, n_ctx=8, max_num_batched_tokens=8, kv_layout="paged")
+
+
+@pytest.mark.parametrize("layout", ["unified", "split"])
+def test_batch_priority_sequences_pause_and_give_up_their_slots(layout):
+    """Batch work (priority 1) fills the slots; an interactive request (priority 0) takes the
+    newest batch sequence's slot at once and runs alone; the batch goes on once it is done,
+    the preempted sequence recomputed from its tokens."""
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=50, kv_layout=layout)
+    b1, b2 = Sequence("b1", list(range(5)), priority=1), Sequence("b2", list(range(10, 15)), priority=1)
+    s.add(b1)
+    s.add(b2)
+    run_step(s)
+    run_step(s)
+    assert (b1.num_generated, b2.num_generated) == (2, 2)
+    user = Sequence("user", list(range(20, 26)))
+    s.add(user)
+    out = run_step(s)
+    assert [c.seq for c in out.chunks] == [user]  # the batch is paused
+    assert out.preempted == [b2] and b2.status is SeqStatus.WAITING and b1.status is SeqStatus.RUNNING
+    for _ in range(3):
+        assert [c.seq for c in run_step(s).chunks] == [user]
+    s.finish(user)
+    out = run_step(s)
+    assert [c.seq for c in out.chunks] == [b1, b2]  # b2 recomputes its prompt and what it generated
+    assert (out.chunks[1].start, out.chunks[1].length) == (0, 7)
+    assert b1.num_generated == 3
+
+
+def test_waiting_queue_is_ordered_by_priority():
+    s = Scheduler(max_num_seqs=1, n_ctx=100, max_num_batched_tokens=50)
+    batch = [Sequence(f"b{i}", [i + 1], priority=1) for i in range(3)]
+    for b in batch:
+        s.add(b)
+    s.add(user := Sequence("user", [9]))
+    assert list(s.waiting) == [user, *batch]
+    assert [c.seq for c in run_step(s).chunks] == [user]

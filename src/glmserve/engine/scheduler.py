@@ -37,6 +37,13 @@ arrival order while a slot, the budget and KV cells for their whole remaining pr
 first, then the newest running sequence is preempted: its cells are freed and it waits at the head of the
 queue, to be recomputed from its tokens (prompt + what it generated) later.
 
+Priority (``Sequence.priority``, lower first; batch lines run at ``BATCH_PRIORITY``): only the
+sequences of the lowest value with work are scheduled; the others keep their slots and cells but
+are paused, and a waiting sequence of the lowest value that finds every slot taken gets the slot
+of the newest paused one (preempted: it waits again and is recomputed later). An interactive
+request still waits for the step in progress when it arrives (``benchmarks/batch_priority.py``);
+batch work fills the engine's slots otherwise.
+
 Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
 sequences of one group only (``SchedulerOutput.group``; None is the base model). When several
 groups have work, steps take turns among them, round robin. A cached prefix is reused only
@@ -108,7 +115,19 @@ class Scheduler:
         if len(seq.tokens) > self.n_ctx:
             raise ValueError(f"sequence of {len(seq.tokens)} tokens cannot fit n_ctx={self.n_ctx}")
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence, front: bool = False) -> None:
+        """Into the waiting queue by priority (lower first): behind its equals, or with
+        ``front`` (a preempted sequence) ahead of them."""
+        index = next((i for i, other in enumerate(self.waiting)
+                      if other.priority > seq.priority or (front and other.priority == seq.priority)),
+                     len(self.waiting))
+        self.waiting.insert(index, seq)
+
+    def _top_priority(self) -> int:
+        """The lowest priority value with work: only its sequences run this step."""
+        return min((seq.priority for seq in (*self.running, *self.waiting)), default=0)
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -116,13 +135,15 @@ class Scheduler:
         self._step += 1
         # cells decoded by earlier steps: only these can be reused or copied in this step
         self._committed = [slot.n_kv for slot in self.slots]
-        out = SchedulerOutput(group=self._pick_group())
+        top = self._top_priority()
+        out = SchedulerOutput(group=self._pick_group(top))
+        self._preempt_for(top, out)
         budget = self.max_num_batched_tokens
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or seq.group != out.group:
-                continue  # preempted earlier in this loop, or another group's turn
+            if seq.status is not SeqStatus.RUNNING or seq.group != out.group or seq.priority > top:
+                continue  # preempted earlier in this loop, another group's turn, or paused for a higher priority
             remaining = len(seq.tokens) - seq.num_computed
             n = min(remaining, budget)
             if not self._make_room(n, out, protect=seq):
@@ -154,10 +175,20 @@ class Scheduler:
                 return True
         return False
 
-    def _pick_group(self) -> str | None:
-        """The group this step serves: the only one with work, or the next in turn."""
-        groups = {seq.group for seq in self.running}
-        if self.waiting:
+    def _preempt_for(self, top: int, out: SchedulerOutput) -> None:
+        """Priority: waiting sequences of priority ``top`` that find every slot taken get the
+        slots of running sequences of a higher value (the newest first), which wait again and
+        are recomputed later."""
+        waiting = sum(1 for seq in self.waiting if seq.priority == top and seq.group == out.group)
+        need = waiting - (self.max_num_seqs - len(self.running))
+        for victim in [seq for seq in reversed(self.running) if seq.priority > top][:max(0, need)]:
+            self._preempt(victim, out)
+
+    def _pick_group(self, top: int = 0) -> str | None:
+        """The group this step serves (among the sequences of priority ``top``): the only one
+        with work, or the next in turn."""
+        groups = {seq.group for seq in self.running if seq.priority == top}
+        if self.waiting and self.waiting[0].priority == top:
             groups.add(self.waiting[0].group)
         if len(groups) > 1:
             order = sorted(groups, key=lambda g: (g is not None, g or ""))
@@ -180,7 +211,7 @@ class Scheduler:
         while not self.split and self.kv_free < n:
             if self._evict_idle(out):
                 continue
-            victim = self.running[-1]
+            victim = max(reversed(self.running), key=lambda seq: seq.priority)  # a paused one first, else the newest
             self._preempt(victim, out)
             if victim is protect:
                 return False
@@ -203,7 +234,7 @@ class Scheduler:
         self._committed[slot.id] = 0
         self.running.remove(seq)
         seq.slot, seq.num_computed, seq.status = -1, 0, SeqStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, front=True)
         out.preempted.append(seq)
 
     def _admit(self, seq: Sequence, out: SchedulerOutput) -> bool:

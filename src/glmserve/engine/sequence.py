@@ -31,6 +31,7 @@ class Sequence:
     slot: int = -1
     status: SeqStatus = SeqStatus.WAITING
     group: str | None = None  # LoRA adapter name; None: the base model
+    priority: int = 0  # lower first (GenerationRequest.priority)
 
     def __post_init__(self) -> None:
         if not self.tokens:

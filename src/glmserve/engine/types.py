@@ -81,17 +81,24 @@ class GenerationRequest:
 
     ``lora``: the name of the LoRA adapter to generate with (None: the base model).
     ``multimodal``: extra model inputs for the prompt's images, as the engine's own
-    ``multimodal.process`` made them (opaque to the serving layer)."""
+    ``multimodal.process`` made them (opaque to the serving layer).
+    ``priority``: vLLM's meaning, lower first: 0 for interactive requests, ``BATCH_PRIORITY``
+    for batch work; the llama_cpp engine pauses and, for a slot, preempts sequences of a
+    higher value while one of a lower value has work (``engine/scheduler.py``)."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
     lora: str | None = None
     multimodal: Any = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
+
+
+BATCH_PRIORITY = 1  # the priority of batch lines (/v1/batches, /v1/messages/batches)
 
 
 @dataclass(slots=True)

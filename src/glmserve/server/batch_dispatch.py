@@ -1,6 +1,6 @@
 """A batch line run as its HTTP route would run it: the same request model (strict, parsed
 from JSON), the same services, the same error bodies (OpenAI's, or Anthropic's for
-``/v1/messages``), without a connection. ``dispatcher(app)`` is what the batch runner calls."""
+``/v1/messages``), without a connection, at the engines' batch priority. ``dispatcher(app)`` is what the batch runner calls."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from glmserve.protocol.errors import APIError
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.errors import error_content, validation_error
 from glmserve.serving.batches import Dispatch
+from glmserve.serving.priority import BATCH_PRIORITY, REQUEST_PRIORITY
 
 _MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
@@ -30,6 +31,7 @@ def dispatcher(app: FastAPI) -> Dispatch:
     """``dispatch(owner, url, body) -> (status, body)`` over ``app``'s models and stores."""
 
     async def dispatch(owner: str, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        REQUEST_PRIORITY.set(BATCH_PRIORITY)  # this line's task only: below interactive requests
         try:
             try:
                 req = _MODELS[url].model_validate_json(json.dumps(body))

@@ -4,10 +4,12 @@ one machinery: ``BatchService`` makes, reads, cancels and finishes batches; ``Ba
 per server process) runs their lines through ``dispatch`` (the same handlers as the HTTP routes:
 ``server/batch_dispatch.py``).
 
-Priority: the runner takes the engines' full batch size (the largest ``max_num_seqs`` of the
-models loaded) while no interactive generation request is in flight, and starts no new line
-while one is (``Activity``): lines already running finish, so an interactive request waits for
-at most the steps it shares with them. Durability: ``state/batches.py`` (a line's result is
+Priority: each line runs at the engines' ``BATCH_PRIORITY`` (``serving/priority.py``: the
+llama_cpp engine pauses batch sequences while an interactive one has work, and gives it their
+slots). The runner takes the engines' full batch size (the largest ``max_num_seqs`` of the
+models loaded), and starts no new line while an interactive generation request is in flight or
+left less than ``QUIET_S`` ago (``Activity``), so that bursts of interactive requests do not
+share the event loop and the engine with new lines' set-up and prefill. Durability: ``state/batches.py`` (a line's result is
 stored with its done mark; lines of a dead runner are claimed again after ``LEASE_S``).
 
 Shapes follow OpenAI's batch object and output lines (``{"id", "custom_id", "response":
@@ -35,6 +37,7 @@ log = logging.getLogger("glmserve.batches")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
 LEASE_S = 30.0  # a claim not renewed for this long is taken to be a dead runner's
+QUIET_S = 1.0  # no new line starts until interactive requests have left the engine alone this long
 COMPLETION_WINDOW_S = 24 * 3600
 _ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
@@ -59,6 +62,11 @@ class Activity:
     def __init__(self) -> None:
         self.count = 0
         self.changed = asyncio.Event()
+        self.last_left = float("-inf")  # time.monotonic() when the last request left
+
+    def quiet_for(self) -> float:
+        """Seconds since the last interactive request left (0 while one is in flight)."""
+        return 0.0 if self.count else time.monotonic() - self.last_left
 
     def enter(self) -> Callable[[], None]:
         """Count one request in; the returned function counts it out (once)."""
@@ -70,6 +78,7 @@ class Activity:
             if not done:
                 done = True
                 self.count -= 1
+                self.last_left = time.monotonic()
                 self.changed.set()
         return leave
 
@@ -378,7 +387,8 @@ class BatchRunner:
                 if now - last_beat > LEASE_S / 3:
                     await asyncio.to_thread(store.heartbeat, self.runner_id, list(self._running))
                     last_beat = now
-                free = self.capacity() - len(self._running) if self.activity.count == 0 else 0
+                quiet = self.activity.quiet_for() >= QUIET_S
+                free = self.capacity() - len(self._running) if quiet else 0
                 claimed = await asyncio.to_thread(store.claim, self.runner_id, free, LEASE_S) if free > 0 else []
                 for line in claimed:
                     self._running[line.id] = asyncio.create_task(self._run(line))

@@ -34,6 +34,7 @@ from glmserve.protocol.chat import (
     TopLogprob,
 )
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.serving.priority import REQUEST_PRIORITY
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chunks import ChunkStream, StreamItem
 from glmserve.serving.run import Run, usage
@@ -193,6 +194,7 @@ class ChatService:
                 sampling=choice_sampling(sampling, i),
                 lora=req.model if req.model in self.adapters else None,
                 multimodal=prompt.multimodal,
+                priority=REQUEST_PRIORITY.get(),
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
                             output_parser(calls, plan.functions, self.reasoning, prompt.text),

@@ -274,7 +274,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool))
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
-        self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora))
+        self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
+                                 priority=request.priority))
         return RequestStream(request.request_id, stream, self.abort)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
