@@ -25,7 +25,10 @@ MARK = re.compile(r"<!-- glmserve:(\w+)(?: (\w+))? -->")
 
 # each route's page in these docs, by path prefix (first match wins)
 ROUTE_PAGES = (
+    ("/v1/messages/batches", "../guides/state.md#batches"),
     ("/v1/messages", "anthropic-api.md"),
+    ("/v1/files", "../guides/state.md#batches"),
+    ("/v1/batches", "../guides/state.md#batches"),
     ("/v1/load_lora_adapter", "../guides/lora.md#at-run-time"),
     ("/v1/unload_lora_adapter", "../guides/lora.md#at-run-time"),
     ("/models/", "../guides/many-models.md"),
