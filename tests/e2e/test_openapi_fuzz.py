@@ -26,9 +26,22 @@ def fuzzed_server():
 
 
 # every operation of the spec; test_every_operation_is_fuzzed keeps the list complete
+STORED = ["GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
+          "GET /v1/responses/{response_id}/input_items", "POST /v1/responses/{response_id}/cancel",
+          "POST /v1/conversations", "GET /v1/conversations/{conversation_id}",
+          "POST /v1/conversations/{conversation_id}", "DELETE /v1/conversations/{conversation_id}",
+          "POST /v1/conversations/{conversation_id}/items", "GET /v1/conversations/{conversation_id}/items",
+          "GET /v1/conversations/{conversation_id}/items/{item_id}",
+          "DELETE /v1/conversations/{conversation_id}/items/{item_id}",
+          "POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}", "DELETE /v1/files/{file_id}",
+          "GET /v1/files/{file_id}/content", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
+          "POST /v1/batches/{batch_id}/cancel", "POST /v1/messages/batches", "GET /v1/messages/batches",
+          "GET /v1/messages/batches/{batch_id}", "DELETE /v1/messages/batches/{batch_id}",
+          "POST /v1/messages/batches/{batch_id}/cancel", "GET /v1/messages/batches/{batch_id}/results"]
 OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions",
               "POST /tokenize", "POST /detokenize", "GET /metrics", "POST /v1/completions",
-              "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /v1/embeddings"]
+              "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens",
+              "POST /v1/embeddings", *STORED]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +55,12 @@ def test_every_operation_is_fuzzed(api_schema):
 
 # invalid requests can be made only where a request has inputs
 WITH_INPUTS = ["POST /v1/chat/completions", "POST /tokenize", "POST /detokenize", "POST /v1/completions",
-               "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /v1/embeddings"]
+               "POST /v1/responses", "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /v1/embeddings",
+               "GET /v1/responses/{response_id}", "GET /v1/responses/{response_id}/input_items",
+               "POST /v1/conversations", "POST /v1/conversations/{conversation_id}",
+               "POST /v1/conversations/{conversation_id}/items", "GET /v1/conversations/{conversation_id}/items",
+               "POST /v1/files", "GET /v1/files", "POST /v1/batches", "GET /v1/batches", "POST /v1/messages/batches",
+               "GET /v1/messages/batches"]
 
 
 @pytest.mark.parametrize(("label", "mode"), [(op, GenerationMode.POSITIVE) for op in OPERATIONS]

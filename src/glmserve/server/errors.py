@@ -22,9 +22,10 @@ from glmserve.protocol.errors import APIError, invalid_request, server_error
 log = logging.getLogger("glmserve")
 
 
-class _ASCIIJSONResponse(JSONResponse):
+class ASCIIJSONResponse(JSONResponse):
     """JSON with non-ASCII characters escaped: an error message that quotes the client's input
-    (a model name holding a lone surrogate, say) can always be encoded."""
+    (a model name holding a lone surrogate, say), or a stored object made of it, can always be
+    encoded."""
 
     def render(self, content) -> bytes:
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
@@ -47,7 +48,7 @@ def error_content(exc: APIError, path: str) -> tuple[int, dict]:
 
 def error_response(exc: APIError, path: str = "") -> JSONResponse:
     status, body = error_content(exc, path)
-    return _ASCIIJSONResponse(body, status_code=status, headers=exc.headers)
+    return ASCIIJSONResponse(body, status_code=status, headers=exc.headers)
 
 
 _UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url"}

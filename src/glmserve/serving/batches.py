@@ -241,7 +241,7 @@ class BatchService:
                 result = {"type": "succeeded", "message": line.result}
             else:
                 result = {"type": "errored", "error": line.result}
-            lines.append(json.dumps({"custom_id": line.custom_id, "result": result}, ensure_ascii=False))
+            lines.append(json.dumps({"custom_id": line.custom_id, "result": result}))
         return ("\n".join(lines) + "\n").encode() if lines else b""
 
     # --- finishing ------------------------------------------------------------------------
@@ -279,7 +279,7 @@ class BatchService:
             record = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
                       "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
                                    "body": line.result}, "error": None}
-            (output if line.status_code == 200 else errors).append(json.dumps(record, ensure_ascii=False))
+            (output if line.status_code == 200 else errors).append(json.dumps(record))
         ended = dict(body)
         for key, lines in (("output_file_id", output), ("error_file_id", errors)):
             if lines:

@@ -72,8 +72,9 @@ BATCH_LINES = sa.Table(
 
 
 def dumps(value: Any) -> str:
-    """``value`` as compact JSON text, non-ASCII kept."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """``value`` as compact JSON text, ASCII only: a lone surrogate or a NUL a client sent is
+    escaped, so every database takes it."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def table_bytes(conn: Connection, table: sa.Table) -> int:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from glmserve.protocol.batches import BatchCreateRequest, MessageBatchCreateRequest
 from glmserve.server.auth import owner
+from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.serving.batches import BatchService
 
@@ -45,7 +46,8 @@ async def delete_file(file_id: str, request: Request) -> JSONResponse:
     return JSONResponse(await _service(request).delete_file(owner(request), file_id))
 
 
-@router.get("/v1/files/{file_id}/content", responses=error_responses(404))
+@router.get("/v1/files/{file_id}/content", responses={
+    200: {"description": "The file's bytes", "content": {"application/octet-stream": {}}}, **error_responses(404)})
 async def file_content(file_id: str, request: Request) -> Response:
     return Response(await _service(request).file_content(owner(request), file_id),
                     media_type="application/octet-stream")
@@ -111,8 +113,9 @@ async def delete_message_batch(batch_id: str, request: Request) -> JSONResponse:
     return JSONResponse(await _service(request).delete(owner(request), batch_id, "anthropic"))
 
 
-@anthropic_router.get("/v1/messages/batches/{batch_id}/results", name="message_batch_results",
-                      responses=error_responses(400, 404, anthropic=True))
+@anthropic_router.get("/v1/messages/batches/{batch_id}/results", name="message_batch_results", responses={
+    200: {"description": "The results, one JSON object a line", "content": {"application/binary": {}}},
+    **error_responses(400, 404, anthropic=True)})
 async def message_batch_results(batch_id: str, request: Request) -> Response:
     return Response(await _service(request).message_results(owner(request), batch_id),
                     media_type="application/binary")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
 
 from glmserve.protocol.conversations import ConversationCreateRequest, ConversationUpdateRequest, ItemsCreateRequest
 from glmserve.server.auth import owner
+from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.serving.conversations import ConversationService
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse
 
 from glmserve.protocol.responses import Response as ResponseObject
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.auth import owner
 from glmserve.server.model_lease import respond_with_model
+from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.server.sse import RESPONSES, respond
 from glmserve.serving.stored_responses import ResponseStorage
