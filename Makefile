@@ -15,7 +15,7 @@ STAMP := $(VENV)/.glmserve-installed
 # (the tests convert tiny BERT embedding models with it)
 CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
 
-.PHONY: install browser serve test docs bench clean
+.PHONY: postgres install browser serve test docs bench clean
 
 install: $(STAMP) $(CONVERTER)
 
@@ -51,7 +51,13 @@ browser:
 	command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
 
-test: install browser
+# The state tests start their own PostgreSQL clusters from Debian's server binaries: installed
+# here when missing (the package's own cluster is not used).
+postgres:
+	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { $(SUDO) apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql; }
+
+test: install browser postgres
 	$(BIN)/python -m pytest tests
 
 # the documentation site (docs/, mkdocs.yml) into site/; the flag, route and metric tables are
