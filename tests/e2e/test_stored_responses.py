@@ -167,6 +167,27 @@ def test_cancelled_background_response_stops_in_the_engine(server, client, model
         client.responses.cancel(client.responses.create(model=model, input="Hi", max_output_tokens=2).id)
 
 
+def test_a_run_cancelled_on_another_server_of_the_database_stops(state_backend, server, client, model):
+    """Two servers on one database (replicas): a background run cancelled through the other
+    one is stopped in its own engine, and stays cancelled."""
+    other = RemoteServer("--api-key", KEY, *GREEDY, env=state_backend[1])
+    try:
+        run = client.responses.create(model=model, input=LONG, background=True, max_output_tokens=3000)
+        deadline = time.monotonic() + 60
+        while _running(server) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        aborted_before = server.log().count("aborted after")
+        assert other.client(api_key=KEY).responses.cancel(run.id).status == "cancelled"
+        deadline = time.monotonic() + 60
+        while (server.log().count("aborted after") == aborted_before or _running(server) > 0) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.log().count("aborted after") == aborted_before + 1 and _running(server) == 0
+        assert client.responses.retrieve(run.id).status == "cancelled"
+    finally:
+        other.stop()
+
+
 def test_background_stream_resumes_after_a_sequence_number(client, model):
     stream = client.responses.create(model=model, input="Tell me a story.", background=True, stream=True,
                                      max_output_tokens=40)

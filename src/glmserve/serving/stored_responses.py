@@ -10,7 +10,8 @@ a ``ResponsesService`` that generates and a ``state.ResponseStore`` that keeps.
 - ``background: true`` (needs ``store``): the answer is the response at once (``queued``); the
   run goes on without the connection, its states stored as they change (``in_progress``,
   then ``completed``/``incomplete``/``failed``, or ``cancelled`` by ``POST .../cancel``, which
-  aborts it in the engine). With ``stream: true`` the events stream as they come, and
+  aborts it in the engine; made on another replica, the run finds it within ``CANCEL_CHECK_S``
+  and stops). With ``stream: true`` the events stream as they come, and
   ``GET /v1/responses/{id}?stream=true&starting_after=N`` streams them again from after
   sequence number N, on the server that runs it, while it runs and for ``EVENTS_KEPT_S``
   after.
@@ -38,6 +39,7 @@ log = logging.getLogger("glmserve.responses")
 
 EVENTS_KEPT_S = 600.0  # how long a finished background run's events stay for resumed streams
 MAX_RUNS_KEPT = 256  # finished runs whose events are kept, at most
+CANCEL_CHECK_S = 1.0  # how often a background run looks for a cancel made on another replica
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what an id this server makes can look like
 
@@ -154,8 +156,14 @@ class ResponseStorage:
 
     async def _run(self, run: _Run, body: dict, events: AsyncIterator[ResponseEvent | ErrorResponse],
                    keep: _Keep, release: Callable[[], None]) -> None:
+        checked = time.monotonic()
         try:
             async for event in events:
+                if time.monotonic() - checked > CANCEL_CHECK_S:  # cancelled on another replica?
+                    checked = time.monotonic()
+                    status = await asyncio.to_thread(self.store.status, run.owner, body["id"])
+                    if status == "cancelled":
+                        raise asyncio.CancelledError
                 if event.type == "response.in_progress":
                     body = {**body, "status": "in_progress"}
                     await keep.put(body)
@@ -306,12 +314,17 @@ class _Keep:
     def needed(self) -> bool:
         return self.store or self.conversation is not None
 
-    async def put(self, body: dict) -> None:
-        if self.store:
-            await asyncio.to_thread(self.storage.store.put, self.owner, body, self.items)
+    async def put(self, body: dict) -> bool:
+        """Store this state of the response; False when a background run was cancelled
+        meanwhile (from another replica: the stored ``cancelled`` stays)."""
+        if not self.store:
+            return True
+        return await asyncio.to_thread(self.storage.store.put, self.owner, body, self.items,
+                                       bool(body.get("background")) and body.get("status") != "cancelled")
 
     async def __call__(self, body: dict) -> None:
-        await self.put(body)
+        if not await self.put(body):
+            return
         if self.conversation is not None and body.get("status") in ("completed", "incomplete"):
             await self.storage.conversations.append(self.conversation, self.owner,
                                                     self.new + body.get("output", []))

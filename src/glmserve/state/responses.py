@@ -33,20 +33,34 @@ class ResponseStore:
     def __init__(self, engine: Engine, ttl_s: float, max_bytes: int) -> None:
         self.engine, self.ttl_s, self.max_bytes = engine, ttl_s, max_bytes
 
-    def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+    def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]],
+            unless_cancelled: bool = False) -> bool:
         """Insert the response ``body`` (``body["id"]`` its key) or replace the one stored under
-        its id (a background run's later states), then keep the total within ``max_bytes``."""
+        its id (a background run's later states), then keep the total within ``max_bytes``;
+        ``unless_cancelled``: leave a stored ``cancelled`` response as it is (a run cancelled
+        from another replica). Whether it was written."""
         text, items = dumps(body), dumps(input_items)
         now = time.time()
         row = {"owner": owner, "status": body.get("status", ""), "body": text, "input_items": items,
                "size": len(text.encode()) + len(items.encode())}
+        mine = sa.and_(RESPONSES.c.id == body["id"], RESPONSES.c.owner == owner)
         with self.engine.begin() as conn:
-            updated = conn.execute(sa.update(RESPONSES).where(RESPONSES.c.id == body["id"],
-                                                              RESPONSES.c.owner == owner).values(**row))
-            if updated.rowcount == 0:
+            query = sa.update(RESPONSES).where(mine)
+            if unless_cancelled:
+                query = query.where(RESPONSES.c.status != "cancelled")
+            if conn.execute(query.values(**row)).rowcount == 0:
+                if conn.execute(sa.select(RESPONSES.c.id).where(mine)).first() is not None:
+                    return False  # cancelled meanwhile
                 conn.execute(sa.insert(RESPONSES).values(id=body["id"], created_at=now, expires_at=now + self.ttl_s,
                                                          **row))
         self.make_room()
+        return True
+
+    def status(self, owner: str, response_id: str) -> str | None:
+        """The stored status of ``response_id`` (None: not stored)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(RESPONSES.c.status).where(
+                RESPONSES.c.id == response_id, RESPONSES.c.owner == owner)).scalar_one_or_none()
 
     def get(self, owner: str, response_id: str) -> StoredResponse | None:
         """The response ``response_id`` if ``owner`` stored it and it has not expired."""
