@@ -308,7 +308,7 @@ def test_unknown_model_malformed_json_and_unknown_route(messages_server):
     resp = httpx.post(f"{messages_server.url}/v1/messages", content=b"{not json", timeout=30,
                       headers={"content-type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
-    resp = httpx.post(f"{messages_server.url}/v1/messages/batches", json={}, timeout=30)
+    resp = httpx.post(f"{messages_server.url}/v1/messages/nowhere", json={}, timeout=30)
     assert resp.status_code == 404 and resp.json()["error"]["type"] == "not_found_error"
     assert httpx.get(f"{messages_server.url}/health").status_code == 200
 
