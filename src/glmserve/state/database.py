@@ -7,6 +7,7 @@ PostgreSQL migrations run under an advisory lock, so replicas starting together 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -70,6 +71,7 @@ def open_database(url: str) -> Engine:
 
 
 def _migrate(engine: Engine) -> None:
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines say nothing to a server's user
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as connection:
