@@ -20,7 +20,8 @@ from glmserve.server.batch_dispatch import dispatcher
 from glmserve.server.routes import (batches, chat, completions, conversations, docs, embeddings, health, lora,
                                     messages, metrics, model_admin, models, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
-from glmserve.serving.batches import Activity, BatchRunner, BatchService
+from glmserve.serving.batch_runner import Activity, BatchRunner
+from glmserve.serving.batches import BatchService
 from glmserve.serving.chat import ChatService
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels

@@ -18,7 +18,7 @@ from glmserve.protocol.embeddings import EmbeddingRequest
 from glmserve.protocol.errors import APIError
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.errors import error_content, validation_error
-from glmserve.serving.batches import Dispatch
+from glmserve.serving.batch_runner import Dispatch
 from glmserve.serving.priority import BATCH_PRIORITY, REQUEST_PRIORITY
 
 _MODELS: dict[str, type[BaseModel]] = {

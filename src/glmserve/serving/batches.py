@@ -1,16 +1,16 @@
 """Batches over the state database: OpenAI's Batch API (``/v1/files`` of JSONL request lines,
 ``/v1/batches``) and Anthropic's Message Batches (``/v1/messages/batches``, requests inline), on
-one machinery: ``BatchService`` makes, reads, cancels and finishes batches; ``BatchRunner`` (one
-per server process) runs their lines through ``dispatch`` (the same handlers as the HTTP routes:
-``server/batch_dispatch.py``).
+one machinery: ``BatchService`` makes, reads, cancels and finishes batches;
+``serving/batch_runner.BatchRunner`` (one per server process) runs their lines through
+``dispatch`` (the same handlers as the HTTP routes: ``server/batch_dispatch.py``).
 
 Priority: each line runs at the engines' ``BATCH_PRIORITY`` (``serving/priority.py``: the
 llama_cpp engine pauses batch sequences while an interactive one has work, and gives it their
 slots). The runner takes the engines' full batch size (the largest ``max_num_seqs`` of the
 models loaded), and starts no new line while an interactive generation request is in flight or
-left less than ``QUIET_S`` ago (``Activity``), so that bursts of interactive requests do not
+left less than ``batch_runner.QUIET_S`` ago (``Activity``), so that bursts of interactive requests do not
 share the event loop and the engine with new lines' set-up and prefill. Durability: ``state/batches.py`` (a line's result is
-stored with its done mark; lines of a dead runner are claimed again after ``LEASE_S``).
+stored with its done mark; lines of a dead runner are claimed again after ``batch_runner.LEASE_S``).
 
 Shapes follow OpenAI's batch object and output lines (``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``; non-200 lines go to the error file) and
@@ -19,30 +19,25 @@ Anthropic's message batch and result lines (``succeeded``/``errored``/``canceled
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.state import BatchStore, ClaimedLine, FileStore, StoreFull
+from glmserve.state import BatchStore, FileStore, StoreFull
 
 log = logging.getLogger("glmserve.batches")
 
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
-LEASE_S = 30.0  # a claim not renewed for this long is taken to be a dead runner's
-QUIET_S = 1.0  # no new line starts until interactive requests have left the engine alone this long
 COMPLETION_WINDOW_S = 24 * 3600
 _ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
-# (owner, url, body) -> (HTTP status, JSON body) as the route would answer
-Dispatch = Callable[[str, str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
 
 
 def _not_found(kind: str, object_id: str) -> APIError:
@@ -53,34 +48,6 @@ def _rfc3339(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat().replace("+00:00", "Z")
-
-
-class Activity:
-    """How many interactive generation requests are in flight (the routes count them); the
-    batch runner yields to them."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.changed = asyncio.Event()
-        self.last_left = float("-inf")  # time.monotonic() when the last request left
-
-    def quiet_for(self) -> float:
-        """Seconds since the last interactive request left (0 while one is in flight)."""
-        return 0.0 if self.count else time.monotonic() - self.last_left
-
-    def enter(self) -> Callable[[], None]:
-        """Count one request in; the returned function counts it out (once)."""
-        self.count += 1
-        done = False
-
-        def leave() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self.count -= 1
-                self.last_left = time.monotonic()
-                self.changed.set()
-        return leave
 
 
 class BatchService:
@@ -362,77 +329,3 @@ def _parse_lines(text: str, endpoint: str) -> tuple[list[tuple[str, dict]], list
             seen.add(custom_id)
             lines.append((custom_id, item["body"]))
     return lines, errors
-
-
-class BatchRunner:
-    """Runs the batches' lines in the background of one server process (see module docstring).
-    ``capacity()``: how many lines may run at once (the engines' batch size); ``activity``:
-    interactive requests in flight."""
-
-    def __init__(self, service: BatchService, dispatch: Dispatch, capacity: Callable[[], int],
-                 activity: Activity, poll_s: float = 1.0) -> None:
-        self.service, self.dispatch, self.capacity, self.activity = service, dispatch, capacity, activity
-        self.poll_s = poll_s
-        self.runner_id = uuid.uuid4().hex
-        self._running: dict[int, asyncio.Task] = {}
-        self._wake = asyncio.Event()
-        service.wake = self._wake.set
-
-    async def run_forever(self) -> None:
-        store = self.service.batches
-        last_beat = last_finish = 0.0
-        while True:
-            try:
-                now = time.monotonic()
-                if now - last_beat > LEASE_S / 3:
-                    await asyncio.to_thread(store.heartbeat, self.runner_id, list(self._running))
-                    last_beat = now
-                quiet = self.activity.quiet_for() >= QUIET_S
-                free = self.capacity() - len(self._running) if quiet else 0
-                claimed = await asyncio.to_thread(store.claim, self.runner_id, free, LEASE_S) if free > 0 else []
-                for line in claimed:
-                    self._running[line.id] = asyncio.create_task(self._run(line))
-                if now - last_finish > self.poll_s or (not claimed and not self._running):
-                    for batch_id in await asyncio.to_thread(store.unfinished):
-                        await self.service.finish_if_done(batch_id)
-                    last_finish = now
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 (a database hiccup must not end the runner)
-                log.exception("batch runner step failed")
-            waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self.activity.changed.wait())]
-            waits += list(self._running.values())
-            try:
-                await asyncio.wait(waits, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits[:2]:
-                    w.cancel()
-            self._wake.clear()
-            self.activity.changed.clear()
-
-    async def _run(self, line: ClaimedLine) -> None:
-        url = "/v1/messages" if line.api == "anthropic" else await self._endpoint(line.batch_id)
-        try:
-            status, body = await self.dispatch(line.owner, url, line.request)
-            await asyncio.to_thread(self.service.batches.complete, line.id, status, body)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 (the line stays pending; its claim runs out and it runs again)
-            log.exception("batch %s line %s failed", line.batch_id, line.custom_id)
-        finally:
-            self._running.pop(line.id, None)
-            self._wake.set()
-
-    async def _endpoint(self, batch_id: str) -> str:
-        body = await asyncio.to_thread(self.service.batches.body, batch_id)
-        return body["endpoint"] if body else "/v1/chat/completions"
-
-    async def close(self) -> None:
-        """Stop: lines running are dropped unrecorded and their claims given up, so the next
-        runner (this server restarted, another replica) runs them."""
-        ids, tasks = list(self._running), list(self._running.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.service.batches.release, self.runner_id, ids)
