@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from glmserve.protocol.errors import APIError, invalid_request
+from glmserve.serving.items import is_stored_id, page
 from glmserve.state import BatchStore, FileStore, StoreFull
 
 log = logging.getLogger("glmserve.batches")
@@ -36,7 +37,6 @@ log = logging.getLogger("glmserve.batches")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
 COMPLETION_WINDOW_S = 24 * 3600
-_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
 
 
@@ -83,7 +83,7 @@ class BatchService:
                                 filename[:255] or "upload.jsonl", content)
 
     async def file(self, owner: str, file_id: str) -> dict:
-        found = await self._call(self.files, "get", owner, file_id) if _ID.fullmatch(file_id) else None
+        found = await self._call(self.files, "get", owner, file_id) if is_stored_id(file_id) else None
         if found is None:
             raise _not_found("file", file_id)
         return found
@@ -94,10 +94,10 @@ class BatchService:
 
     async def list_files(self, owner: str, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
         files = await self._call(self.files, "list", owner, purpose)
-        return _page(files, after, limit, order, "file")
+        return page(files, after, limit, order, "the list of files")
 
     async def delete_file(self, owner: str, file_id: str) -> dict:
-        if not (_ID.fullmatch(file_id) and await self._call(self.files, "delete", owner, file_id)):
+        if not (is_stored_id(file_id) and await self._call(self.files, "delete", owner, file_id)):
             raise _not_found("file", file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
@@ -133,7 +133,7 @@ class BatchService:
         return body
 
     async def get(self, owner: str, batch_id: str, api: str = "openai") -> dict:
-        body = await self._call(self.batches, "get", owner, batch_id, api) if _ID.fullmatch(batch_id) else None
+        body = await self._call(self.batches, "get", owner, batch_id, api) if is_stored_id(batch_id) else None
         if body is None:
             raise _not_found("batch", batch_id)
         if body["status"] in ("in_progress", "cancelling"):
@@ -143,7 +143,7 @@ class BatchService:
 
     async def list(self, owner: str, after: str | None, limit: int, api: str = "openai") -> dict:
         batches = await self._call(self.batches, "list", owner, api)
-        return _page(batches, after, limit, "asc", "batch")
+        return page(batches, after, limit, "asc", "the list of batches")
 
     async def cancel(self, owner: str, batch_id: str, api: str = "openai") -> dict:
         """Stop a batch: no new line starts, running ones finish (``cancelling``), then it is
@@ -275,18 +275,6 @@ def _with_counts(body: dict, total: int, done: int, failed: int) -> dict:
             "processing": 0 if ended else total - done, "succeeded": done - failed, "errored": failed,
             "canceled": total - done if ended else 0, "expired": 0}}
     return {**body, "request_counts": {"total": total, "completed": done - failed, "failed": failed}}
-
-
-def _page(objects: list[dict], after: str | None, limit: int, order: str, kind: str) -> dict:
-    objects = list(reversed(objects)) if order == "desc" else objects
-    if after is not None:
-        ids = [o["id"] for o in objects]
-        if after not in ids:
-            raise invalid_request(f"no {kind} '{after}' to list after", "after")
-        objects = objects[ids.index(after) + 1:]
-    shown = objects[:limit]
-    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(objects) > limit}
 
 
 def _parse_lines(text: str, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:

@@ -7,16 +7,14 @@ API key that made it: another key gets a 404, as for a missing id. ``/v1/respons
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from typing import Any
 
 from glmserve.protocol.conversations import ConversationCreateRequest, ItemsCreateRequest
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.items import page, stored_items
+from glmserve.serving.items import is_stored_id, page, stored_items
 from glmserve.state import ConversationStore, StoreFull
 
-_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 
 
 def conversation_not_found(conversation_id: str) -> APIError:
@@ -38,7 +36,7 @@ class ConversationService:
             raise invalid_request(str(exc), None, "store_full") from None
 
     async def _existing(self, method: str, owner: str, conversation_id: str, *args: Any) -> Any:
-        result = await self._call(method, owner, conversation_id, *args) if _ID.fullmatch(conversation_id) else None
+        result = await self._call(method, owner, conversation_id, *args) if is_stored_id(conversation_id) else None
         if result is None or result is False:
             raise conversation_not_found(conversation_id)
         return result

@@ -3,6 +3,7 @@ form (``stored_items``) and OpenAI's paged list of them (``page``)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -10,6 +11,16 @@ from glmserve.protocol.errors import invalid_request
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 ROLES = ("user", "assistant", "system", "developer")
+_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def is_stored_id(value: str) -> bool:
+    """Whether ``value`` can be an id this server made (``resp_...``, ``conv_...``,
+    ``file-...``, ``batch_...``): anything else is not looked up, so no odd bytes reach the
+    database."""
+    return _ID.fullmatch(value) is not None
+
+
 _PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.protocol.responses import Response, ResponseEvent, ResponsesRequest
 from glmserve.serving.conversations import ConversationService
-from glmserve.serving.items import page, stored_items
+from glmserve.serving.items import is_stored_id, page, stored_items
 from glmserve.serving.responses import ResponsesService
 from glmserve.state import ResponseStore, StoredResponse
 
@@ -41,7 +40,6 @@ EVENTS_KEPT_S = 600.0  # how long a finished background run's events stay for re
 MAX_RUNS_KEPT = 256  # finished runs whose events are kept, at most
 CANCEL_CHECK_S = 1.0  # how often a background run looks for a cancel made on another replica
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
-_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")  # what an id this server makes can look like
 
 
 def not_found(response_id: str) -> APIError:
@@ -227,7 +225,7 @@ class ResponseStorage:
         return self.store
 
     async def _lookup(self, response_id: str, owner: str) -> StoredResponse | None:
-        if not _ID.fullmatch(response_id):  # not one of ours (and no odd bytes reach the database)
+        if not is_stored_id(response_id):  # not one of ours (and no odd bytes reach the database)
             return None
         return await asyncio.to_thread(self._need_store().get, owner, response_id)
 
@@ -247,7 +245,7 @@ class ResponseStorage:
         run = self._runs.get(response_id)
         if run is not None and run.owner == owner and run.task is not None and not run.task.done():
             await self.cancel(response_id, owner)
-        if not _ID.fullmatch(response_id) or not await asyncio.to_thread(self._need_store().delete, owner,
+        if not is_stored_id(response_id) or not await asyncio.to_thread(self._need_store().delete, owner,
                                                                          response_id):
             raise not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
