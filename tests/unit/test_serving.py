@@ -190,3 +190,22 @@ def test_max_new_tokens_is_the_default_max_tokens(engine):
     with TestClient(create_app(service)) as client:
         assert client.post("/v1/chat/completions", json=_body()).status_code == 200  # a ceiling: never a 400
     assert engine.requests[-1].sampling.max_tokens == 256 - len(engine.requests[-1].prompt_token_ids)
+
+
+def test_streams_escape_the_line_breaks_that_json_leaves_raw():
+    """U+0085, U+2028 and U+2029 in generated text reach a line reader that splits at them
+    (httpx's iter_lines: str.splitlines) as JSON escapes, in both SSE dialects; the text is
+    unchanged."""
+    reply = "a\u2028b\x85c\u2029d"
+    service = ChatService(FakeEngine(reply), "fake", ChatTemplate(CHATML_TEMPLATE))
+    with TestClient(create_app(service)) as client:
+        with client.stream("POST", "/v1/chat/completions", json=_body(stream=True)) as stream:
+            raw = stream.read()
+            events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
+        with client.stream("POST", "/v1/messages", json={**_body(stream=True), "max_tokens": 16}) as stream:
+            lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert b"\\u2028" in raw and b"\\u0085" in raw and b"\\u2029" in raw
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == reply
+    deltas = [json.loads(line[len("data: "):]) for line in lines]
+    assert "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta") == reply

@@ -7,6 +7,10 @@ dialects (``SSEDialect``):
 - Anthropic's (``ANTHROPIC``): each event is ``event: <type>`` plus its whole object as
   ``data:``; no ``[DONE]`` (``message_stop`` ends it); keep-alive pings are ``ping`` events.
 
+In both, U+0085, U+2028 and U+2029 inside a JSON payload are sent as ``\\u`` escapes (the same
+JSON): SSE ends lines only at CR and LF, but common line readers also split at these (Python's
+``str.splitlines``, which httpx's ``iter_lines`` uses), and a token of generated text can be one.
+
 On SIGTERM sse-starlette sets a shutdown event for every open stream. A stream then keeps
 going until ``grace_s`` has passed; if it has not finished by then, its source is closed
 (aborting the engine request) and it ends with the dialect's error event
@@ -55,6 +59,18 @@ class SSEDialect:
     error: Callable[[APIError], str | dict]
     ping: Callable[[], ServerSentEvent] | None
     dump: Callable[[BaseModel], Any]
+
+
+# the line breaks JSON leaves raw (it escapes every other one, as a control character)
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def one_line(payload: str | dict) -> str | dict:
+    """``payload`` (SSE data, or an event dict with ``data``) with its JSON's U+0085, U+2028 and
+    U+2029 written as ``\\u`` escapes; see the module docstring."""
+    if isinstance(payload, dict):
+        return {**payload, "data": one_line(payload["data"])}
+    return payload if payload.isascii() else payload.translate(_LINE_BREAKS)
 
 
 def _openai_payload(item: StreamItem) -> str:
@@ -106,7 +122,7 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
                 deadline = loop.time() + grace_s
                 done, _ = await asyncio.wait({step}, timeout=grace_s)
             if step not in done:
-                yield dialect.error(SHUTTING_DOWN)
+                yield one_line(dialect.error(SHUTTING_DOWN))
                 return
             try:
                 item = step.result()
@@ -114,7 +130,7 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
                 if dialect.done is not None:
                     yield dialect.done
                 return
-            yield dialect.payload(item)
+            yield one_line(dialect.payload(item))
             if dialect.ends(item):
                 return
     finally:
