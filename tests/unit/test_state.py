@@ -3,6 +3,8 @@ by size, owners, and the settings that choose it. PostgreSQL: ``tests/e2e/test_s
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 import time
 
@@ -119,3 +121,25 @@ def test_the_migrations_make_the_tables_the_stores_read(tmp_path):
     engine = open_database(f"sqlite:///{tmp_path / 'state.db'}")
     for table in METADATA.sorted_tables:
         assert {c["name"] for c in sa.inspect(engine).get_columns(table.name)} == {c.name for c in table.columns}
+
+
+def test_a_batch_file_splits_only_at_line_feeds(tmp_path):
+    """JSONL lines end at LF or CRLF; a raw U+2028 or U+0085 inside a JSON string (valid JSON)
+    stays in its line."""
+    from glmserve.serving.batches import BatchService
+    from glmserve.state import BatchStore, FileStore
+
+    database = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    service = BatchService(BatchStore(database), FileStore(ResponseStore(database, 100.0, 1 << 20)))
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "m", "messages": [{"role": "user", "content": f"a{sep}b"}]}}
+             for i, sep in enumerate(["\u2028", "\x85", "\u2029"])]
+    content = "\r\n".join(json.dumps(line, ensure_ascii=False) for line in lines).encode() + b"\n\n"
+
+    async def make() -> dict:
+        file = await service.upload("", "batch", "in.jsonl", content)
+        return await service.create("", file["id"], "/v1/chat/completions", "24h", None)
+
+    batch = asyncio.run(make())
+    assert batch["status"] == "in_progress", batch["errors"]
+    assert batch["request_counts"]["total"] == 3

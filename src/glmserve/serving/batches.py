@@ -285,7 +285,9 @@ def _parse_lines(text: str, endpoint: str) -> tuple[list[tuple[str, dict]], list
     def error(code: str, message: str, line: int, param: str | None = None) -> None:
         errors.append({"code": code, "message": message, "param": param, "line": line})
 
-    rows = [(n, row) for n, row in enumerate(text.splitlines(), 1) if row.strip()]
+    # JSONL's lines end at LF (CRLF too: JSON allows the CR); str.splitlines would also split
+    # inside a JSON string at U+2028 and the like
+    rows = [(n, row) for n, row in enumerate(text.split("\n"), 1) if row.strip()]
     if not rows:
         error("empty_file", "the input file holds no request", 0)
     if len(rows) > MAX_LINES:
