@@ -348,7 +348,9 @@ def test_batch_priority_sequences_pause_and_give_up_their_slots(layout):
     """Batch work (priority 1) fills the slots; an interactive request (priority 0) takes the
     newest batch sequence's slot at once and runs alone; the batch goes on once it is done,
     the preempted sequence recomputed from its tokens."""
-    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=50, kv_layout=layout)
+    now = [0.0]
+    s = Scheduler(max_num_seqs=2, n_ctx=100, max_num_batched_tokens=50, kv_layout=layout, priority_hold_s=1.0,
+                  clock=lambda: now[0])
     b1, b2 = Sequence("b1", list(range(5)), priority=1), Sequence("b2", list(range(10, 15)), priority=1)
     s.add(b1)
     s.add(b2)
@@ -363,6 +365,10 @@ def test_batch_priority_sequences_pause_and_give_up_their_slots(layout):
     for _ in range(3):
         assert [c.seq for c in run_step(s).chunks] == [user]
     s.finish(user)
+    now[0] += 0.6  # the interactive priority holds the engine for priority_hold_s after it ran
+    assert s.held_s() == pytest.approx(0.4) and run_step(s).chunks == []
+    now[0] += 0.4
+    assert s.held_s() == 0.0
     out = run_step(s)
     assert [c.seq for c in out.chunks] == [b1, b2]  # b2 recomputes its prompt and what it generated
     assert (out.chunks[1].start, out.chunks[1].length) == (0, 7)
@@ -377,3 +383,25 @@ def test_waiting_queue_is_ordered_by_priority():
     s.add(user := Sequence("user", [9]))
     assert list(s.waiting) == [user, *batch]
     assert [c.seq for c in run_step(s).chunks] == [user]
+
+
+def test_lower_priority_work_is_not_admitted_beside_higher_and_holds_end():
+    """A batch sequence waits while an interactive one runs, even with a slot free; an
+    interactive request that arrives while the batch is held runs at once and renews the hold."""
+    now = [0.0]
+    s = Scheduler(max_num_seqs=4, n_ctx=100, max_num_batched_tokens=50, priority_hold_s=1.0, clock=lambda: now[0])
+    s.add(user := Sequence("user", [1, 2, 3]))
+    s.add(batch := Sequence("b", [4, 5, 6], priority=1))
+    assert [c.seq for c in run_step(s).chunks] == [user]
+    assert batch.status is SeqStatus.WAITING and s.held_s() == 0.0  # not held: waiting behind running work
+    s.finish(user)
+    now[0] += 0.5
+    assert run_step(s).chunks == [] and s.held_s() == pytest.approx(0.5)
+    s.add(again := Sequence("again", [7, 8]))  # the agent's next turn
+    assert [c.seq for c in run_step(s).chunks] == [again]
+    s.finish(again)
+    now[0] += 0.9
+    assert run_step(s).chunks == []  # held from again's last step
+    now[0] += 0.1
+    assert [c.seq for c in run_step(s).chunks] == [batch]
+    assert s.held_s() == 0.0

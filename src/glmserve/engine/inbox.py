@@ -26,11 +26,11 @@ class Inbox(Generic[T]):
     def close(self) -> None:
         self._queue.put(None)
 
-    def drain(self, block: bool, take: Callable[[T], None]) -> bool:
-        """Hand every queued item to ``take`` (waiting for the first when ``block``); False once
-        ``close()`` was called."""
+    def drain(self, wait_s: float | None, take: Callable[[T], None]) -> bool:
+        """Hand every queued item to ``take``, waiting up to ``wait_s`` seconds for the first
+        (None: until one comes; 0: not at all); False once ``close()`` was called."""
         try:
-            item = self._queue.get(block=block)
+            item = self._queue.get(block=wait_s != 0, timeout=wait_s)
             while True:
                 if item is None:
                     return False

@@ -40,8 +40,11 @@ queue, to be recomputed from its tokens (prompt + what it generated) later.
 Priority (``Sequence.priority``, lower first; batch lines run at ``BATCH_PRIORITY``): only the
 sequences of the lowest value with work are scheduled; the others keep their slots and cells but
 are paused, and a waiting sequence of the lowest value that finds every slot taken gets the slot
-of the newest paused one (preempted: it waits again and is recomputed later). An interactive
-request still waits for the step in progress when it arrives (``benchmarks/batch_priority.py``);
+of the newest paused one (preempted: it waits again and is recomputed later). A value keeps the
+engine for ``priority_hold_s`` after its last sequence ran (``held_s``: nothing of a higher value
+runs until then), so that back-to-back interactive requests (an agent's turns) do not each meet a
+batch step, or the recomputation of a preempted batch sequence, on arrival. An interactive request
+that comes after a longer pause still waits for the step in progress (``benchmarks/batch_priority.py``);
 batch work fills the engine's slots otherwise.
 
 Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
@@ -52,7 +55,9 @@ within its group: the same tokens under another adapter have other KV values.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 from glmserve.engine.prompt_cache import HostPromptCache, common_prefix
@@ -70,13 +75,17 @@ SPLIT_COPY_MIN_TOKENS = 64
 HOST_SAVE_MIN_TOKENS = 128
 # ...and a saved state is loaded when it gives at least this many more tokens than any slot.
 HOST_RESTORE_MIN_TOKENS = 64
+# Priority: seconds a priority value keeps the engine after its last sequence ran (module
+# docstring); about the pause between an agent's turns, tool runs included
+PRIORITY_HOLD_S = 1.0
 
 
 class Scheduler:
     """See module docstring. Not thread-safe: the engine thread owns it."""
 
     def __init__(self, max_num_seqs: int, n_ctx: int, max_num_batched_tokens: int,
-                 kv_layout: KVLayout = "unified", host_cache: HostPromptCache | None = None) -> None:
+                 kv_layout: KVLayout = "unified", host_cache: HostPromptCache | None = None,
+                 priority_hold_s: float = PRIORITY_HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
         if max_num_seqs < 1 or n_ctx < 2 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs >= 1, n_ctx >= 2 and max_num_batched_tokens >= 1 required")
         if kv_layout not in ("split", "unified"):
@@ -96,6 +105,8 @@ class Scheduler:
         self._step = 0
         self._committed = [0] * max_num_seqs
         self._group: str | None = None
+        self.priority_hold_s, self._clock = priority_hold_s, clock
+        self._last_ran: dict[int, float] = {}  # priority value -> when a sequence of it last ran
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -126,8 +137,26 @@ class Scheduler:
         self.waiting.insert(index, seq)
 
     def _top_priority(self) -> int:
-        """The lowest priority value with work: only its sequences run this step."""
-        return min((seq.priority for seq in (*self.running, *self.waiting)), default=0)
+        """The priority whose sequences run this step: the lowest value with work, or a lower
+        one that ran less than ``priority_hold_s`` ago (then nothing runs: ``held_s``)."""
+        now = self._clock()
+        self._last_ran = {p: t for p, t in self._last_ran.items() if now - t < self.priority_hold_s}
+        if not self.has_work():
+            return 0
+        with_work = min(seq.priority for seq in (*self.running, *self.waiting))
+        top = min((with_work, *self._last_ran))
+        if top == with_work:
+            self._last_ran[top] = now
+        return top
+
+    def held_s(self) -> float:
+        """Seconds until the work there is may run, held for a lower priority value that ran
+        less than ``priority_hold_s`` ago (0: it may run now, or there is none)."""
+        if not self.has_work():
+            return 0.0
+        with_work = min(seq.priority for seq in (*self.running, *self.waiting))
+        now = self._clock()
+        return max([0.0, *(t + self.priority_hold_s - now for p, t in self._last_ran.items() if p < with_work)])
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -151,7 +180,7 @@ class Scheduler:
             out.chunks.append(self._advance(seq, n, remaining))
             budget -= n
         while (self.waiting and len(self.running) < self.max_num_seqs and budget > 0
-               and self.waiting[0].group == out.group):
+               and self.waiting[0].group == out.group and self.waiting[0].priority <= top):
             seq = self.waiting[0]
             if self._prefix_in_prefill(seq) or not self._admit(seq, out):
                 break

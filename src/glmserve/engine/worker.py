@@ -67,6 +67,11 @@ class StepWorker(Generic[S]):
         """Any request running or waiting."""
         raise NotImplementedError
 
+    def _held_s(self) -> float:
+        """Seconds the work there is is held back (nothing to compute until then unless a new
+        request comes; 0: step now). Engines that hold no work keep this default."""
+        return 0.0
+
     def _add(self, seq: S) -> None:
         """Take a new request from the inbox (it waits until the engine schedules it)."""
         raise NotImplementedError
@@ -194,7 +199,7 @@ class StepWorker(Generic[S]):
     def _worker(self) -> None:
         running = True
         while running:
-            running = self._inbox.drain(not self._has_work(), self._take)
+            running = self._inbox.drain(self._held_s() if self._has_work() else None, self._take)
             self._apply_aborts()
             if not running:
                 break
@@ -206,7 +211,7 @@ class StepWorker(Generic[S]):
                     self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
                 self._after_failed_step()
             self._outputs.flush()
-        self._inbox.drain(False, self._take_after_close)
+        self._inbox.drain(0, self._take_after_close)
         for seq in list(self._unfinished()):
             self._finish(seq, "abort")
         self._outputs.flush()

@@ -240,15 +240,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._stop_worker()
         if self.spec_decode is not None and self.spec_decode.num_drafts:
             log.info("speculative decoding: %s", self.spec_decode.describe())
-        if self._decoder is not None:
-            self._decoder.free()
-            self._decoder = None
-        if self._embedder is not None:
-            self._embedder.free()
-            self._embedder = None
-        if self._draft is not None:
-            self._draft.free()
-            self._draft = None
+        for part in ("_decoder", "_embedder", "_draft"):  # each once, if it was made
+            if getattr(self, part) is not None:
+                getattr(self, part).free()
+                setattr(self, part, None)
         self._ngram_pool = None
         free_handles(ctx=self._ctx, model=self._model)
         self._ctx = self._model = None
@@ -291,11 +286,13 @@ class LlamaCppEngine(StepWorker[Sequence]):
                                    prompt_cache_ram=None if cache is None else cache.stats())
 
     def _kv_cache_usage(self) -> float | None:
-        scheduler = self._scheduler
-        return scheduler.kv_used / scheduler.kv_capacity if scheduler is not None else None
+        return self._scheduler.kv_used / self._scheduler.kv_capacity if self._scheduler is not None else None
 
     def _has_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_work()
+
+    def _held_s(self) -> float:
+        return self._scheduler.held_s() if self._scheduler is not None else 0.0
 
     def _add(self, seq: Sequence) -> None:
         self._by_id[seq.request_id] = seq
