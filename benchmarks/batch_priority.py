@@ -6,8 +6,10 @@ chat requests sent one after another (distinct prompts of about ``--input-len`` 
 ``--output-len`` tokens each, ignore_eos) twice, in alternating order: alone, and while a batch
 of ``--batch-lines`` chat requests (``--batch-output-len`` tokens each) runs; the batch is
 cancelled after each round. The batch runner fills the engine's whole batch while nothing else
-runs and starts no new line while an interactive request is in flight, so a request shares the
-engine only with the lines already running when it arrived.
+runs and starts no new line while an interactive request is in flight; the engine pauses the
+lines already running while an interactive request runs and for a second after it. The batch's
+own rate (lines finished per second) is measured while it runs alone, for ``--batch-window``
+seconds before each round's interactive requests, and while they run.
 
     python benchmarks/batch_priority.py [--rounds 5] [--requests 8]
 """
@@ -63,6 +65,10 @@ def start_batch(client: httpx.Client, model: str, rng: random.Random, lines: int
     return batch["id"]
 
 
+def completed(client: httpx.Client, batch_id: str) -> int:
+    return client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"]
+
+
 def running(client: httpx.Client) -> float:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith("glmserve:num_requests_running"):
@@ -79,12 +85,15 @@ def main() -> int:
     p.add_argument("--batch-lines", type=int, default=400)
     p.add_argument("--batch-output-len", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--batch-window", type=float, default=12.0,
+                   help="seconds the batch runs alone, before the interactive requests, to measure its rate")
     args = p.parse_args()
     server = RemoteServer("--override-generation-config", '{"temperature": 0}', "--max-num-seqs",
                           str(args.max_num_seqs))
     rows: dict[str, list[dict]] = {"alone": [], "with a batch running": []}
     per_round: dict[str, list[float]] = {k: [] for k in rows}
     batch_rates: list[float] = []
+    alone_rates: list[float] = []
     try:
         client = httpx.Client(base_url=server.url, timeout=600)
         model = client.get("/v1/models").json()["data"][0]["id"]
@@ -100,12 +109,16 @@ def main() -> int:
                     deadline = time.monotonic() + 120
                     while running(client) < args.max_num_seqs and time.monotonic() < deadline:
                         time.sleep(0.05)
+                    began = time.monotonic()  # the batch alone for --batch-window seconds
+                    done_before = completed(client, batch_id)
+                    time.sleep(args.batch_window)
+                    alone_rates.append((completed(client, batch_id) - done_before) / (time.monotonic() - began))
                     began = time.monotonic()
-                    done_before = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"]
+                    done_before = completed(client, batch_id)
                 results = asyncio.run(interactive(server.url, model, rng, args.requests, args.input_len,
                                                   args.output_len))
                 if batch_id is not None:
-                    done = client.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"]
+                    done = completed(client, batch_id)
                     batch_rates.append((done - done_before) / (time.monotonic() - began))
                     client.post(f"/v1/batches/{batch_id}/cancel")
                     while client.get(f"/v1/batches/{batch_id}").json()["status"] != "cancelled":
@@ -133,8 +146,10 @@ def main() -> int:
     ratio = stats["with a batch running"]["ttft_p50_ms"] / stats["alone"]["ttft_p50_ms"]
     stats["ttft_ratio"] = ratio
     stats["batch_lines_per_s_during_interactive"] = statistics.median(batch_rates) if batch_rates else None
-    lines += ["", f"TTFT p50 with a batch running / alone: {ratio:.2f}; batch lines finished per second while the "
-              f"interactive requests ran: {stats['batch_lines_per_s_during_interactive']:.2f} (median)"]
+    stats["batch_lines_per_s_alone"] = statistics.median(alone_rates) if alone_rates else None
+    lines += ["", f"TTFT p50 with a batch running / alone: {ratio:.2f}; batch lines finished per second: "
+              f"{stats['batch_lines_per_s_alone']:.2f} alone ({args.batch_window:g} s before the interactive requests), "
+              f"{stats['batch_lines_per_s_during_interactive']:.2f} while they ran (medians)"]
     save("batch_priority", "Interactive requests while a batch runs", "\n".join(lines), stats)
     return 0
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from glmserve.engine.admission import AdmissionControl
-from glmserve.engine.scheduler import SPLIT_COPY_MIN_TOKENS, Scheduler
+from glmserve.engine.scheduler import BACKGROUND_PROMPT_TOKENS, SPLIT_COPY_MIN_TOKENS, Scheduler
 from glmserve.engine.sequence import KVOp, Sequence, SeqStatus
 
 
@@ -405,3 +405,20 @@ def test_lower_priority_work_is_not_admitted_beside_higher_and_holds_end():
     now[0] += 0.1
     assert [c.seq for c in run_step(s).chunks] == [batch]
     assert s.held_s() == 0.0
+
+
+def test_a_background_step_computes_few_prompt_tokens_and_every_decode():
+    """Steps of background work (priority 1) compute at most BACKGROUND_PROMPT_TOKENS prompt
+    tokens, in chunks, while every running background sequence still decodes; interactive
+    steps use the whole max_num_batched_tokens."""
+    s = Scheduler(max_num_seqs=4, n_ctx=1000, max_num_batched_tokens=512, priority_hold_s=0.0)
+    s.add(first := Sequence("b0", list(range(10)), priority=1))
+    run_step(s)
+    s.add(long := Sequence("b1", list(range(300)), priority=1))
+    out = run_step(s)
+    assert [(c.seq, c.length) for c in out.chunks] == [(first, 1), (long, BACKGROUND_PROMPT_TOKENS)]
+    while long.num_computed < 300:
+        lengths = {c.seq.request_id: c.length for c in run_step(s).chunks}
+        assert lengths["b0"] == 1 and lengths["b1"] <= BACKGROUND_PROMPT_TOKENS
+    s.add(user := Sequence("user", list(range(1000, 1300))))
+    assert [(c.seq, c.length) for c in run_step(s).chunks] == [(user, 300)]

@@ -44,8 +44,9 @@ of the newest paused one (preempted: it waits again and is recomputed later). A 
 engine for ``priority_hold_s`` after its last sequence ran (``held_s``: nothing of a higher value
 runs until then), so that back-to-back interactive requests (an agent's turns) do not each meet a
 batch step, or the recomputation of a preempted batch sequence, on arrival. An interactive request
-that comes after a longer pause still waits for the step in progress (``benchmarks/batch_priority.py``);
-batch work fills the engine's slots otherwise.
+that comes after a longer pause still waits for the step in progress, which is kept short: a step of
+background work (a value above 0) computes at most ``BACKGROUND_PROMPT_TOKENS`` prompt tokens
+(``benchmarks/batch_priority.py``). Batch work fills the engine's slots otherwise.
 
 Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
 sequences of one group only (``SchedulerOutput.group``; None is the base model). When several
@@ -78,6 +79,9 @@ HOST_RESTORE_MIN_TOKENS = 64
 # Priority: seconds a priority value keeps the engine after its last sequence ran (module
 # docstring); about the pause between an agent's turns, tool runs included
 PRIORITY_HOLD_S = 1.0
+# ...and a step of background work (a priority value above 0) computes at most this many prompt
+# tokens (decodes are not limited), so that a request that arrives waits for a short step
+BACKGROUND_PROMPT_TOKENS = 64
 
 
 class Scheduler:
@@ -168,27 +172,31 @@ class Scheduler:
         out = SchedulerOutput(group=self._pick_group(top))
         self._preempt_for(top, out)
         budget = self.max_num_batched_tokens
+        # prompt tokens (chunks of more than one token) this step may compute
+        prompt_budget = budget if top <= 0 else BACKGROUND_PROMPT_TOKENS
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.status is not SeqStatus.RUNNING or seq.group != out.group or seq.priority > top:
                 continue  # preempted earlier in this loop, another group's turn, or paused for a higher priority
             remaining = len(seq.tokens) - seq.num_computed
-            n = min(remaining, budget)
-            if not self._make_room(n, out, protect=seq):
+            n = min(remaining, budget, budget if remaining == 1 else prompt_budget)
+            if n == 0 or not self._make_room(n, out, protect=seq):
                 continue
             out.chunks.append(self._advance(seq, n, remaining))
             budget -= n
-        while (self.waiting and len(self.running) < self.max_num_seqs and budget > 0
+            prompt_budget -= n if remaining > 1 else 0
+        while (self.waiting and len(self.running) < self.max_num_seqs and min(budget, prompt_budget) > 0
                and self.waiting[0].group == out.group and self.waiting[0].priority <= top):
             seq = self.waiting[0]
             if self._prefix_in_prefill(seq) or not self._admit(seq, out):
                 break
             self.waiting.popleft()
             remaining = len(seq.tokens) - seq.num_computed
-            n = min(remaining, budget)
+            n = min(remaining, budget, prompt_budget)
             out.chunks.append(self._advance(seq, n, remaining))
             budget -= n
+            prompt_budget -= n
         return out
 
     def _prefix_in_prefill(self, seq: Sequence) -> bool:
