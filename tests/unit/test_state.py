@@ -143,3 +143,33 @@ def test_a_batch_file_splits_only_at_line_feeds(tmp_path):
     batch = asyncio.run(make())
     assert batch["status"] == "in_progress", batch["errors"]
     assert batch["request_counts"]["total"] == 3
+
+
+def test_a_background_run_whose_server_stopped_reads_as_failed(tmp_path, monkeypatch):
+    """A queued or in-progress response carries a heartbeat that its server renews; once the
+    heartbeat is LOST_AFTER_S old (the server died), reading it stores and returns it failed.
+    A run with a fresh heartbeat (running on another replica) and a finished one are left as
+    they are, and a run renewed between the read and the write is not failed."""
+    from glmserve.serving.stored_responses import LOST_AFTER_S, ResponseStorage
+
+    store = _store(tmp_path)
+    storage = ResponseStorage(store)
+    for rid, status in [("resp_lost", "in_progress"), ("resp_live", "queued"), ("resp_done", "completed")]:
+        store.put("k", {"id": rid, "status": status, "background": True}, [{"type": "message"}])
+    assert store.get("k", "resp_done").heartbeat_at is None
+    assert store.get("k", "resp_live").heartbeat_at == pytest.approx(time.time(), abs=5)
+    later = time.time() + LOST_AFTER_S + 1
+    monkeypatch.setattr(time, "time", lambda: later)  # the clock of both layers
+    seen = store.get("k", "resp_live")
+    store.heartbeat(["resp_live", "resp_done"])  # renewed (by another replica) after the read
+    assert not store.fail_lost("k", seen, {**seen.body, "status": "failed"})
+
+    async def read(rid: str) -> dict:
+        return await storage.get(rid, "k")
+
+    lost = asyncio.run(read("resp_lost"))
+    assert lost["status"] == "failed" and lost["error"]["code"] == "server_error"
+    assert store.get("k", "resp_lost").body == lost and store.get("k", "resp_lost").input_items == [{"type": "message"}]
+    assert asyncio.run(read("resp_live"))["status"] == "queued"
+    assert asyncio.run(read("resp_done"))["status"] == "completed"
+    assert store.get("k", "resp_done").heartbeat_at is None

@@ -69,6 +69,7 @@ def create_app(
         tasks = []
         if stored.store:
             tasks.append(asyncio.create_task(stored.purge_forever(purge_interval_s)))
+            tasks.append(asyncio.create_task(stored.heartbeat_forever()))
         runner = None
         if batch_work.batches is not None:
             runner = BatchRunner(batch_work, dispatcher(app), capacity, activity)

@@ -14,7 +14,9 @@ a ``ResponsesService`` that generates and a ``state.ResponseStore`` that keeps.
   and stops). With ``stream: true`` the events stream as they come, and
   ``GET /v1/responses/{id}?stream=true&starting_after=N`` streams them again from after
   sequence number N, on the server that runs it, while it runs and for ``EVENTS_KEPT_S``
-  after.
+  after. The server renews a running run's heartbeat every ``HEARTBEAT_S``; a run whose
+  heartbeat is ``LOST_AFTER_S`` old (its server died or was killed) reads as ``failed``
+  (``server_error``) from then on, on every server of the database.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from glmserve.serving.conversations import ConversationService
 from glmserve.serving.items import is_stored_id, page, stored_items
 from glmserve.serving.responses import ResponsesService
 from glmserve.state import ResponseStore, StoredResponse
+from glmserve.state.responses import RUNNING
 
 log = logging.getLogger("glmserve.responses")
 
@@ -40,6 +43,10 @@ EVENTS_KEPT_S = 600.0  # how long a finished background run's events stay for re
 MAX_RUNS_KEPT = 256  # finished runs whose events are kept, at most
 CANCEL_CHECK_S = 1.0  # how often a background run looks for a cancel made on another replica
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+HEARTBEAT_S = 10.0  # how often a server renews the heartbeat of the background runs it runs
+LOST_AFTER_S = 60.0  # a run whose heartbeat is this old lost its server: it reads as failed
+LOST = ("the server running this background response stopped before it finished (it was restarted or "
+        "failed); create the response again")
 
 
 def not_found(response_id: str) -> APIError:
@@ -227,7 +234,24 @@ class ResponseStorage:
     async def _lookup(self, response_id: str, owner: str) -> StoredResponse | None:
         if not is_stored_id(response_id):  # not one of ours (and no odd bytes reach the database)
             return None
-        return await asyncio.to_thread(self._need_store().get, owner, response_id)
+        store = self._need_store()
+        stored = await asyncio.to_thread(store.get, owner, response_id)
+        if stored is None or not self._lost(response_id, stored):
+            return stored
+        failed = {**stored.body, "status": "failed", "error": {"code": "server_error", "message": LOST}}
+        if await asyncio.to_thread(store.fail_lost, owner, stored, failed):
+            log.warning("background response %s lost its server (no heartbeat for %.0f s): stored as failed",
+                        response_id, LOST_AFTER_S)
+            return StoredResponse(failed, stored.input_items)
+        return await asyncio.to_thread(store.get, owner, response_id)  # it changed meanwhile
+
+    def _lost(self, response_id: str, stored: StoredResponse) -> bool:
+        """A background run that no server runs any more: running by its status, not here, and
+        no heartbeat for ``LOST_AFTER_S``."""
+        run = self._runs.get(response_id)
+        here = run is not None and run.task is not None and not run.task.done()
+        return (stored.body.get("status") in RUNNING and not here
+                and (stored.heartbeat_at is None or time.time() - stored.heartbeat_at > LOST_AFTER_S))
 
     async def _stored(self, response_id: str, owner: str) -> StoredResponse:
         stored = await self._lookup(response_id, owner)
@@ -289,6 +313,17 @@ class ResponseStorage:
             except Exception:  # noqa: BLE001 (a database hiccup must not end the task)
                 log.exception("purging expired responses failed")
             await asyncio.sleep(interval_s)
+
+    async def heartbeat_forever(self) -> None:
+        """Renew the heartbeat of this server's running background runs every ``HEARTBEAT_S``
+        seconds (the server's lifetime)."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            live = [rid for rid, run in self._runs.items() if run.task is not None and not run.task.done()]
+            try:
+                await asyncio.to_thread(self._need_store().heartbeat, live)
+            except Exception:  # noqa: BLE001 (a database hiccup must not end the task)
+                log.exception("renewing background runs' heartbeats failed")
 
     async def close(self) -> None:
         """Cancel the background runs still going (stored as ``cancelled``)."""

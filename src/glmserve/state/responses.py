@@ -1,7 +1,9 @@
 """``ResponseStore``: stored ``/v1/responses`` objects, each with the input items it was made
 from, scoped to an owner (the API key that created it), kept ``ttl_s`` seconds and within
-``max_bytes`` in all (the oldest go first). Blocking calls: the serving layer runs them in a
-thread (``asyncio.to_thread``)."""
+``max_bytes`` in all (the oldest go first). A ``queued`` or ``in_progress`` response (a
+background run) carries a heartbeat, renewed by the server that runs it (``heartbeat``), which
+tells a run whose server died (``fail_lost``) from one still running elsewhere. Blocking calls:
+the serving layer runs them in a thread (``asyncio.to_thread``)."""
 
 from __future__ import annotations
 
@@ -15,14 +17,19 @@ from sqlalchemy.engine import Engine
 
 from glmserve.state.tables import RESPONSES, dumps, stored_bytes
 
+RUNNING = ("queued", "in_progress")  # the statuses of a background run not yet ended
+
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A stored response: ``body`` the response object (a JSON dict), ``input_items`` every
-    input item it was made from (those of the responses it continued first), oldest first."""
+    input item it was made from (those of the responses it continued first), oldest first;
+    ``heartbeat_at``: when the server running it (``body["status"]`` in ``RUNNING``) last said
+    it was alive (epoch seconds; None: not running)."""
 
     body: dict[str, Any]
     input_items: list[dict[str, Any]]
+    heartbeat_at: float | None = None
 
 
 class ResponseStore:
@@ -42,7 +49,8 @@ class ResponseStore:
         text, items = dumps(body), dumps(input_items)
         now = time.time()
         row = {"owner": owner, "status": body.get("status", ""), "body": text, "input_items": items,
-               "size": len(text.encode()) + len(items.encode())}
+               "size": len(text.encode()) + len(items.encode()),
+               "heartbeat_at": now if body.get("status") in RUNNING else None}
         mine = sa.and_(RESPONSES.c.id == body["id"], RESPONSES.c.owner == owner)
         with self.engine.begin() as conn:
             query = sa.update(RESPONSES).where(mine)
@@ -64,11 +72,34 @@ class ResponseStore:
 
     def get(self, owner: str, response_id: str) -> StoredResponse | None:
         """The response ``response_id`` if ``owner`` stored it and it has not expired."""
-        query = sa.select(RESPONSES.c.body, RESPONSES.c.input_items).where(
+        query = sa.select(RESPONSES.c.body, RESPONSES.c.input_items, RESPONSES.c.heartbeat_at).where(
             RESPONSES.c.id == response_id, RESPONSES.c.owner == owner, RESPONSES.c.expires_at > time.time())
         with self.engine.connect() as conn:
             row = conn.execute(query).first()
-        return None if row is None else StoredResponse(json.loads(row.body), json.loads(row.input_items))
+        return None if row is None else StoredResponse(json.loads(row.body), json.loads(row.input_items),
+                                                       row.heartbeat_at)
+
+    def heartbeat(self, response_ids: list[str]) -> None:
+        """Renew the heartbeat of these responses (the runs this server runs) that are still
+        running."""
+        if response_ids:
+            with self.engine.begin() as conn:
+                conn.execute(sa.update(RESPONSES).where(RESPONSES.c.id.in_(response_ids),
+                                                        RESPONSES.c.status.in_(RUNNING)).values(heartbeat_at=time.time()))
+
+    def fail_lost(self, owner: str, seen: StoredResponse, failed: dict[str, Any]) -> bool:
+        """Store ``failed`` (the response, ended) in place of ``seen``, a run whose server
+        stopped, if nothing changed it since it was read (no newer heartbeat or state); whether
+        it was written."""
+        text = dumps(failed)
+        beat = (RESPONSES.c.heartbeat_at.is_(None) if seen.heartbeat_at is None
+                else RESPONSES.c.heartbeat_at == seen.heartbeat_at)
+        with self.engine.begin() as conn:
+            return conn.execute(sa.update(RESPONSES).where(
+                RESPONSES.c.id == failed["id"], RESPONSES.c.owner == owner, beat,
+                RESPONSES.c.status == seen.body.get("status")).values(
+                    status=failed["status"], body=text, heartbeat_at=None,
+                    size=len(text.encode()) + len(dumps(seen.input_items).encode()))).rowcount > 0
 
     def delete(self, owner: str, response_id: str) -> bool:
         """Delete ``response_id`` if ``owner`` stored it; whether there was one to delete."""

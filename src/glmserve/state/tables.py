@@ -20,6 +20,7 @@ RESPONSES = sa.Table(
     sa.Column("body", sa.Text, nullable=False),
     sa.Column("input_items", sa.Text, nullable=False),
     sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=True),  # a queued or in-progress run's server is alive
 )
 CONVERSATIONS = sa.Table(
     "conversations", METADATA,
