@@ -27,13 +27,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.protocol.responses import Response, ResponseEvent, ResponsesRequest
 from glmserve.serving.conversations import ConversationService
 from glmserve.serving.items import is_stored_id, page, stored_items
 from glmserve.serving.responses import ResponsesService
+from glmserve.serving.run_events import Follow, Run
 from glmserve.state import ResponseStore, StoredResponse
 from glmserve.state.responses import RUNNING
 
@@ -54,18 +54,6 @@ def not_found(response_id: str) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", None, None)
 
 
-@dataclass
-class _Run:
-    """A background run: its task, the events so far (for streams that join late), and who
-    waits for the next one."""
-
-    owner: str
-    events: list[ResponseEvent] = field(default_factory=list)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
-    finished_at: float | None = None
-
-
 class ResponseStorage:
     """The stored side of ``/v1/responses`` for one server (all its models). ``store``: where
     responses are kept (None: a stateless server, where ``store: true``, ``background`` and
@@ -75,7 +63,7 @@ class ResponseStorage:
     def __init__(self, store: ResponseStore | None, conversations: ConversationService | None = None) -> None:
         self.store = store
         self.conversations = conversations or ConversationService(None)
-        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._runs: OrderedDict[str, Run] = OrderedDict()
 
     # --- creating -------------------------------------------------------------------------
 
@@ -145,21 +133,15 @@ class ResponseStorage:
         except BaseException:
             release()
             raise
-        run = _Run(owner)
+        run = Run(owner)
         self._runs[body["id"]] = run
-        self._record(run, created.model_copy(update={"response": body}))
+        run.record(created.model_copy(update={"response": body}))
         run.task = asyncio.create_task(self._run(run, body, events, keep, release))
         if not req.stream:
             return Response.model_validate(body)
         return await self.follow(body["id"], owner, -1)
 
-    @staticmethod
-    def _record(run: _Run, event: ResponseEvent) -> None:
-        run.events.append(event)
-        run.changed.set()
-        run.changed = asyncio.Event()
-
-    async def _run(self, run: _Run, body: dict, events: AsyncIterator[ResponseEvent | ErrorResponse],
+    async def _run(self, run: Run, body: dict, events: AsyncIterator[ResponseEvent | ErrorResponse],
                    keep: _Keep, release: Callable[[], None]) -> None:
         checked = time.monotonic()
         try:
@@ -177,18 +159,18 @@ class ResponseStorage:
                 elif event.type == "error":
                     body = {**body, "status": "failed", "error": {"code": event.code or "server_error",
                                                                   "message": event.message}}
-                self._record(run, event)  # an error event is followed by response.failed
+                run.record(event)  # an error event is followed by response.failed
                 if event.type == "error":
-                    self._record(run, ResponseEvent(type="response.failed", sequence_number=event.sequence_number + 1,
+                    run.record(ResponseEvent(type="response.failed", sequence_number=event.sequence_number + 1,
                                                     response=body))
         except asyncio.CancelledError:
             body = {**body, "status": "cancelled"}
-            self._record(run, ResponseEvent(type="response.cancelled",
+            run.record(ResponseEvent(type="response.cancelled",
                                             sequence_number=len(run.events), response=body))
         except Exception as exc:  # noqa: BLE001 (the run is its own request: it must end stored)
             log.exception("background response %s failed", body["id"])
             body = {**body, "status": "failed", "error": {"code": "server_error", "message": str(exc)}}
-            self._record(run, ResponseEvent(type="response.failed", sequence_number=len(run.events),
+            run.record(ResponseEvent(type="response.failed", sequence_number=len(run.events),
                                             response=body))
         finally:
             with contextlib.suppress(Exception):
@@ -222,7 +204,7 @@ class ResponseStorage:
             raise invalid_request(f"the events of response '{stored['id']}' are not kept on this server: only a "
                                   "background response streams again, on the server that ran it, until "
                                   f"{EVENTS_KEPT_S:.0f} s after it ended", "stream")
-        return _Follow(run, starting_after)
+        return Follow(run, starting_after)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -383,27 +365,3 @@ class _Storing:
 
     async def aclose(self) -> None:
         await self._source.aclose()
-
-
-class _Follow:
-    """The events of a background run after ``after``, then each new one until it ends.
-    Closing it leaves the run going."""
-
-    def __init__(self, run: _Run, after: int) -> None:
-        self._run, self._next = run, max(0, after + 1)  # a run's events are numbered by their index
-
-    def __aiter__(self) -> _Follow:
-        return self
-
-    async def __anext__(self) -> ResponseEvent:
-        run = self._run
-        while True:
-            if self._next < len(run.events):
-                self._next += 1
-                return run.events[self._next - 1]
-            if run.finished_at is not None:
-                raise StopAsyncIteration
-            await run.changed.wait()
-
-    async def aclose(self) -> None:
-        return None
