@@ -267,3 +267,21 @@ def test_calls_cannot_start_inside_reasoning_without_tools():
     # with no tools offered, <tool_call> in the reasoning is just reasoning text
     parser = output_parser(None, [], True, PROMPTS["reasoning"])
     assert parser.parse("maybe <tool_call> then</think>ok") == out("ok", reasoning="maybe <tool_call> then")
+
+
+def test_tag_texts_are_what_the_parsers_match():
+    """The tags a vocabulary may hold as special tokens (``toolcalls.tag_texts``): each is matched
+    by the parser it is listed for, so showing it to the parser changes what it reads."""
+    from glmserve.toolcalls import tag_texts
+
+    assert tag_texts(None, False) == ()
+    assert tag_texts("hermes", False) == ("<tool_call>", "</tool_call>")
+    assert set(tag_texts("glm47", True)) == {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>",
+                                             "</arg_key>", "<arg_value>", "</arg_value>"}
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}]
+    text = "<think>hm</think><tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"
+    parsed = output_parser("glm47", tools, True, "<|assistant|>").parse(text)
+    assert (parsed.reasoning_content, [(c.name, c.arguments) for c in parsed.tool_calls]) == ("hm", [("f", '{"a": 1}')])
+    # without the tags (a vocabulary's control tokens detokenized to nothing) nothing is parsed
+    bare = output_parser("glm47", tools, True, "<|assistant|>").parse("hmfa1")
+    assert bare.tool_calls == [] and bare.reasoning_content is None

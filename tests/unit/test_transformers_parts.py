@@ -84,10 +84,13 @@ def test_seeded_sampling_reproduces_and_filters_apply():
 
 
 class _ByteTokenizer:
-    """Each id is one UTF-8 byte; 300 is a special token (no text)."""
+    """Each id is one UTF-8 byte; 300 is a special token (no text), ``</think>``."""
 
     def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def convert_ids_to_tokens(self, token_id):
+        return "</think>" if token_id == 300 else bytes([token_id]).decode("latin-1")
 
 
 def test_detokenizer_holds_split_characters_until_complete():
@@ -96,6 +99,18 @@ def test_detokenizer_holds_split_characters_until_complete():
     assert out == ["h", "", "é", "", "", "", "", "🙂"]
     detok.feed(0xF0)  # the first byte of a character that never ends
     assert detok.flush() == "\ufffd"
+
+
+def test_detokenizer_writes_the_special_tokens_it_is_told_to_show():
+    """A tag the parsers read (``</think>`` marked special by the vocabulary) is written where it
+    stands, a character split around it included; other special tokens still give nothing."""
+    tokens = [*"é".encode()[:1], 300, *"é".encode()[1:], *b"ok"]
+    split = IncrementalDetokenizer(_ByteTokenizer(), [], frozenset({300}))
+    assert "".join(split.feed(i) for i in tokens) + split.flush() == \
+        "\ufffd</think>\ufffdok"
+    detok = IncrementalDetokenizer(_ByteTokenizer(), list(b"ab"), frozenset({300}))
+    assert [detok.feed(i) for i in [*b"hi", 300, *"é".encode(), 301]] == ["h", "i", "</think>", "", "é", ""]
+    assert detok.flush() == ""
 
 
 def test_resolve_hf_model(tmp_path):

@@ -54,20 +54,27 @@ class IncrementalDetokenizer:
     """Token ids -> text deltas, the way vLLM and TGI detokenize streams: decode a short window
     of recent ids and emit what it adds beyond the window's earlier text, holding back output
     that ends in U+FFFD (a character split across byte-level tokens). Special tokens give no
-    text. ``prompt_tail``: the last prompt ids, so the first token's leading space is right."""
+    text, but those in ``shown`` (``GenerationRequest.shown_special_ids``), which give their own.
+    ``prompt_tail``: the last prompt ids, so the first token's leading space is right."""
 
-    __slots__ = ("_tok", "_ids", "_prefix", "_read")
+    __slots__ = ("_tok", "_ids", "_prefix", "_read", "_shown")
 
-    def __init__(self, tokenizer: Any, prompt_tail: list[int]) -> None:
+    def __init__(self, tokenizer: Any, prompt_tail: list[int], shown: frozenset[int] = frozenset()) -> None:
         self._tok = tokenizer
         self._ids = list(prompt_tail)
         self._prefix = 0
         self._read = len(self._ids)
+        self._shown = shown
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def feed(self, token_id: int) -> str:
+        if token_id in self._shown:  # what is held back, then the tag's text; the window restarts after it
+            text = self.flush() + self._tok.convert_ids_to_tokens(token_id)
+            self._ids.append(token_id)
+            self._prefix = self._read = len(self._ids)
+            return text
         self._ids.append(token_id)
         prefix_text = self._decode(self._ids[self._prefix:self._read])
         text = self._decode(self._ids[self._prefix:])

@@ -84,7 +84,11 @@ class GenerationRequest:
     ``multimodal.process`` made them (opaque to the serving layer).
     ``priority``: vLLM's meaning, lower first: 0 for interactive requests, ``BATCH_PRIORITY``
     for batch work; the llama_cpp engine pauses and, for a slot, preempts sequences of a
-    higher value while one of a lower value has work (``engine/scheduler.py``)."""
+    higher value while one of a lower value has work (``engine/scheduler.py``).
+    ``shown_special_ids``: special tokens whose text the engine's detokenizer writes into
+    ``GenerationOutput.text`` (every other special token gives none): the reasoning and tool-call
+    tags the serving layer parses, where the vocabulary marks them special (a GGUF may make
+    ``</think>`` a control token; vLLM's parsers match such tags by token id)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -92,6 +96,7 @@ class GenerationRequest:
     lora: str | None = None
     multimodal: Any = None
     priority: int = 0
+    shown_special_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -38,14 +38,14 @@ from glmserve.serving.priority import REQUEST_PRIORITY
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chunks import ChunkStream, StreamItem
 from glmserve.serving.run import Run, usage
-from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids
+from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids, special_token_id
 from glmserve.serving.merge import merged
 from glmserve.serving.metrics import ServingMetrics
 from glmserve.serving.schema_check import SchemaLimits
 from glmserve.serving.template_vars import template_kwargs
 from glmserve.serving.tools import plan_tools
 from glmserve.serving.reasoning_budget import budgeted
-from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser, prompt_state
+from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser, prompt_state, tag_texts
 from glmserve.toolcalls.reasoning import THINK_END
 from glmserve.serving.sampling import (
     check_n,
@@ -103,11 +103,14 @@ class ChatService:
         self.context_length = engine.model_info.context_length
         stop_ids = list(end_of_turn_token_ids(template, engine.tokenizer))
         for marker in PARSERS[tool_parser].end_of_turn if tool_parser else ():
-            ids = engine.tokenizer.encode(marker)
-            if len(ids) == 1 and engine.tokenizer.is_special(ids[0]) and ids[0] not in stop_ids:
-                stop_ids.append(ids[0])
+            token_id = special_token_id(engine.tokenizer, marker)
+            if token_id is not None and token_id not in stop_ids:
+                stop_ids.append(token_id)
         self.stop_token_ids = tuple(stop_ids)
         self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
+        # the parsers' tags that the vocabulary holds as special tokens: the engine writes their text
+        self.shown_special_ids = frozenset(
+            i for tag in tag_texts(tool_parser, self.reasoning) if (i := special_token_id(engine.tokenizer, tag)) is not None)
         if reasoning_budget is not None and not self.reasoning:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
@@ -195,6 +198,7 @@ class ChatService:
                 lora=req.model if req.model in self.adapters else None,
                 multimodal=prompt.multimodal,
                 priority=REQUEST_PRIORITY.get(),
+                shown_special_ids=self.shown_special_ids,
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
                             output_parser(calls, plan.functions, self.reasoning, prompt.text),

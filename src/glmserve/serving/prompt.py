@@ -35,6 +35,13 @@ class Prompt:
     multimodal: Any = None  # the engine's inputs for the images, if any
 
 
+def special_token_id(tokenizer: Tokenizer, text: str) -> int | None:
+    """The id of ``text`` where the vocabulary holds it as one special token (``<|user|>``,
+    or ``</think>`` in a GGUF that marks it as a control token), else None."""
+    ids = tokenizer.encode(text)
+    return ids[0] if len(ids) == 1 and tokenizer.is_special(ids[0]) else None
+
+
 def end_of_turn_token_ids(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[int, ...]:
     """The special token the template closes an assistant turn with (``<|im_end|>`` for
     ChatML, ``<|user|>`` for GLM-4), as a 1-tuple, or ``()`` when there is none."""

@@ -11,7 +11,7 @@ from glmserve.toolcalls.generic import GenericParser
 from glmserve.toolcalls.glm4 import Glm4Parser
 from glmserve.toolcalls.glm45 import Glm45Parser, Glm47Parser
 from glmserve.toolcalls.hermes import HermesParser
-from glmserve.toolcalls.reasoning import ReasoningParser, has_reasoning, prompt_state
+from glmserve.toolcalls.reasoning import THINK_END, THINK_START, ReasoningParser, has_reasoning, prompt_state
 
 PARSERS: dict[str, type[ToolCallParser]] = {
     p.name: p for p in (Glm47Parser, Glm45Parser, Glm4Parser, HermesParser, GenericParser)}
@@ -37,4 +37,14 @@ def output_parser(tool_parser: str | None, functions: list[dict[str, Any]] | Non
     return ReasoningParser(inner, prompt_state(prompt_text)) if reasoning else inner
 
 
-__all__ = ["PARSERS", "ReasoningParser", "has_reasoning", "output_parser", "prompt_state", "DeltaEvent", "ParsedOutput", "ToolCallItem", "ToolCallParser", "assemble", "detect_parser"]
+def tag_texts(tool_parser: str | None, reasoning: bool) -> tuple[str, ...]:
+    """The tags the parsers of a model's replies match in the text: ``<think>``/``</think>``
+    when its template writes reasoning, and ``tool_parser``'s call tags. Where a vocabulary
+    holds one as a single special token (GLM-4.5+ tokenizers have ``<think>``, ``<tool_call>``,
+    ``<arg_key>``...; a GGUF may mark them as control tokens), the engine is asked to write that
+    token's text (``GenerationRequest.shown_special_ids``), so the parsers see the tag whatever
+    the vocabulary's marks: vLLM's GLM parsers match these tags by token id to the same end."""
+    return ((THINK_START, THINK_END) if reasoning else ()) + (PARSERS[tool_parser].tags if tool_parser else ())
+
+
+__all__ = ["tag_texts", "PARSERS", "ReasoningParser", "has_reasoning", "output_parser", "prompt_state", "DeltaEvent", "ParsedOutput", "ToolCallItem", "ToolCallParser", "assemble", "detect_parser"]

@@ -108,13 +108,15 @@ class ToolCallParser(ABC):
     Class attributes: ``name`` (registry key), ``markers`` (chat-template text that identifies
     the format), ``end_of_turn`` (special tokens that end the model's turn in this format, e.g.
     GLM's ``<|observation|>``), ``always_active`` (the parser also reads replies when no tools
-    are offered, e.g. GLM-4's leading newline of a plain answer).
+    are offered, e.g. GLM-4's leading newline of a plain answer), ``tags`` (the tags it matches
+    in the text, which a vocabulary may hold as special tokens: ``toolcalls.tag_texts``).
     """
 
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]] = ()
     end_of_turn: ClassVar[tuple[str, ...]] = ()
     always_active: ClassVar[bool] = False
+    tags: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         self.schemas: dict[str, dict] = {t["name"]: t.get("parameters") or {} for t in tools or []}
@@ -151,6 +153,7 @@ class TaggedCallParser(ToolCallParser):
 
     start_tag: ClassVar[str] = "<tool_call>"
     end_tag: ClassVar[str] = "</tool_call>"
+    tags = (start_tag, end_tag)
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)

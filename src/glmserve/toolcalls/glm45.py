@@ -69,6 +69,7 @@ class Glm45Parser(TaggedCallParser):
     name = "glm45"
     markers = ("<arg_key>",)
     end_of_turn = ("<|observation|>", "<|user|>")
+    tags = (*TaggedCallParser.tags, KEY, KEY_END, VALUE, VALUE_END)
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)

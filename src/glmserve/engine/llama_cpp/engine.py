@@ -375,7 +375,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         state: _SeqState = seq.payload
         finish = finish_reason(token, state.stop_ids, seq.num_generated, len(seq.tokens),
                                state.request.sampling.max_tokens, self._scheduler.n_ctx)
-        text = "" if finish == "stop" else state.decoder.feed(self.tokenizer.piece(token))
+        shown = state.request.shown_special_ids  # tags the parsers read, where the GGUF makes them control tokens
+        text = "" if finish == "stop" else state.decoder.feed(self.tokenizer.piece(token, shown))
         if finish is not None:
             text += state.decoder.flush()
         self._outputs.add(state.stream, GenerationOutput(seq.request_id, [token], text, finish, None,

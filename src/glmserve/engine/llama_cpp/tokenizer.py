@@ -39,8 +39,12 @@ class LlamaCppTokenizer:
     def token_text(self, token_id: int) -> str:
         return self._model.token_get_text(token_id) if token_id >= 0 else ""
 
-    def piece(self, token_id: int) -> bytes:
-        """The bytes a token stands for; control tokens give ``b""``. Cached per token."""
+    def piece(self, token_id: int, shown: frozenset[int] = frozenset()) -> bytes:
+        """The bytes a token stands for; control tokens give ``b""``, but those in ``shown`` (the
+        reasoning and call tags of ``GenerationRequest.shown_special_ids``) give their text.
+        Cached per token."""
+        if token_id in shown:
+            return self._piece(token_id, special=True)
         piece = self._pieces.get(token_id)
         if piece is None:
             piece = self._pieces[token_id] = self._piece(token_id)

@@ -296,7 +296,7 @@ class VllmEngine:
         reason, also when the request is aborted (task cancelled) or vLLM fails. ``lora_request``:
         the adapter as it was when the request was admitted."""
         request_id, prompt = request.request_id, request.prompt_token_ids
-        detok = IncrementalDetokenizer(self.tokenizer.hf, prompt[-4:])
+        detok = IncrementalDetokenizer(self.tokenizer.hf, prompt[-4:], request.shown_special_ids)
         stop_ids = frozenset(params.stop_token_ids or ())
         n_prompt, n_generated, n_cached = len(prompt), 0, 0
         finish: FinishReason | None = None
