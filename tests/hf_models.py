@@ -178,23 +178,16 @@ GLM_ARCHITECTURES = [("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4
                      ("GlmMoeDsaForCausalLM", "glm-4.7.jinja", "glm47")]  # GLM-5 (sparse attention)
 
 
-def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
-              context: int = 1024) -> Path:
-    """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
-    ``GlmForCausalLM`` (GLM-4-9B's own class), ``Glm4MoeForCausalLM`` (GLM-4.5 to 4.7: 4 routed
-    experts, 2 per token, 1 shared, the first layer dense), ``Glm4MoeLiteForCausalLM``
-    (GLM-4.7-Flash: the same experts behind multi-head latent attention) or
-    ``GlmMoeDsaForCausalLM`` (GLM-5: latent attention with DeepSeek's sparse-attention
-    indexer), with a GLM tokenizer
-    (GLM-4's special tokens), a GLM chat template (``fixtures/glm/<template>``: GLM-4-9B-Chat's
-    by default) and ``context`` positions. Head size 32: the smallest vLLM's CPU attention takes."""
+def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0):
+    """The config of a tiny random GLM text model of ``architecture`` (one of
+    ``GLM_ARCHITECTURES``) over ``tokenizer`` (``tests/unit/glm_tokenizer.py``): 2 layers, hidden
+    size 64, head size 32 (the smallest vLLM's CPU attention takes), ``context`` positions; the
+    MoE ones with 4 routed experts, 2 per token, 1 shared, the first layer dense; ``nextn``:
+    GLM-4.5's NextN (MTP) layers in the config (``num_nextn_predict_layers``)."""
     import inspect
 
     import transformers
 
-    from tests.unit.glm_tokenizer import glm_tokenizer
-
-    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
     sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -204,6 +197,10 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
                  moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                  first_k_dense_replace=1, n_group=1, topk_group=1,
                  q_lora_rank=32, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=8, v_head_dim=16)
+    if architecture == "GlmForCausalLM":
+        # GLM-4-9B's heads span the hidden size (32 x 128 = 4096), and llama.cpp's chatglm
+        # architecture takes no other shape
+        sizes.update(hidden_size=sizes["num_attention_heads"] * sizes["head_dim"])
     if architecture in ("Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM"):
         # latent attention as GLM-4.7-Flash and GLM-5 have it: one KV head per head, a 512 + 64
         # latent (vLLM's CPU kernel takes no other size); GLM-5's sparse-attention indexer with
@@ -216,8 +213,32 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     # classes no longer take (GLM-4.5's head_dim; GLM-4.7-Flash's first dense layers)
     if architecture == "Glm4MoeForCausalLM":
         config.head_dim = sizes["head_dim"]
+        config.num_nextn_predict_layers = nextn
     if architecture == "Glm4MoeLiteForCausalLM":
         config.first_k_dense_replace = sizes["first_k_dense_replace"]
+    if architecture == "GlmForCausalLM":
+        # THUDM's own GLM-4-9B config names the norm epsilon so, and llama.cpp's converter reads
+        # only that key for this class (without it the GGUF gets 1e-5, not GLM's 1.5625e-07)
+        config.layernorm_epsilon = config.rms_norm_eps
+    return config
+
+
+def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
+              context: int = 1024) -> Path:
+    """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
+    ``GlmForCausalLM`` (GLM-4-9B's own class), ``Glm4MoeForCausalLM`` (GLM-4.5 to 4.7: 4 routed
+    experts, 2 per token, 1 shared, the first layer dense), ``Glm4MoeLiteForCausalLM``
+    (GLM-4.7-Flash: the same experts behind multi-head latent attention) or
+    ``GlmMoeDsaForCausalLM`` (GLM-5: latent attention with DeepSeek's sparse-attention
+    indexer), with a GLM tokenizer
+    (GLM-4's special tokens), a GLM chat template (``fixtures/glm/<template>``: GLM-4-9B-Chat's
+    by default) and ``context`` positions (``glm_config``)."""
+    import transformers
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
+    config = glm_config(architecture, tokenizer, context)
     torch.manual_seed(0)
     getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -244,28 +265,65 @@ def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 4
                                      max_position_embeddings=1024, eos_token_id=stop, pad_token_id=stop[0])
     torch.manual_seed(0)
     model = transformers.Glm4ForCausalLM(config)
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                            tokenize=False), add_special_tokens=False)
-    target = tokenizer.encode(reply, add_special_tokens=False) + [stop[1]]
-    ids = torch.tensor([prompt + target])
-    labels = torch.tensor([[-100] * len(prompt) + target])
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if loss.item() < 1e-3:
-            break
-    model.eval()
-    with torch.no_grad():
-        written = model.generate(torch.tensor([prompt]), max_new_tokens=len(target), do_sample=False)[0, len(prompt):]
-    if written.tolist() != target:
-        raise RuntimeError(f"the tiny GLM did not learn its reply: {tokenizer.decode(written)!r}")
+    _train_replies(model, tokenizer, [(messages, {"tools": tools}, reply, "<|user|>")], steps, 1e-2)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def tiny_glm_trained(out: Path, architecture: str, template: str,
+                     replies: list[tuple[list[dict], dict, str, str]], steps: int = 800,
+                     tags: str | None = None, context: int = 2048, lr: float = 3e-3) -> Path:
+    """A tiny GLM of ``architecture`` (``glm_config``) with a GLM tokenizer (``tags``: GLM-4.5's
+    tag tokens, as text or special, ``glm_tokenizer``) and ``fixtures/glm/<template>``, trained
+    here until greedy decoding writes each of ``replies``: ``(messages, template_kwargs, reply,
+    end)``, the prompt rendered with ``template_kwargs`` (``tools``, ``enable_thinking``...),
+    ``reply`` followed by the special token ``end`` (``<|user|>``, or ``<|observation|>`` after
+    a call). Raises ``RuntimeError`` if it did not learn them."""
+    import transformers
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text(), tags)
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(glm_config(architecture, tokenizer, context))
+    _train_replies(model, tokenizer, replies, steps, lr)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _train_replies(model, tokenizer, replies: list[tuple[list[dict], dict, str, str]], steps: int,
+                   lr: float) -> None:
+    """Train ``model`` (Adam at ``lr``, whole sequences, loss on the replies) until greedy decoding of each
+    ``(messages, template_kwargs, reply, end)`` prompt writes ``reply`` and ``end``. Raises
+    ``RuntimeError`` if it does not after ``steps`` steps."""
+    examples = []
+    for messages, kwargs, reply, end in replies:
+        prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                                **kwargs), add_special_tokens=False)
+        examples.append((prompt, tokenizer.encode(reply, add_special_tokens=False)
+                         + [tokenizer.convert_tokens_to_ids(end)]))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        total = 0.0
+        optimizer.zero_grad()
+        for prompt, target in examples:
+            loss = model(input_ids=torch.tensor([prompt + target]),
+                         labels=torch.tensor([[-100] * len(prompt) + target])).loss
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        if total < 1e-3 * len(examples):
+            break
+    model.eval()
+    for prompt, target in examples:
+        with torch.no_grad():
+            written = model.generate(torch.tensor([prompt]), max_new_tokens=len(target),
+                                     do_sample=False)[0, len(prompt):]
+        if written.tolist() != target:
+            raise RuntimeError(f"the tiny GLM did not learn its reply: {tokenizer.decode(written)!r}")
 
 
 def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int = 400,
@@ -419,18 +477,20 @@ def bert_reference(folder: Path, token_ids: list[int], pooling: str) -> list[flo
     return torch.nn.functional.normalize(pooled, dim=0).tolist()
 
 
-def converted_gguf(folder: Path, out: Path, converter: Path) -> Path:
+def converted_gguf(folder: Path, out: Path, converter: Path, tokenizer_pre: str = "default") -> Path:
     """``folder`` converted to an f32 GGUF by llama.cpp's own ``convert_hf_to_gguf.py``
     (``converter``; ``make install`` extracts it from the llama-cpp-python source release).
-    The tiny vocabulary matches none of the pre-tokenizers the converter knows by checksum, so
-    the converter is run with that lookup answering "default" (the WordPiece vocabulary itself
-    is converted as for any BERT)."""
+    The tiny vocabularies match none of the pre-tokenizers the converter knows by checksum, so
+    the converter is run with that lookup answering ``tokenizer_pre``: ``default`` (a BERT's
+    WordPiece vocabulary is converted as for any BERT), or ``glm4``, the name it gives the real
+    GLM-4-9B-hf, GLM-4.5-Air and GLM-4.7-Flash tokenizers (so llama.cpp splits text with GLM's
+    own pre-tokenizer)."""
     import subprocess
     import sys
 
     run = (f"import runpy, sys; sys.path.insert(0, {str(converter.parent)!r}); "
            "import conversion.base as base; "
-           "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'; "
+           f"base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {tokenizer_pre!r}; "
            f"sys.argv = [{str(converter)!r}, {str(folder)!r}, '--outfile', {str(out)!r}, '--outtype', 'f32']; "
            f"runpy.run_path({str(converter)!r}, run_name='__main__')")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
 from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
+from glmserve.engine.llama_cpp.metadata import model_params
 from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
 from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
@@ -109,9 +110,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
         # llama-cpp-python prints every llama.cpp log line to stderr while its logger is unset,
         # debug lines included (some log once per token): errors only
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+        params, _overrides = model_params(path)  # the overrides live until the model is loaded
         try:
-            self._model = LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
-                                     verbose=False)
+            self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load {path}: {exc}") from exc
         self._adapters = GGUFAdapters(self._model.model)
