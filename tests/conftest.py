@@ -25,16 +25,18 @@ def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None) -> R
                         env={**VLLM_ENV, **(env or {})}, n_threads=None, startup_timeout=600)
 
 
-def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens: int = 32) -> tuple[list[str], list[str]]:
+def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens: int = 32,
+                   ignore_eos: bool = False) -> tuple[list[str], list[str]]:
     """The texts (reasoning and content) of greedy streams of ``messages`` run one after another,
-    then all at once: (sequential, concurrent). Batching must not change a greedy result."""
+    then all at once: (sequential, concurrent). Batching must not change a greedy result.
+    ``ignore_eos``: every stream runs to ``max_tokens`` (a random model may end its turn at once)."""
     import asyncio
 
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
 
     async def stream(m: list[dict]) -> str:
         chunks = await client.chat.completions.create(model=model, messages=m, temperature=0, max_tokens=max_tokens,
-                                                      stream=True)
+                                                      stream=True, extra_body={"ignore_eos": ignore_eos})
         return "".join([((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "")
                         + (c.choices[0].delta.content or "") async for c in chunks if c.choices])
 

@@ -23,8 +23,8 @@ MaxNumBatchedTokens = Annotated[int | None, Field(
     description="llama_cpp, vllm: tokens per engine step, one per running sequence plus prompt chunks (chunked "
                 "prefill).")]
 BatchInvariant = Annotated[bool, Field(
-    False, description="llama_cpp, vllm: a request's output does not depend on what it is batched with (slower "
-                       "prefill on llama_cpp).")]
+    False, description="llama_cpp, vllm: output independent of batching and drafts (llama_cpp: slower prefill, "
+                       "one-token steps on one thread).")]
 
 
 class SpeculativeSettings(BaseModel):

@@ -50,6 +50,7 @@ def _config(settings: ServeSettings) -> EngineConfig:
         kv_layout=settings.kv_layout,
         cache_ram=_cache_ram(settings),
         runner=settings.runner,
+        batch_invariant=settings.batch_invariant,
         speculative=None if settings.speculative is None else SpeculativeConfig(
             settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
             _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None),

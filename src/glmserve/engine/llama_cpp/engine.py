@@ -43,7 +43,7 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
-from glmserve.engine.llama_cpp.config import EngineConfig
+from glmserve.engine.llama_cpp.config import EngineConfig, context_params
 from glmserve.engine.llama_cpp.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
@@ -129,15 +129,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
             self._model = None
             self._adapters.forget()
             raise
-        params = llama_cpp.llama_context_default_params()
-        # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
-        params.n_ctx = kv_cache_cells(cfg, self._model.n_ctx_train())
-        params.n_batch = cfg.max_num_batched_tokens
-        params.n_ubatch = min(cfg.max_num_batched_tokens, 512)
-        params.n_seq_max = cfg.max_num_seqs
-        params.n_threads = params.n_threads_batch = cfg.n_threads
-        params.kv_unified = not split
-        params.no_perf = True
+        params = context_params(cfg, kv_cache_cells(cfg, self._model.n_ctx_train()))
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
         if not self._ctx:
