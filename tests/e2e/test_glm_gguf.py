@@ -103,7 +103,8 @@ def test_the_gguf_is_the_architecture_with_the_template_and_tag_tokens(glm):
 
 def test_chat_completions_split_reasoning_and_stream_the_call(glm):
     client = glm.openai
-    message = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=100).choices[0].message
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=100)
+    message = reply.choices[0].message
     reasoning = THOUGHT if glm.reasons else None
     assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (reasoning, ANSWER)
     streamed_reasoning, content = "", ""
@@ -133,7 +134,8 @@ def test_messages_give_thinking_text_and_tool_use(glm):
     message = glm.anthropic.messages.create(**kw)
     expected = ([("thinking", THOUGHT)] if glm.reasons else []) + [("text", ANSWER)]
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content] == expected
-    tool = {"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER["function"]["parameters"]}
+    tool = {"name": "get_weather", "description": "Weather for a city",
+            "input_schema": WEATHER["function"]["parameters"]}
     with glm.anthropic.messages.stream(**kw, tools=[tool]) as stream:
         partial = [e.delta.partial_json for e in stream if e.type == "content_block_delta"
                    and e.delta.type == "input_json_delta"]

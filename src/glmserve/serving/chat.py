@@ -109,8 +109,8 @@ class ChatService:
         self.stop_token_ids = tuple(stop_ids)
         self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
         # the parsers' tags that the vocabulary holds as special tokens: the engine writes their text
-        self.shown_special_ids = frozenset(
-            i for tag in tag_texts(tool_parser, self.reasoning) if (i := special_token_id(engine.tokenizer, tag)) is not None)
+        tags = (special_token_id(engine.tokenizer, tag) for tag in tag_texts(tool_parser, self.reasoning))
+        self.shown_special_ids = frozenset(i for i in tags if i is not None)
         if reasoning_budget is not None and not self.reasoning:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
