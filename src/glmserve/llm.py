@@ -71,12 +71,33 @@ class LLM:
     # ---- sync ----------------------------------------------------------------------------
 
     def _run(self, coro):
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """``coro`` run on the engine's loop, its result waited for here. Interrupted while
+        waiting (Ctrl-C), the coroutine is cancelled there and waited for (30 s at most) until it
+        has wound down, then the interrupt goes on: the caller's next step (closing the stream it
+        was reading, whose ``anext`` this was) must not meet it still running. Cancelling the
+        concurrent future alone returns at once, while the task is still being cancelled."""
+        started: list[asyncio.Task] = []
+
+        async def tracked():
+            started.append(asyncio.current_task())
+            return await coro
+
+        future = asyncio.run_coroutine_threadsafe(tracked(), self._loop)
         try:
             return future.result()
-        except BaseException:  # Ctrl-C while waiting: cancel it there and let it wind down
-            future.cancel()
-            concurrent.futures.wait([future], timeout=30)
+        except BaseException:
+            future.cancel()  # cancels the task on the loop (a callback queued there)
+
+            async def settle() -> None:  # runs after that callback: the task is cancelled or done
+                if started:
+                    await asyncio.wait(started)
+                else:
+                    coro.close()  # never started, and now never will
+
+            try:
+                asyncio.run_coroutine_threadsafe(settle(), self._loop).result(timeout=30)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass
             raise
 
     def chat(self, messages: list[dict], *, stream: bool = False,
