@@ -329,10 +329,12 @@ def _train_replies(model, tokenizer, replies: list[tuple[list[dict], dict, str, 
 def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int = 400,
                      agent: tuple[list[dict], list[dict]] | None = None) -> Path:
     """A tiny random Llama with ``base``'s tokenizer and the hermes fixture template
-    (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (about a
+    (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (about
     two minutes on a CPU) to write ``call`` (a ``<tool_call>`` block) after any user turn and
     ``answer`` after a turn of ``<tool_response>`` results, each followed by ``<|im_end|>``,
-    whatever the words (trained on prompts laid out as an agent's, with random words): an agent's model whose turns are known, for driving a real agent
+    whatever the words (trained on prompts laid out as an agent's, with random words, and on
+    results that repeat the call's or the answer's words, as an ``echo`` does): an agent's
+    model whose turns are known, for driving a real agent
     client (Claude Code) through a whole tool round trip. Raises ``RuntimeError`` if it did
     not learn them.
 
@@ -358,9 +360,28 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
     def text(n: int) -> str:  # n random tokens' text: words, JSON punctuation, code
         return tokenizer.decode([rng.randrange(256, len(tokenizer) - 200) for _ in range(n)])
 
-    def example(length: int, use_agent: bool = False) -> tuple[list[int], list[int]]:
+    # words of the call and the answer: a command's result often repeats them (``echo``), and a
+    # model trained on results of random words alone copied them into its answer ("The
+    # commandwas-was-was-here." for "The command printed glmserve-was-here.")
+    echoes = [tokenizer.encode(s, add_special_tokens=False)
+              for s in (answer, *(str(v) for v in call_json["arguments"].values()))]
+
+    def result(echo: bool) -> str:
+        """A tool result: random words, and with ``echo`` a run of the call's or the answer's
+        tokens among them."""
+        if not echo:
+            return text(rng.randrange(1, 30))
+        words = rng.choice(echoes)
+        start = rng.randrange(len(words))
+        return text(rng.randrange(0, 10)) + tokenizer.decode(words[start:rng.randrange(start + 1, len(words) + 1)]) \
+            + text(rng.randrange(0, 10))
+
+    def example(length: int, use_agent: bool = False, turn: str | None = None,
+                echo: bool | None = None) -> tuple[list[int], list[int]]:
         """A prompt laid out as an agent's (system text, a tool whose name and argument are the
-        call's, a user turn, for the answer also the call and its result) with random words."""
+        call's, a user turn, for the answer also the call and its result) with random words;
+        ``turn`` "call" or "answer" (else either), ``echo`` whether the result repeats words of
+        the call or the answer (else at random)."""
         fn = {"name": call_json["name"], "description": text(rng.randrange(8, length)), "parameters": {
             "type": "object", "properties": {k: {"type": "string", "description": text(rng.randrange(2, 30))}
                                              for k in call_json["arguments"]},
@@ -371,10 +392,10 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
         if use_agent:
             messages, tools = [dict(m) for m in agent[0]], agent[1]
         reply = call
-        if rng.random() < 0.5:
+        if turn == "answer" or turn is None and rng.random() < 0.5:
             messages += [{"role": "assistant", "content": "", "tool_calls": [
                 {"type": "function", "function": {"name": call_json["name"], "arguments": call_json["arguments"]}}]},
-                {"role": "tool", "content": text(rng.randrange(1, 30))}]
+                {"role": "tool", "content": result(rng.random() < 0.5 if echo is None else echo)}]
             reply = answer
         prompt = tokenizer.apply_chat_template(messages, tools=tools,
                                                add_generation_prompt=True, tokenize=False)
@@ -408,8 +429,8 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
                 break
         model.eval()
         for length, use_agent in ((50, False), (700, False), (50, agent is not None)):
-            for _ in range(2):
-                prompt, reply = example(length, use_agent)
+            for turn, echo in (("call", False), ("answer", False), ("answer", True)):
+                prompt, reply = example(length, use_agent, turn, echo)
                 with torch.no_grad():
                     written = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False)
                 if written[0, len(prompt):].tolist() != reply:
