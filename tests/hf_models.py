@@ -245,6 +245,61 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     return out
 
 
+def tiny_glm_with_nextn(out: Path, template: str = "glm-4.6.jinja", copy: bool = True) -> Path:
+    """A tiny random GLM-4.5 (``Glm4MoeForCausalLM``, ``glm_config``) with a GLM tokenizer and
+    ``fixtures/glm/<template>``, and one NextN (MTP) layer as GLM-4.5's checkpoints hold it
+    (``model.layers.<num_hidden_layers>.*``: ``enorm``, ``hnorm``, ``eh_proj``, a decoder layer
+    and ``shared_head``; ``num_nextn_predict_layers`` 1), which llama.cpp's converter writes into
+    the GGUF. With ``copy`` the layer is made to predict that the token after the next repeats
+    the next one: ``eh_proj`` passes the token's embedding on and drops the hidden state, the
+    decoder layer adds nothing (its output projections are zero) and the head is the embedding
+    matrix, scaled so that the prediction is confident. Its drafts are right where the model
+    repeats a token and wrong elsewhere, so that verification both keeps and rejects them.
+    Without ``copy`` every NextN weight is random (its head is the model's, its attention's
+    output projection is scaled up so that earlier positions weigh in the prediction)."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
+    config = glm_config("Glm4MoeForCausalLM", tokenizer, 2048, nextn=1)
+    layers = config.num_hidden_layers
+    with_layer = glm_config("Glm4MoeForCausalLM", tokenizer, 2048)
+    with_layer.num_hidden_layers = layers + 1  # the NextN layer's decoder layer, in checkpoint layout
+    torch.manual_seed(0)
+    raw = out / "raw"
+    transformers.Glm4MoeForCausalLM(with_layer).save_pretrained(raw)
+    weights = {}
+    for file in raw.glob("*.safetensors"):
+        weights.update(load_file(file))
+    hidden, nextn = config.hidden_size, f"model.layers.{layers}."
+    embed = weights["model.embed_tokens.weight"]
+    if copy:
+        for name in list(weights):
+            if name.startswith(nextn) and name.endswith(("o_proj.weight", "down_proj.weight")):
+                weights[name] = torch.zeros_like(weights[name])
+        mix = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1)
+        head, norms = embed * 20, torch.ones(3, hidden)
+    else:  # attention that weighs (a random init's output projection is small beside eh_proj's)
+        weights[f"{nextn}self_attn.o_proj.weight"] *= 50
+        mix = torch.randn(hidden, 2 * hidden) / hidden ** 0.5
+        head, norms = weights["lm_head.weight"], 1 + 0.1 * torch.randn(3, hidden)
+    weights.update({
+        f"{nextn}enorm.weight": norms[0], f"{nextn}hnorm.weight": norms[1], f"{nextn}eh_proj.weight": mix,
+        f"{nextn}shared_head.norm.weight": norms[2], f"{nextn}embed_tokens.weight": embed.clone(),
+        f"{nextn}shared_head.head.weight": head.clone()})
+    for file in raw.iterdir():
+        file.unlink()
+    raw.rmdir()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config.architectures = ["Glm4MoeForCausalLM"]
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400,
                      template: str = "glm-4.6.jinja", tools: list[dict] | None = None) -> Path:
     """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and a GLM chat template

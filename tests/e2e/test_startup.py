@@ -79,3 +79,7 @@ def test_ray_flags_without_replicas():
 def test_ray_replicas_refuse_a_missing_model_before_starting_ray(tmp_path):
     _assert_one_line_failure(_serve("--replicas", "2", "--model", str(tmp_path / "nope.gguf")), "no such file")
 
+
+
+def test_speculative_mtp_needs_nextn_layers():
+    _assert_one_line_failure(_serve("--speculative", "mtp"), "--speculative mtp needs a GGUF with NextN (MTP) layers")

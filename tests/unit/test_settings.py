@@ -97,6 +97,8 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     (["--speculative", "ngram", "--draft-model", "x.gguf"], "--draft-model is for --speculative draft"),
     (["--speculative", "draft", "--draft-model", "x.gguf", "--spec-ngram-max", "3"],
      "--spec-ngram-max is for --speculative ngram, not draft"),
+    (["--speculative", "mtp", "--draft-model", "x.gguf"], "--draft-model is for --speculative draft, not mtp"),
+    (["--speculative", "mtp", "--spec-ngram-min", "1"], "--spec-ngram-min is for --speculative ngram, not mtp"),
 ])
 def test_engine_field_validation_still_applies(args, message, capsys):
     with pytest.raises(SystemExit) as exc:

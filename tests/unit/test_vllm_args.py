@@ -60,6 +60,9 @@ def test_speculative_ngram_is_vllms_ngram_speculative_config():
     assert engine_args(Path("/models/x"), config).speculative_config == {
         "method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 6, "num_speculative_tokens": 5}
     assert engine_args(Path("/models/x"), EngineConfig.from_settings(_settings())).speculative_config is None
+    # --speculative mtp: the checkpoint's own MTP layers (vLLM's method "mtp")
+    config = EngineConfig.from_settings(_settings(speculative="mtp", spec_draft_max=2))
+    assert engine_args(Path("/models/x"), config).speculative_config == {"method": "mtp", "num_speculative_tokens": 2}
     # vLLM's other methods stay reachable through --engine-arg, but not beside --speculative
     draft = {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 3}
     assert engine_args(Path("/m"), EngineConfig(engine_args={"speculative_config": draft})).speculative_config == draft

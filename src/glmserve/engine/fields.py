@@ -28,13 +28,13 @@ BatchInvariant = Annotated[bool, Field(
 
 
 class SpeculativeSettings(BaseModel):
-    """``--speculative ngram|draft`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``
-    and ``draft_model.py``; vllm: vLLM's ``speculative_config`` of method ``ngram`` or
-    ``draft_model``, from the same numbers)."""
+    """``--speculative ngram|draft|mtp`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``,
+    ``draft_model.py`` and ``mtp.py``; vllm: vLLM's ``speculative_config`` of method ``ngram``,
+    ``draft_model`` or ``mtp``, from the same numbers)."""
 
-    speculative: Literal["ngram", "draft"] | None = Field(
+    speculative: Literal["ngram", "draft", "mtp"] | None = Field(
         None, description="llama_cpp, vllm: speculative decoding; ngram: prompt lookup; draft: a smaller model "
-                          "(--draft-model) drafts.",
+                          "(--draft-model); mtp: the model's NextN (MTP) layers.",
     )
     spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm, --speculative ngram: shortest n-gram "
                                                             "looked up, in tokens (vLLM's prompt_lookup_min).")
@@ -54,12 +54,14 @@ class SpeculativeSettings(BaseModel):
             for name in ("spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model"):
                 if name in self.model_fields_set:
                     raise ValueError(f"--{name.replace('_', '-')} needs --speculative")
-        elif self.speculative == "draft":
-            if not self.draft_model:
+        elif self.speculative != "ngram":
+            if self.speculative == "draft" and not self.draft_model:
                 raise ValueError("--speculative draft needs --draft-model PATH")
             for name in ("spec_ngram_min", "spec_ngram_max"):
                 if name in self.model_fields_set:
-                    raise ValueError(f"--{name.replace('_', '-')} is for --speculative ngram, not draft")
+                    raise ValueError(f"--{name.replace('_', '-')} is for --speculative ngram, not {self.speculative}")
+            if self.speculative == "mtp" and "draft_model" in self.model_fields_set:
+                raise ValueError("--draft-model is for --speculative draft, not mtp (the model drafts itself)")
         elif "draft_model" in self.model_fields_set:
             raise ValueError("--draft-model is for --speculative draft")
         elif self.spec_ngram_min > self.spec_ngram_max:

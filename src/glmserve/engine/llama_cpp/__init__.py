@@ -53,7 +53,8 @@ def _config(settings: ServeSettings) -> EngineConfig:
         batch_invariant=settings.batch_invariant,
         speculative=None if settings.speculative is None else SpeculativeConfig(
             settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
-            _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None),
+            _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None,
+            settings.speculative == "mtp"),
     )
 
 

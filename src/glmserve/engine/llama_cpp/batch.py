@@ -2,16 +2,21 @@
 cache saves and loads included), fill a
 ``llama_batch`` with every scheduled chunk (each row tagged with its sequence's slot) and the
 draft tokens of speculative decoding after them, decode it once, and report which batch rows
-carry logits to sample from."""
+carry logits to sample from; with MTP drafts, the MTP context follows every decode and KV
+operation (``mtp.py``)."""
 
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import llama_cpp
 
 from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.sequence import Chunk, KVOp, Sequence
+
+if TYPE_CHECKING:
+    from glmserve.engine.llama_cpp.mtp import MtpDraft
 
 
 class BatchDecoder:
@@ -27,21 +32,31 @@ class BatchDecoder:
         self._memory = llama_cpp.llama_get_memory(ctx)
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
         self.capacity = capacity
+        # a second context that follows this one's KV cells (``mtp.MtpDraft``): told every
+        # decode (``mirror``), removal and copy of cells
+        self.follower: MtpDraft | None = None
 
     def apply(self, ops: list[KVOp], host_cache: HostPromptCache | None = None) -> None:
         """Apply the scheduler's KV operations in order; ``save`` and ``load`` go through
         ``host_cache`` (llama.cpp's per-sequence state: ``llama_state_seq_get_data`` /
         ``llama_state_seq_set_data``). Raises ``RuntimeError`` when llama.cpp cannot load a state."""
+        follower = self.follower
         for op in ops:
             if op.kind == "rm":
                 llama_cpp.llama_memory_seq_rm(self._memory, op.slot, op.p0, -1)
+                if follower is not None:
+                    follower.truncate(op.slot, op.p0)
             elif op.kind == "cp":
                 llama_cpp.llama_memory_seq_cp(self._memory, op.src, op.slot, op.p0, op.p1)
+                if follower is not None:
+                    follower.copy(op.src, op.slot, op.p0, op.p1)
             elif op.kind == "save":
                 host_cache.put(op.tokens, op.group, self._state(op.slot))
             else:
                 data = op.entry.data
                 buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+                if follower is not None:  # its cells for a restored prompt are not saved: none
+                    follower.clear_slot(op.slot)
                 if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), op.slot) != len(data):
                     llama_cpp.llama_memory_seq_rm(self._memory, op.slot, 0, -1)
                     raise RuntimeError(f"llama.cpp could not load a cached prompt state into sequence {op.slot}")
@@ -55,10 +70,14 @@ class BatchDecoder:
 
     def clear_slot(self, slot: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
+        if self.follower is not None:
+            self.follower.clear_slot(slot)
 
     def truncate(self, slot: int, p0: int) -> None:
         """Drop ``slot``'s cells at positions >= ``p0`` (rejected draft tokens)."""
         llama_cpp.llama_memory_seq_rm(self._memory, slot, p0, -1)
+        if self.follower is not None:
+            self.follower.truncate(slot, p0)
 
     def decode(self, chunks: list[Chunk], drafts: dict[Sequence, list[int]] | None = None,
                ) -> list[tuple[Sequence, int]]:
@@ -76,10 +95,14 @@ class BatchDecoder:
         batch = self._batch
         token, pos, n_seq_id, seq_id, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
         rows: list[tuple[Sequence, int]] = []
+        spans: list[tuple[int, int, list[int], int]] = []
         i = 0
         for chunk in chunks:
             seq = chunk.seq
             slot, tokens = seq.slot, seq.tokens
+            if self.follower is not None:
+                spans.append((slot, chunk.start, [*tokens[chunk.start:chunk.start + chunk.length],
+                                                  *(drafts.get(seq, ()) if chunk.sample else ())], i))
             for p in range(chunk.start, chunk.start + chunk.length):
                 token[i] = tokens[p]
                 pos[i] = p
@@ -103,6 +126,8 @@ class BatchDecoder:
         ret = llama_cpp.llama_decode(self._ctx, batch)
         if ret != 0:
             raise RuntimeError(f"llama_decode failed with status {ret}" + (" (KV cache full)" if ret == 1 else ""))
+        if self.follower is not None:
+            self.follower.mirror(spans, i)
         return rows
 
     def free(self) -> None:

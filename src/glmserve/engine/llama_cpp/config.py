@@ -22,7 +22,7 @@ class EngineConfig:
     lora: dict | None = None  # adapter name -> GGUF LoRA file
     kv_layout: KVLayout = "split"
     cache_ram: int = 0  # host prompt cache, MiB (0: none; split layout only)
-    speculative: SpeculativeConfig | None = None  # --speculative ngram|draft
+    speculative: SpeculativeConfig | None = None  # --speculative ngram|draft|mtp
     runner: Literal["auto", "generate", "pooling"] = "auto"  # pooling: embeddings only, no generation context
     batch_invariant: bool = False  # --batch-invariant (context_params)
 

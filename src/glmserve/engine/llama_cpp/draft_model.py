@@ -7,10 +7,11 @@ remembers which tokens its cells hold. To draft for a sequence, the cells after 
 prefix those tokens share with the sequence are dropped (the rejected draft tokens of the last
 step, or another request's tokens in a reused slot), the rest of the sequence is decoded, and
 the draft model then decodes greedily, one token at a time, for up to ``limit`` tokens: it
-stops early at a token whose probability is below ``P_MIN`` (llama.cpp's ``--spec-draft-p-min``:
-0.75 by default in earlier llama.cpp releases, 0 in the one llama-cpp-python 0.3.36 vendors),
-where a draft is likely to be rejected. A greedy draft is a point mass, for which the engine's
-verification (``speculative.py``) is exact speculative sampling at any temperature.
+stops early at a token whose probability is below ``speculative.P_MIN`` (llama.cpp's
+``--spec-draft-p-min``: 0.75 by default in earlier llama.cpp releases, 0 in the one
+llama-cpp-python 0.3.36 vendors), where a draft is likely to be rejected. A greedy draft is a
+point mass, for which the engine's verification (``speculative.py``) is exact speculative
+sampling at any temperature.
 
 With a unified KV cache, other slots' stale cells may fill it: a failed decode then clears the
 draft model's whole cache, and the sequence drafts nothing that step.
@@ -27,9 +28,8 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.handles import free_handles
-from glmserve.engine.llama_cpp.speculative import DraftLength, SpeculativeConfig
+from glmserve.engine.llama_cpp.speculative import DraftLength, DraftSource, SpeculativeConfig, confident_top
 
-P_MIN = 0.75  # a draft ends before a less probable token (llama.cpp's --spec-draft-p-min)
 PREFILL_BATCH = 512  # tokens per decode when the draft model catches up with a sequence
 
 
@@ -88,7 +88,7 @@ class DraftModel:
 
     def propose(self, slot: int, tokens: list[int], limit: int) -> list[int]:
         """Up to ``limit`` tokens the draft model expects after ``tokens`` (a sequence in KV slot
-        ``slot``), greedily, ending before a token of probability below ``P_MIN``."""
+        ``slot``), greedily, ending before a token of probability below ``speculative.P_MIN``."""
         if limit < 1 or not tokens:
             return []
         cached = self._cached.pop(slot, [])
@@ -107,9 +107,9 @@ class DraftModel:
                 self._cached.clear()
                 return []
             held.extend(pending)
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
-            top = int(logits.argmax())
-            if 1.0 / float(np.exp(logits - logits[top]).sum()) < P_MIN:
+            top = confident_top(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1),
+                                                      shape=(self._n_vocab,)))
+            if top is None:
                 break
             draft.append(top)
             if len(draft) == limit:
@@ -142,13 +142,13 @@ class DraftModel:
 
 
 class ModelDrafter(DraftLength):
-    """One sequence's drafter over the shared ``DraftModel``, with the adaptive draft length of
-    ``speculative.DraftLength``; the same ``propose(tokens, limit, slot)`` and ``record`` as
-    ``NgramDrafter``."""
+    """One sequence's drafter over a shared ``DraftSource`` (``DraftModel``, ``mtp.MtpDraft``),
+    with the adaptive draft length of ``speculative.DraftLength``; the same ``propose(tokens,
+    limit, slot)`` and ``record`` as ``NgramDrafter``."""
 
     __slots__ = ("_draft",)
 
-    def __init__(self, config: SpeculativeConfig, draft: DraftModel) -> None:
+    def __init__(self, config: SpeculativeConfig, draft: DraftSource) -> None:
         super().__init__(config.draft_max)
         self._draft = draft
 

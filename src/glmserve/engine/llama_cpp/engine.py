@@ -21,10 +21,11 @@ With ``--cache-ram`` (split layout), a free sequence's state is saved in host me
 cells are reclaimed and restored for a later prompt that shares a longer prefix with it
 (``engine/prompt_cache.py``).
 
-Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``; ``--speculative
-draft``, ``draft_model.py``): in a step that decodes one sequence alone, it may append a draft to
-its one token, within the batch's ``max_num_batched_tokens``; its rows are sampled in order until
-a sampled token differs from the draft, and the KV cells of the rejected draft tokens are dropped.
+Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``; ``draft``,
+``draft_model.py``; ``mtp``, ``mtp.py``): in a step that decodes one sequence alone, it may append
+a draft to its one token, within the batch's ``max_num_batched_tokens``; its rows are sampled in
+order until a sampled token differs from the draft, and the KV cells of the rejected draft tokens
+are dropped.
 Those steps are timed (``draft_cost.StepCosts``), so that an n-gram draft is sent only when it
 pays, and finished sequences feed the n-gram pool of earlier generations (``ngram_pool.py``).
 """
@@ -51,6 +52,7 @@ from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.metadata import model_params
 from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
+from glmserve.engine.llama_cpp.mtp import MtpDraft
 from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
@@ -90,7 +92,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._ctx = None
         self._decoder: BatchDecoder | None = None
         self._embedder: Embedder | None = None
-        self._draft: DraftModel | None = None  # --speculative draft
+        self._draft: DraftModel | MtpDraft | None = None  # --speculative draft, mtp
         self._scheduler: Scheduler | None = None
         self._init_worker(config.max_num_seqs, config.max_queue)
         self._by_id: dict[str, Sequence] = {}
@@ -110,7 +112,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         # llama-cpp-python prints every llama.cpp log line to stderr while its logger is unset,
         # debug lines included (some log once per token): errors only
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-        params, _overrides = model_params(path)  # the overrides live until the model is loaded
+        # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
+        params, _overrides = model_params(path, cfg.speculative is not None and cfg.speculative.method == "mtp")
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -165,15 +168,18 @@ class LlamaCppEngine(StepWorker[Sequence]):
             embedding_size=self._embedder.size,
         )
         spec = cfg.speculative
-        if spec is not None and spec.draft_model is not None:
+        if spec is not None and spec.method != "ngram":
             try:
-                self._draft = DraftModel(spec.draft_model, self._model, params.n_ctx, cfg.max_num_seqs, not split,
-                                         cfg.n_threads)
+                self._draft = (MtpDraft(self._model, self._ctx, context_params(cfg, params.n_ctx))
+                               if spec.method == "mtp" else
+                               DraftModel(spec.draft_model, self._model, params.n_ctx, cfg.max_num_seqs, not split,
+                                          cfg.n_threads))
             except EngineError:
                 self.shutdown()
                 raise
-            log.info("speculative decoding: draft model %s, greedy drafts of up to %d tokens within "
-                     "--max-num-batched-tokens %d", spec.draft_model, spec.draft_max, cfg.max_num_batched_tokens)
+            self._decoder.follower = self._draft if spec.method == "mtp" else None
+            log.info("speculative decoding: %s, greedy drafts of up to %d tokens within --max-num-batched-tokens %d",
+                     spec.draft_model or "the model's NextN (MTP) layers", spec.draft_max, cfg.max_num_batched_tokens)
         elif spec is not None:
             self._ngram_pool = NgramPool()
             log.info("speculative decoding: ngram (prompt lookup, n-grams of %d to %d tokens, and %d-token n-grams of "

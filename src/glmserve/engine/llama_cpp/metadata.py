@@ -35,12 +35,14 @@ def overrides(metadata: dict[str, str]) -> dict[str, int]:
     return {}
 
 
-def model_params(path: Path) -> tuple[llama_cpp.llama_model_params, object]:
+def model_params(path: Path, load_mtp: bool = False) -> tuple[llama_cpp.llama_model_params, object]:
     """llama.cpp's model parameters for loading the GGUF at ``path``: the defaults, with the
-    ``overrides`` its metadata needs (read from its header and vocabulary alone). Returns the
-    parameters and the override array they point into, which must stay alive until the model is
-    loaded. A file that cannot be read gets the defaults (loading it then reports why)."""
+    ``overrides`` its metadata needs (read from its header and vocabulary alone), and its NextN
+    (MTP) layers loaded if ``load_mtp``. Returns the parameters and the override array they
+    point into, which must stay alive until the model is loaded. A file that cannot be read gets
+    the defaults (loading it then reports why)."""
     params = llama_cpp.llama_model_default_params()
+    params.load_mtp = load_mtp
     header = llama_cpp.llama_model_default_params()
     header.vocab_only = True
     try:

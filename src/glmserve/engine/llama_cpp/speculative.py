@@ -43,12 +43,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
+
+import numpy as np
 
 from glmserve.engine.llama_cpp.draft_cost import Acceptance, StepCosts, best_length
 from glmserve.engine.llama_cpp.ngram_pool import NgramPool
 from glmserve.engine.scheduler import Scheduler
 from glmserve.engine.sequence import Chunk, Sequence
 
+P_MIN = 0.75  # a greedy draft ends before a less probable token (llama.cpp's --spec-draft-p-min)
 MAX_COOLDOWN = 16  # steps without drafting after repeated first-token rejections
 MIN_DRAFT = 2  # a draft shorter than this costs a batch row and rarely pays
 # drafts only in steps that decode at most this many sequences and carry no prompt chunk (vLLM's
@@ -63,13 +67,15 @@ FIRST_DRAFT = 4  # a sequence's first drafts are this long at most; they double 
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
     """``--speculative ngram`` with ``--spec-ngram-min/max`` (n-gram lengths looked up, in
-    tokens), or ``--speculative draft`` with ``draft_model`` (the draft GGUF file); either with
-    ``--spec-draft-max`` (tokens drafted per sequence and step)."""
+    tokens), ``--speculative draft`` with ``draft_model`` (the draft GGUF file), or
+    ``--speculative mtp`` (``mtp``); each with ``--spec-draft-max`` (tokens drafted per sequence
+    and step)."""
 
     ngram_min: int = 2
     ngram_max: int = 4
     draft_max: int = 16
     draft_model: Path | None = None  # --speculative draft
+    mtp: bool = False  # --speculative mtp: the model's own NextN layers (mtp.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -79,7 +85,22 @@ class SpeculativeConfig:
 
     @property
     def method(self) -> str:
-        return "ngram" if self.draft_model is None else "draft"
+        return "mtp" if self.mtp else "ngram" if self.draft_model is None else "draft"
+
+
+def confident_top(logits: np.ndarray) -> int | None:
+    """The most probable token of ``logits`` (one row, the whole vocabulary), or None when its
+    probability is below ``P_MIN``: where a greedy draft (a draft model's, MTP's) ends."""
+    top = int(logits.argmax())
+    return top if 1.0 / float(np.exp(logits - logits[top]).sum()) >= P_MIN else None
+
+
+class DraftSource(Protocol):
+    """What drafts for every sequence from one shared context (``draft_model.DraftModel``,
+    ``mtp.MtpDraft``): up to ``limit`` greedy tokens after ``tokens``, the sequence in KV slot
+    ``slot``."""
+
+    def propose(self, slot: int, tokens: list[int], limit: int) -> list[int]: ...
 
 
 class DraftLength:

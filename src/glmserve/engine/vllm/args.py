@@ -71,7 +71,7 @@ class EngineConfig:
 
 def speculative_config(settings: ServeSettings) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``--speculative``: ``ngram`` with ``prompt_lookup_min/max``,
-    or ``draft_model`` with the ``--draft-model`` folder; ``num_speculative_tokens`` from
+    ``draft_model`` with the ``--draft-model`` folder, or ``mtp``; ``num_speculative_tokens`` from
     ``--spec-draft-max``. Raises ``ModelNotFoundError`` for a draft model that is no model folder."""
     if settings.speculative is None:
         return None
@@ -81,6 +81,8 @@ def speculative_config(settings: ServeSettings) -> dict[str, Any] | None:
         except ModelNotFoundError as exc:
             raise ModelNotFoundError(f"--draft-model {exc}") from exc
         return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": settings.spec_draft_max}
+    if settings.speculative == "mtp":  # the model's own MTP layers (vLLM reads them from its checkpoint)
+        return {"method": "mtp", "num_speculative_tokens": settings.spec_draft_max}
     return {"method": "ngram", "prompt_lookup_min": settings.spec_ngram_min,
             "prompt_lookup_max": settings.spec_ngram_max, "num_speculative_tokens": settings.spec_draft_max}
 

@@ -1,0 +1,190 @@
+"""MTP speculative decoding on the llama_cpp engine (``--speculative mtp``; llama.cpp's
+``--spec-type draft-mtp``): drafts from the served GGUF's own NextN layers, the multi-token
+prediction heads GLM-4.5 and later are trained with (DeepSeek-V3's MTP, Liu et al. 2024, §2.2).
+
+A NextN layer predicts the token after next: at position ``p`` it takes the embedding of token
+``x[p]`` and the target model's last hidden state at ``p - 1`` (``h[p-1]``, before the final
+norm: llama.cpp's "nextn embeddings"), joins them (``eh_proj``), runs one decoder layer over
+them with its own KV cache, and ends in the shared output head. llama.cpp holds it in a second
+context of type ``LLAMA_CONTEXT_TYPE_MTP`` over the same model, fed through an extended batch
+whose rows carry both a token and an embedding (``llama_batch_ext_set_embd_token``), as
+``common/speculative.cpp`` (``common_speculative_impl_draft_mtp``) does:
+
+- **Mirroring**: after every target decode, each sequence's decoded rows are decoded in the MTP
+  context too, each token paired with the target's hidden row of the position before it (the
+  first with the last row of the sequence's previous decode), so the NextN layer's KV cache
+  holds every position the target's does. A prefix the target reused from a cache has no rows
+  here; drafts then see less context (they stay drafts: verification keeps the output).
+- **Drafting**: the sequence's last sampled token, paired with the hidden row of the position
+  before it, is decoded at its position; the greedy token of that row is the first draft token,
+  and each next one comes from the previous draft token paired with the NextN layer's own
+  hidden row, until ``limit`` tokens or a token of probability below 0.75
+  (``speculative.P_MIN``). The draft rows are then dropped from the MTP cache: the target's
+  decode of those tokens mirrors them anew.
+- **Rejected drafts**: when verification keeps ``a`` of a draft's tokens, the mirrored rows past
+  them are dropped (``truncate``), and the hidden row of the last kept position becomes the one
+  the next decode pairs with.
+
+A greedy draft is a point mass, for which the engine's verification (``speculative.py``) is
+exact speculative sampling at any temperature.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+from llama_cpp import llama_cpp_ext
+from llama_cpp._internals import LlamaModel
+from llama_cpp._utils import suppress_stdout_stderr
+
+from glmserve.engine.base import EngineError
+from glmserve.engine.llama_cpp.speculative import confident_top
+
+_FLOAT_P = ctypes.POINTER(ctypes.c_float)
+
+
+def nextn_layers(model: LlamaModel) -> int:
+    """How many NextN (MTP) layers the loaded ``model`` has (0: none, or loaded without them)."""
+    return int(llama_cpp.llama_model_n_layer_nextn(model.model))
+
+
+class MtpDraft:
+    """The NextN layers of ``model`` (loaded with ``load_mtp``) in an MTP context beside the
+    target context ``target`` (whose parameters ``params`` it takes: cells, slots, threads),
+    for every slot. ``mirror`` after each target decode, ``truncate`` after a rejected draft,
+    ``clear_slot`` when a slot's cells are dropped, ``propose`` to draft; ``free()`` releases
+    it. Raises ``EngineError`` when the model has no NextN layers or llama.cpp cannot create
+    the context."""
+
+    def __init__(self, model: LlamaModel, target, params) -> None:
+        if nextn_layers(model) < 1:
+            raise EngineError("--speculative mtp needs a GGUF with NextN (MTP) layers (GLM-4.5 and later "
+                              "converted with them); this model has none")
+        self._target = target
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        with suppress_stdout_stderr(disable=False):
+            self._ctx = llama_cpp.llama_init_from_model(model.model, params)
+        if not self._ctx:
+            raise EngineError("cannot create llama.cpp's MTP context for the model's NextN layers")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_ext_init(self._ctx)
+        self._n_embd = int(llama_cpp.llama_model_n_embd_out(model.model))
+        self._n_vocab = model.n_vocab()
+        self._zeros = np.zeros(self._n_embd, np.float32)
+        # slot -> (first position, the target's hidden rows of its last decode from there)
+        self._rows: dict[int, tuple[int, np.ndarray]] = {}
+        self._end: dict[int, int] = {}  # slot -> positions mirrored (the last row's position + 1)
+        llama_cpp_ext.llama_set_embeddings_nextn(target, True, False)  # every row's, not the sampled ones'
+        llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, True)
+
+    def mirror(self, spans: list[tuple[int, int, list[int], int]], n_rows: int) -> None:
+        """Decode in the MTP context what the target just decoded: ``spans`` of ``(slot, first
+        position, tokens, first batch row)`` of its batch of ``n_rows`` rows."""
+        if not spans:
+            return
+        hidden = np.ctypeslib.as_array(llama_cpp_ext.llama_get_embeddings_nextn(self._target),
+                                       shape=(n_rows, self._n_embd))
+        inputs = []
+        for slot, start, tokens, row in spans:
+            prev = self._hidden(slot, start - 1)
+            rows = hidden[row:row + len(tokens)].copy()
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, start, -1)
+            for k, token in enumerate(tokens):
+                inputs.append((slot, start + k, token, prev if k == 0 else rows[k - 1], False))
+            self._rows[slot] = (start, rows)
+            self._end[slot] = start + len(tokens)
+        if not self._decode(inputs):
+            self.clear()
+
+    def truncate(self, slot: int, p0: int) -> None:
+        """Drop ``slot``'s mirrored rows at positions >= ``p0`` (a verification's rejected
+        draft tokens)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, p0, -1)
+        self._end[slot] = min(self._end.get(slot, 0), p0)
+
+    def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Make ``src``'s cells at positions ``p0...p1 - 1`` (``p1`` -1: all) visible to ``dst``
+        too (a prompt prefix the target shares between slots: the NextN layer's cells there are
+        the same)."""
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
+        end = self._end.get(src, 0)
+        self._end[dst] = end if p1 < 0 else min(p1, end)
+        if src in self._rows:
+            self._rows[dst] = self._rows[src]
+
+    def clear_slot(self, slot: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
+        self._rows.pop(slot, None)
+        self._end.pop(slot, None)
+
+    def clear(self) -> None:
+        """Drop every slot's cells (after a failed decode: no free cells)."""
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self._rows.clear()
+        self._end.clear()
+
+    def propose(self, slot: int, tokens: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens the NextN layer expects after ``tokens`` (a sequence in slot
+        ``slot`` whose last token the target has not decoded yet), greedily, ending before a
+        token of probability below ``speculative.P_MIN``; none when the target's hidden row
+        before that token is not at hand."""
+        pos = len(tokens) - 1
+        if limit < 1 or pos < 1 or self._end.get(slot) != pos:
+            return []
+        hidden = self._hidden(slot, pos - 1)
+        draft: list[int] = []
+        token = tokens[-1]
+        while True:
+            if not self._decode([(slot, pos, token, hidden, True)]):
+                self.clear()
+                return []
+            top = confident_top(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, 0),
+                                                      shape=(self._n_vocab,)))
+            if top is None:
+                break
+            draft.append(top)
+            if len(draft) == limit:
+                break
+            hidden = np.ctypeslib.as_array(llama_cpp_ext.llama_get_embeddings_nextn_ith(self._ctx, 0),
+                                           shape=(self._n_embd,)).copy()
+            token, pos = top, pos + 1
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, len(tokens) - 1, -1)  # mirrored anew once decoded
+        return draft
+
+    def _hidden(self, slot: int, pos: int) -> np.ndarray:
+        """The target's hidden row at ``pos`` in ``slot`` from its last decode there (zeros
+        where there is none: position -1, or a prefix reused from a cache)."""
+        start, rows = self._rows.get(slot, (0, None))
+        if rows is None or not start <= pos < start + len(rows) or pos >= self._end.get(slot, 0):
+            return self._zeros
+        return rows[pos - start]
+
+    def _decode(self, inputs: list[tuple[int, int, int, np.ndarray, bool]]) -> bool:
+        """Decode rows of ``(slot, position, token, hidden row, logits wanted)``; False when
+        llama.cpp fails."""
+        batch = self._batch
+        llama_cpp.llama_batch_ext_clear(batch)
+        keep = []
+        for slot, pos, token, hidden, output in inputs:
+            idx = llama_cpp.llama_batch_ext_add_token(batch, slot, token)
+            at = llama_cpp.llama_pos(pos)
+            llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(at))
+            row = np.ascontiguousarray(hidden, dtype=np.float32)
+            keep.append(row)
+            llama_cpp.llama_batch_ext_set_embd_token(
+                batch, idx, llama_cpp.llama_embd(row.ctypes.data_as(_FLOAT_P), 1, self._n_embd))
+            if output:
+                llama_cpp.llama_batch_ext_set_output_logits(batch, idx, True)
+        return llama_cpp.llama_process(self._ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+
+    def free(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            with suppress_stdout_stderr(disable=False):
+                llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
