@@ -245,6 +245,66 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     return out
 
 
+NEXTN_KEYS = ("embed_tokens.weight", "enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+              "shared_head.head.weight")  # a NextN layer's own tensors, after model.layers.<num_hidden_layers>.
+
+
+def _glm_with_nextn_configs(template: str):
+    """GLM-4.5's tokenizer with ``fixtures/glm/<template>``, the tiny config with one NextN layer
+    (``num_nextn_predict_layers`` 1) and the config of the same model with that layer's decoder
+    layer appended (the checkpoint layout of GLM-4.5's MTP block)."""
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
+    config = glm_config("Glm4MoeForCausalLM", tokenizer, 2048, nextn=1)
+    with_layer = glm_config("Glm4MoeForCausalLM", tokenizer, 2048)
+    with_layer.num_hidden_layers = config.num_hidden_layers + 1
+    return tokenizer, config, with_layer
+
+
+def _save_glm_with_nextn(out: Path, tokenizer, config, with_layer, nextn: dict) -> Path:
+    """Save ``with_layer`` (a ``Glm4MoeForCausalLM`` whose last decoder layer is the NextN
+    layer's) and the NextN layer's own tensors ``nextn`` (``NEXTN_KEYS``) as GLM-4.5's checkpoint
+    holds them, with ``config`` and ``tokenizer``."""
+    from safetensors.torch import load_file, save_file
+
+    raw = out / "raw"
+    with_layer.save_pretrained(raw)
+    weights = {}
+    for file in raw.glob("*.safetensors"):
+        weights.update(load_file(file))
+        file.unlink()
+    for file in raw.iterdir():
+        file.unlink()
+    raw.rmdir()
+    weights.update({f"model.layers.{config.num_hidden_layers}.{k}": v.detach().clone() for k, v in nextn.items()})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config.architectures = ["Glm4MoeForCausalLM"]
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def nextn_forward(nextn: dict, block, rotary, eps: float, tokens: list[int], states):
+    """GLM-4.5's NextN (MTP) layer over a whole sequence, as DeepSeek-V3's MTP module (vLLM's
+    ``glm4_moe_mtp.py``): at each position the embedding of ``tokens[p]`` (``enorm``) and
+    ``states[p]``, the model's final-normed hidden state at the position before (``hnorm``),
+    go through ``eh_proj``, the decoder layer ``block`` (causal attention, rotary embedding
+    ``rotary``) and ``shared_head.norm``. ``nextn``: its tensors (``NEXTN_KEYS``). Returns the
+    logits of the token after ``tokens[p]`` ``(len(tokens), vocab)`` and the normed outputs
+    (llama.cpp's nextn embeddings, which a draft continues from)."""
+    def norm(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    x = torch.cat([norm(nextn["embed_tokens.weight"][tokens], nextn["enorm.weight"]),
+                   norm(states, nextn["hnorm.weight"])], -1) @ nextn["eh_proj.weight"].T
+    positions = torch.arange(len(tokens))[None]
+    y = block(x[None], attention_mask=None, position_ids=positions, position_embeddings=rotary(x[None], positions))
+    y = norm((y[0] if isinstance(y, tuple) else y)[0], nextn["shared_head.norm.weight"])
+    return y @ nextn["shared_head.head.weight"].T, y
+
+
 def tiny_glm_with_nextn(out: Path, template: str = "glm-4.6.jinja", copy: bool = True) -> Path:
     """A tiny random GLM-4.5 (``Glm4MoeForCausalLM``, ``glm_config``) with a GLM tokenizer and
     ``fixtures/glm/<template>``, and one NextN (MTP) layer as GLM-4.5's checkpoints hold it
@@ -258,46 +318,79 @@ def tiny_glm_with_nextn(out: Path, template: str = "glm-4.6.jinja", copy: bool =
     Without ``copy`` every NextN weight is random (its head is the model's, its attention's
     output projection is scaled up so that earlier positions weigh in the prediction)."""
     import transformers
-    from safetensors.torch import load_file, save_file
 
-    from tests.unit.glm_tokenizer import glm_tokenizer
-
-    tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
-    config = glm_config("Glm4MoeForCausalLM", tokenizer, 2048, nextn=1)
-    layers = config.num_hidden_layers
-    with_layer = glm_config("Glm4MoeForCausalLM", tokenizer, 2048)
-    with_layer.num_hidden_layers = layers + 1  # the NextN layer's decoder layer, in checkpoint layout
+    tokenizer, config, with_layer = _glm_with_nextn_configs(template)
     torch.manual_seed(0)
-    raw = out / "raw"
-    transformers.Glm4MoeForCausalLM(with_layer).save_pretrained(raw)
-    weights = {}
-    for file in raw.glob("*.safetensors"):
-        weights.update(load_file(file))
-    hidden, nextn = config.hidden_size, f"model.layers.{layers}."
-    embed = weights["model.embed_tokens.weight"]
-    if copy:
-        for name in list(weights):
-            if name.startswith(nextn) and name.endswith(("o_proj.weight", "down_proj.weight")):
-                weights[name] = torch.zeros_like(weights[name])
-        mix = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1)
-        head, norms = embed * 20, torch.ones(3, hidden)
-    else:  # attention that weighs (a random init's output projection is small beside eh_proj's)
-        weights[f"{nextn}self_attn.o_proj.weight"] *= 50
-        mix = torch.randn(hidden, 2 * hidden) / hidden ** 0.5
-        head, norms = weights["lm_head.weight"], 1 + 0.1 * torch.randn(3, hidden)
-    weights.update({
-        f"{nextn}enorm.weight": norms[0], f"{nextn}hnorm.weight": norms[1], f"{nextn}eh_proj.weight": mix,
-        f"{nextn}shared_head.norm.weight": norms[2], f"{nextn}embed_tokens.weight": embed.clone(),
-        f"{nextn}shared_head.head.weight": head.clone()})
-    for file in raw.iterdir():
-        file.unlink()
-    raw.rmdir()
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    config.architectures = ["Glm4MoeForCausalLM"]
-    config.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    model = transformers.Glm4MoeForCausalLM(with_layer)
+    hidden, block = config.hidden_size, model.model.layers[config.num_hidden_layers]
+    embed = model.model.embed_tokens.weight
+    with torch.no_grad():
+        if copy:
+            for name, param in block.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+                    param.zero_()
+            mix = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1)
+            head, norms = embed * 20, torch.ones(3, hidden)
+        else:  # attention that weighs (a random init's output projection is small beside eh_proj's)
+            block.self_attn.o_proj.weight *= 50
+            mix = torch.randn(hidden, 2 * hidden) / hidden ** 0.5
+            head, norms = model.lm_head.weight, 1 + 0.1 * torch.randn(3, hidden)
+    return _save_glm_with_nextn(out, tokenizer, config, model, dict(zip(NEXTN_KEYS, (
+        embed, norms[0], norms[1], mix, norms[2], head))))
+
+
+def tiny_glm_mtp_trained(out: Path, messages: list[dict], reply: str, template: str = "glm-4.6.jinja",
+                         steps: int = 600) -> Path:
+    """``tiny_glm_with_nextn``'s model trained here (a minute or two on a CPU) until greedy
+    decoding of ``messages``' prompt writes ``reply`` then ``<|user|>``, and its NextN layer
+    trained after it (the model frozen) until it predicts each token of the reply after next
+    (``nextn_forward``, from the model's hidden states): GLM-4.5 with a NextN layer whose drafts
+    are right, as a trained checkpoint's mostly are. Raises ``RuntimeError`` if either did not
+    learn."""
+    import transformers
+
+    tokenizer, config, with_layer = _glm_with_nextn_configs(template)
+    torch.manual_seed(0)
+    model = transformers.Glm4MoeForCausalLM(config)
+    _train_replies(model, tokenizer, [(messages, {}, reply, "<|user|>")], steps, 3e-3)
+    full = transformers.Glm4MoeForCausalLM(with_layer)
+    full.load_state_dict(model.state_dict(), strict=False)  # the NextN decoder layer stays random
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    block, rotary = full.model.layers[layers], full.model.rotary_emb
+    nextn = {"embed_tokens.weight": model.model.embed_tokens.weight.detach().clone(),
+             "enorm.weight": torch.ones(hidden), "hnorm.weight": torch.ones(hidden),
+             "eh_proj.weight": torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5,
+             "shared_head.norm.weight": torch.ones(hidden),
+             "shared_head.head.weight": model.lm_head.weight.detach().clone()}
+    trained = [nextn[k].requires_grad_() for k in ("enorm.weight", "hnorm.weight", "eh_proj.weight",
+                                                    "shared_head.norm.weight")]
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                              add_special_tokens=False)
+    tokens = prompt + tokenizer.encode(reply, add_special_tokens=False) + [
+        tokenizer.convert_tokens_to_ids("<|user|>")]
+    model.eval()
+    with torch.no_grad():
+        states = model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0]
+    # position p (from 1) holds tokens[p] and states[p - 1] and predicts tokens[p + 1]
+    inputs, pairs, targets = tokens[1:-1], states[:-2], torch.tensor(tokens[2:])
+    first = len(prompt) - 1  # where the reply's tokens are predicted
+    optimizer = torch.optim.Adam([*trained, *block.parameters()], lr=3e-3)
+    block.train()
+    for _ in range(steps):
+        logits, _ = nextn_forward(nextn, block, rotary, config.rms_norm_eps, inputs, pairs)
+        loss = torch.nn.functional.cross_entropy(logits[first:], targets[first:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 1e-3:
+            break
+    block.eval()
+    with torch.no_grad():
+        logits, _ = nextn_forward(nextn, block, rotary, config.rms_norm_eps, inputs, pairs)
+    right = (logits[first:].argmax(-1) == targets[first:]).float().mean().item()
+    if right < 0.95:
+        raise RuntimeError(f"the NextN layer predicts {right:.0%} of the reply's tokens after next")
+    return _save_glm_with_nextn(out, tokenizer, config, full, nextn)
 
 
 def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400,

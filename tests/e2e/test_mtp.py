@@ -103,44 +103,30 @@ def _converter() -> Path:
 
 def _reference_drafts(folder: Path, prompt: list[int], n: int) -> list[int]:
     """The greedy next token after ``prompt`` and ``n`` drafts after it from GLM-4.5's NextN layer
-    in PyTorch, from the folder's weights (DeepSeek-V3's MTP module, as vLLM's
-    ``glm4_moe_mtp.py`` runs it): at each position the token's embedding (``enorm``) and the
-    model's final-normed hidden state at the position before (``hnorm``; zeros before the first)
-    go through ``eh_proj``, the decoder layer, ``shared_head.norm`` and ``shared_head.head``; a
-    draft continues from the layer's own normed output."""
+    in PyTorch, from the folder's weights (``tests/hf_models.py`` ``nextn_forward``): the first
+    token paired with zeros, a draft continuing from the layer's own normed output."""
     import torch
     import transformers
     from safetensors.torch import load_file
+
+    from tests.hf_models import NEXTN_KEYS, nextn_forward
 
     target = transformers.Glm4MoeForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     layers = target.config.num_hidden_layers
     with_layer = transformers.Glm4MoeForCausalLM.from_pretrained(folder, num_hidden_layers=layers + 1,
                                                                    torch_dtype=torch.float32).eval()
-    w = {k[len(f"model.layers.{layers}."):]: v for k, v in load_file(folder / "model.safetensors").items()
-         if k.startswith(f"model.layers.{layers}.")}
-    block, rotary = with_layer.model.layers[layers], with_layer.model.rotary_emb
-    eps = target.config.rms_norm_eps
-
-    def norm(x, weight):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
+    weights = load_file(folder / "model.safetensors")
+    nextn = {k: weights[f"model.layers.{layers}.{k}"] for k in NEXTN_KEYS}
     with torch.no_grad():
-        out = target.model(input_ids=torch.tensor([prompt]))
-        hidden = out.last_hidden_state[0]  # final-normed, as llama.cpp's nextn embeddings
+        hidden = target.model(input_ids=torch.tensor([prompt])).last_hidden_state[0]
         tokens = [*prompt, int(target.lm_head(hidden[-1]).argmax())]
         states = [torch.zeros_like(hidden[0]), *hidden]  # paired with tokens[0], tokens[1], ...
-        drafts = []
         for _ in range(n):
-            x = torch.cat([norm(w["embed_tokens.weight"][tokens], w["enorm.weight"]),
-                           norm(torch.stack(states), w["hnorm.weight"])], -1) @ w["eh_proj.weight"].T
-            positions = torch.arange(len(tokens))[None]
-            y = block(x[None], attention_mask=None, position_ids=positions,
-                      position_embeddings=rotary(x[None], positions))
-            y = norm((y[0] if isinstance(y, tuple) else y)[0], w["shared_head.norm.weight"])
-            drafts.append(int((y[-1] @ w["shared_head.head.weight"].T).argmax()))
-            tokens.append(drafts[-1])
-            states.append(y[-1])
-    return [tokens[len(prompt)], *drafts]
+            logits, out = nextn_forward(nextn, with_layer.model.layers[layers], with_layer.model.rotary_emb,
+                                        target.config.rms_norm_eps, tokens, torch.stack(states))
+            tokens.append(int(logits[-1].argmax()))
+            states.append(out[-1])
+    return tokens[len(prompt):]
 
 
 def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):

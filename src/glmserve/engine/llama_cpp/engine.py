@@ -52,7 +52,7 @@ from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.metadata import model_params
 from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
-from glmserve.engine.llama_cpp.mtp import MtpDraft
+from glmserve.engine.llama_cpp.mtp import MtpDraft, require_nextn
 from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
@@ -124,6 +124,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         split = cfg.kv_layout == "split"
         wanted = cfg.n_ctx or self._model.n_ctx_train()
         try:
+            if cfg.speculative is not None and cfg.speculative.method == "mtp":
+                require_nextn(self._model)
             for name, adapter_path in (cfg.lora or {}).items():
                 self._adapters.load(name, adapter_path)
             check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()), model_kv_bytes_per_cell(self._model), cfg)

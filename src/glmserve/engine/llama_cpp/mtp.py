@@ -45,9 +45,11 @@ from glmserve.engine.llama_cpp.speculative import confident_top
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
-def nextn_layers(model: LlamaModel) -> int:
-    """How many NextN (MTP) layers the loaded ``model`` has (0: none, or loaded without them)."""
-    return int(llama_cpp.llama_model_n_layer_nextn(model.model))
+def require_nextn(model: LlamaModel) -> None:
+    """Raises ``EngineError`` (one line) when the loaded ``model`` has no NextN (MTP) layers."""
+    if llama_cpp.llama_model_n_layer_nextn(model.model) < 1:
+        raise EngineError("--speculative mtp needs a GGUF with NextN (MTP) layers (GLM-4.5 and later, converted "
+                          "with them); this model has none")
 
 
 class MtpDraft:
@@ -59,9 +61,7 @@ class MtpDraft:
     the context."""
 
     def __init__(self, model: LlamaModel, target, params) -> None:
-        if nextn_layers(model) < 1:
-            raise EngineError("--speculative mtp needs a GGUF with NextN (MTP) layers (GLM-4.5 and later "
-                              "converted with them); this model has none")
+        require_nextn(model)
         self._target = target
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         with suppress_stdout_stderr(disable=False):
