@@ -393,6 +393,72 @@ def tiny_glm_mtp_trained(out: Path, messages: list[dict], reply: str, template: 
     return _save_glm_with_nextn(out, tokenizer, config, full, nextn)
 
 
+def widened_glm(folder: Path, out: Path, hidden_size: int = 1024, intermediate_size: int = 4096,
+                moe_intermediate_size: int = 1024, leading_layers: int = 10) -> Path:
+    """The GLM-4.5 checkpoint ``folder`` (``tiny_glm_mtp_trained``'s, NextN layer included) made
+    as costly to decode as a model whose steps are bound by reading its weights, computing the
+    same function: every matrix zero-padded to ``hidden_size`` (and the MLPs to
+    ``intermediate_size`` / ``moe_intermediate_size``), each RMSNorm weight scaled by
+    ``sqrt(old / new hidden size)`` and the epsilon by ``old / new`` (the padded columns are zero,
+    so a norm's mean square shrinks by that ratio), and ``leading_layers`` dense decoder layers put
+    first whose projections are all zero (each adds nothing to the residual stream). Greedy
+    decoding gives what ``folder``'s does up to rounding, while a decode step reads about
+    ``leading_layers + 2`` layers of the new size and an MTP draft step one. Written with
+    ``folder``'s tokenizer to ``out``."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((folder / "config.json").read_text())
+    h, dense = config["hidden_size"], config["first_k_dense_replace"]
+    big, scale = hidden_size, (config["hidden_size"] / hidden_size) ** 0.5
+
+    def pad(t, *shape):
+        padded = torch.zeros(shape, dtype=t.dtype)
+        padded[tuple(slice(0, n) for n in t.shape)] = t
+        return padded
+
+    def widen(name: str, t):
+        inner = intermediate_size if ".mlp.gate_proj" in name or ".mlp.up_proj" in name or ".mlp.down_proj" in name \
+            else moe_intermediate_size
+        if name.endswith("norm.weight"):
+            return pad(t, big) * scale
+        if name.endswith("eh_proj.weight"):  # [hidden, 2 hidden]: the embedding's half, then the state's
+            return torch.cat([pad(t[:, :h], big, big), pad(t[:, h:], big, big)], 1)
+        if name.endswith(("gate_proj.weight", "up_proj.weight")):
+            return pad(t, inner, big)
+        if name.endswith("down_proj.weight"):
+            return pad(t, big, inner)
+        if name.endswith("o_proj.weight"):
+            return pad(t, big, t.shape[1])
+        if t.dim() == 2 and t.shape[1] == h:  # embeddings, heads, q/k/v, the router
+            return pad(t, t.shape[0], big)
+        return t  # biases of the router and of q/k/v
+
+    weights = {}
+    for name, t in load_file(folder / "model.safetensors").items():
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"]:
+            parts[2] = str(int(parts[2]) + leading_layers)
+        weights[".".join(parts)] = widen(name, t).contiguous()
+    example = {k.split(".", 3)[3]: v for k, v in weights.items() if k.startswith(f"model.layers.{leading_layers}.")}
+    for i in range(leading_layers):
+        for key, t in example.items():
+            layer = torch.ones_like(t) if key.endswith("norm.weight") else torch.zeros_like(t)
+            weights[f"model.layers.{i}.{key}"] = layer
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.update(hidden_size=big, intermediate_size=intermediate_size, moe_intermediate_size=moe_intermediate_size,
+                  num_hidden_layers=config["num_hidden_layers"] + leading_layers,
+                  first_k_dense_replace=dense + leading_layers, rms_norm_eps=config["rms_norm_eps"] * scale ** 2)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for file in folder.iterdir():
+        if file.name not in ("config.json", "model.safetensors") and file.is_file():
+            shutil.copy(file, out / file.name)
+    return out
+
+
 def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400,
                      template: str = "glm-4.6.jinja", tools: list[dict] | None = None) -> Path:
     """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and a GLM chat template
@@ -646,8 +712,9 @@ def bert_reference(folder: Path, token_ids: list[int], pooling: str) -> list[flo
     return torch.nn.functional.normalize(pooled, dim=0).tolist()
 
 
-def converted_gguf(folder: Path, out: Path, converter: Path, tokenizer_pre: str = "default") -> Path:
-    """``folder`` converted to an f32 GGUF by llama.cpp's own ``convert_hf_to_gguf.py``
+def converted_gguf(folder: Path, out: Path, converter: Path, tokenizer_pre: str = "default",
+                   outtype: str = "f32") -> Path:
+    """``folder`` converted to a GGUF of ``outtype`` (f32 by default) by llama.cpp's own ``convert_hf_to_gguf.py``
     (``converter``; ``make install`` extracts it from the llama-cpp-python source release).
     The tiny vocabularies match none of the pre-tokenizers the converter knows by checksum, so
     the converter is run with that lookup answering ``tokenizer_pre``: ``default`` (a BERT's
@@ -660,7 +727,7 @@ def converted_gguf(folder: Path, out: Path, converter: Path, tokenizer_pre: str 
     run = (f"import runpy, sys; sys.path.insert(0, {str(converter.parent)!r}); "
            "import conversion.base as base; "
            f"base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {tokenizer_pre!r}; "
-           f"sys.argv = [{str(converter)!r}, {str(folder)!r}, '--outfile', {str(out)!r}, '--outtype', 'f32']; "
+           f"sys.argv = [{str(converter)!r}, {str(folder)!r}, '--outfile', {str(out)!r}, '--outtype', {outtype!r}]; "
            f"runpy.run_path({str(converter)!r}, run_name='__main__')")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=300)

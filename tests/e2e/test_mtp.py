@@ -170,3 +170,26 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
         decoder.free()
         llama_cpp.llama_free(ctx)
         model.close()
+
+
+def test_a_widened_model_computes_what_the_model_does(tmp_path):
+    """``widened_glm`` (the MTP benchmark's model made as costly as a bandwidth-bound one) keeps
+    the model's function: the same logits, and the same NextN drafts, as the model it pads."""
+    pytest.importorskip("torch")
+    import torch
+    import transformers
+
+    from tests.hf_models import tiny_glm_with_nextn, widened_glm
+
+    folder = tiny_glm_with_nextn(tmp_path / MODEL, copy=False)
+    wide = widened_glm(folder, tmp_path / "wide", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                       leading_layers=2)
+    assert transformers.AutoConfig.from_pretrained(wide).num_hidden_layers == 4
+    prompt = [(i * 7) % 200 + 10 for i in range(24)]
+    logits = []
+    for f in (folder, wide):
+        model = transformers.Glm4MoeForCausalLM.from_pretrained(f, torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits.append(model(input_ids=torch.tensor([prompt])).logits[0])
+    assert torch.allclose(logits[0], logits[1], atol=1e-4), (logits[0] - logits[1]).abs().max()
+    assert _reference_drafts(wide, prompt, 4) == _reference_drafts(folder, prompt, 4)
