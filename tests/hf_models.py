@@ -245,6 +245,49 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     return out
 
 
+def tiny_glm4v(out: Path) -> Path:
+    """A tiny random GLM-4.1V / 4.6V (``Glm4vForConditionalGeneration``: a 2-layer vision tower
+    with 14-pixel patches merged 2 x 2 into the 2-layer GLM-4 text model, multimodal RoPE) with
+    the GLM tokenizer plus ``<|image|>``, its image processor's ``preprocessor_config.json`` and
+    GLM-4.6's chat template (``fixtures/glm/glm-4.6.jinja``) given GLM-4.5V's rendering of an
+    image part, ``<|begin_of_image|><|image|><|end_of_image|>``. Large initial weights and a
+    small RoPE base make answers depend on the image and on every position."""
+    import json
+
+    import transformers
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    template = (FIXTURES / "glm" / "glm-4.6.jinja").read_text().replace(
+        "{%- elif item is string -%}",
+        "{%- elif item is mapping and item.type == 'image' -%}<|begin_of_image|><|image|><|end_of_image|>\n"
+        "            {%- elif item is string -%}", 1)
+    assert "<|image|>" in template
+    tokenizer = glm_tokenizer(template)
+    tokenizer.add_tokens(["<|image|>", "<|video|>"], special_tokens=True)
+    ids = tokenizer.convert_tokens_to_ids
+    stop = [ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+    config = transformers.Glm4vConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         initializer_range=0.5, eos_token_id=stop,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100.0, "mrope_section": [1, 1, 2],
+                                          "partial_rotary_factor": 0.5}),
+        vision_config=dict(hidden_size=32, depth=2, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, image_size=336),
+        image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
+        image_start_token_id=ids("<|begin_of_image|>"), image_end_token_id=ids("<|end_of_image|>"),
+        video_start_token_id=ids("<|begin_of_video|>"), video_end_token_id=ids("<|end_of_video|>"), eos_token_id=stop)
+    torch.manual_seed(0)
+    transformers.Glm4vForConditionalGeneration(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "preprocessor_config.json").write_text(json.dumps({  # GLM-4.1V-9B-Thinking's
+        "image_processor_type": "Glm4vImageProcessor", "processor_class": "Glm4vProcessor", "patch_size": 14,
+        "merge_size": 2, "temporal_patch_size": 2, "size": {"shortest_edge": 12544, "longest_edge": 9633792},
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}))
+    return out
+
+
 NEXTN_KEYS = ("embed_tokens.weight", "enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
               "shared_head.head.weight")  # a NextN layer's own tensors, after model.layers.<num_hidden_layers>.
 
@@ -713,21 +756,24 @@ def bert_reference(folder: Path, token_ids: list[int], pooling: str) -> list[flo
 
 
 def converted_gguf(folder: Path, out: Path, converter: Path, tokenizer_pre: str = "default",
-                   outtype: str = "f32") -> Path:
+                   outtype: str = "f32", mmproj: bool = False) -> Path:
     """``folder`` converted to a GGUF of ``outtype`` (f32 by default) by llama.cpp's own ``convert_hf_to_gguf.py``
     (``converter``; ``make install`` extracts it from the llama-cpp-python source release).
     The tiny vocabularies match none of the pre-tokenizers the converter knows by checksum, so
     the converter is run with that lookup answering ``tokenizer_pre``: ``default`` (a BERT's
     WordPiece vocabulary is converted as for any BERT), or ``glm4``, the name it gives the real
     GLM-4-9B-hf, GLM-4.5-Air and GLM-4.7-Flash tokenizers (so llama.cpp splits text with GLM's
-    own pre-tokenizer)."""
+    own pre-tokenizer). ``mmproj``: the model's vision encoder and projector instead (the
+    converter's ``--mmproj``; what libmtmd loads)."""
     import subprocess
     import sys
+
+    extra = ", '--mmproj'" if mmproj else ""
 
     run = (f"import runpy, sys; sys.path.insert(0, {str(converter.parent)!r}); "
            "import conversion.base as base; "
            f"base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {tokenizer_pre!r}; "
-           f"sys.argv = [{str(converter)!r}, {str(folder)!r}, '--outfile', {str(out)!r}, '--outtype', {outtype!r}]; "
+           f"sys.argv = [{str(converter)!r}, {str(folder)!r}, '--outfile', {str(out)!r}, '--outtype', {outtype!r}{extra}]; "
            f"runpy.run_path({str(converter)!r}, run_name='__main__')")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=300)

@@ -60,6 +60,7 @@ DEFAULT_SHOWN: dict[str, str] = {
     "max_num_batched_tokens": "512, or 63 with --batch-invariant; vllm: vLLM's own, 2048 or 8192 on H100/H200-class",
     "speculative": "off",
     "draft_model": "none",
+    "mmproj": "the one mmproj-*.gguf beside the model, if any",
     "distributed_executor_backend": "vLLM's choice",
     "kv_cache_memory": "none: from --gpu-memory-utilization",
     "replicas": "none: one process",
@@ -70,8 +71,8 @@ DEFAULT_SHOWN: dict[str, str] = {
 
 # the value's placeholder in usage, where its type says too little
 METAVARS: dict[str, str] = {
-    "model": "PATH", "draft_model": "PATH", "lora": "NAME=PATH", "models_dir": "DIR", "state_dir": "DIR",
-    "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
+    "model": "PATH", "draft_model": "PATH", "mmproj": "FILE", "lora": "NAME=PATH", "models_dir": "DIR",
+    "state_dir": "DIR", "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
     "served_model_name": "NAME", "allowed_origins": "ORIGIN", "allowed_media_domains": "HOST",
     "default_chat_template_kwargs": "JSON", "override_generation_config": "JSON", "engine_arg": "KEY=VALUE",
     "keep_alive": "DURATION", "store_ttl": "DURATION", "database_url": "URL", "memory_budget": "BYTES", "url": "URL", "json_file": "FILE", "plot": "FILE",

@@ -422,3 +422,39 @@ def test_a_background_step_computes_few_prompt_tokens_and_every_decode():
         assert lengths["b0"] == 1 and lengths["b1"] <= BACKGROUND_PROMPT_TOKENS
     s.add(user := Sequence("user", list(range(1000, 1300))))
     assert [(c.seq, c.length) for c in run_step(s).chunks] == [(user, 300)]
+
+
+def _with_image(name: str, before: int, n_tokens: int, n_pos: int, after: int) -> Sequence:
+    """``before`` text tokens, an image of ``n_tokens`` tokens at ``n_pos`` positions, ``after`` more."""
+    from glmserve.engine.prompt_cache import MEDIA_TOKEN
+    from glmserve.engine.sequence import MediaSpan
+
+    tokens = [*range(1, before + 1), *[MEDIA_TOKEN] * n_tokens, *range(100, 100 + after)]
+    return Sequence(name, tokens, media=(MediaSpan(before, n_tokens, n_pos, None),))
+
+
+def test_an_image_is_never_cut_between_chunks_and_positions_skip_what_it_saves():
+    s = Scheduler(max_num_seqs=2, n_ctx=1000, max_num_batched_tokens=8)
+    a, b = _with_image("a", 5, 20, 6, 4), seq("b", range(30))
+    s.add(a)
+    s.add(b)
+    first = run_step(s)
+    assert [(c.seq.request_id, c.start, c.length) for c in first.chunks] == [("a", 0, 25)]  # through the image
+    second = run_step(s)
+    assert [(c.seq.request_id, c.start, c.length, c.sample) for c in second.chunks] == [("a", 25, 4, True),
+                                                                                        ("b", 0, 4, False)]
+    assert [a.position(i) for i in (0, 4, 25, 28, 29)] == [0, 4, 11, 14, 15]  # 20 tokens at 6 positions
+    assert a.whole(0, 3) == 3 and a.whole(0, 6) == 25 and a.whole(25, 2) == 2
+
+
+def test_no_prefix_is_shared_across_an_image():
+    s = Scheduler(max_num_seqs=1, n_ctx=1000, max_num_batched_tokens=100)
+    a = _with_image("a", 5, 20, 6, 4)
+    s.add(a)
+    run_step(s)
+    s.finish(a)
+    again = _with_image("again", 5, 20, 6, 4)  # another image in the same place
+    s.add(again)
+    out = run_step(s)
+    assert again.num_cached == 5 and out.chunks[0].start == 5
+    assert KVOp("rm", again.slot, 5) in out.kv_ops

@@ -16,11 +16,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
+# an image's tokens in a prompt (``sequence.MediaSpan``): no prefix is shared across one (its
+# cells follow the image, and its positions need not be its indices)
+MEDIA_TOKEN = -1
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``, ending before
+    any ``MEDIA_TOKEN``."""
     n = 0
     for x, y in zip(a, b):
-        if n >= limit or x != y:
+        if n >= limit or x != y or x == MEDIA_TOKEN:
             break
         n += 1
     return n

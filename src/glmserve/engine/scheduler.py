@@ -33,6 +33,8 @@ any slot gets that state loaded into its slot (``KVOp("load")``) instead of reco
 Per step: every running sequence gets its next token (decode) or its next prompt chunk
 (chunked prefill), within ``max_num_batched_tokens``; then waiting requests are admitted in
 arrival order while a slot, the budget and KV cells for their whole remaining prompt are free.
+A chunk never ends inside a prompt's image (``Sequence.whole``): it runs past the budget by the
+rest of the image, which the engine decodes apart from the batch.
 (Unified layout) When a running sequence needs a cell and none is free, idle caches are evicted
 first, then the newest running sequence is preempted: its cells are freed and it waits at the head of the
 queue, to be recomputed from its tokens (prompt + what it generated) later.
@@ -181,11 +183,12 @@ class Scheduler:
                 continue  # preempted earlier in this loop, another group's turn, or paused for a higher priority
             remaining = len(seq.tokens) - seq.num_computed
             n = min(remaining, budget, budget if remaining == 1 else prompt_budget)
+            n = seq.whole(seq.num_computed, n) if seq.media and n else n  # an image is decoded whole
             if n == 0 or not self._make_room(n, out, protect=seq):
                 continue
             out.chunks.append(self._advance(seq, n, remaining))
-            budget -= n
-            prompt_budget -= n if remaining > 1 else 0
+            budget = max(0, budget - n)
+            prompt_budget = max(0, prompt_budget - (n if remaining > 1 else 0))
         while (self.waiting and len(self.running) < self.max_num_seqs and min(budget, prompt_budget) > 0
                and self.waiting[0].group == out.group and self.waiting[0].priority <= top):
             seq = self.waiting[0]
@@ -193,10 +196,10 @@ class Scheduler:
                 break
             self.waiting.popleft()
             remaining = len(seq.tokens) - seq.num_computed
-            n = min(remaining, budget, prompt_budget)
+            n = seq.whole(seq.num_computed, min(remaining, budget, prompt_budget))
             out.chunks.append(self._advance(seq, n, remaining))
-            budget -= n
-            prompt_budget -= n
+            budget = max(0, budget - n)
+            prompt_budget = max(0, prompt_budget - n)
         return out
 
     def _prefix_in_prefill(self, seq: Sequence) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from glmserve.engine.prompt_cache import CachedPrompt
+from glmserve.engine.prompt_cache import MEDIA_TOKEN, CachedPrompt
 
 
 class SeqStatus(Enum):
@@ -17,10 +17,29 @@ class SeqStatus(Enum):
     FINISHED = "finished"
 
 
+@dataclass(slots=True, frozen=True, eq=False)
+class MediaSpan:
+    """An image in a prompt: tokens ``[start, start + n_tokens)`` of its sequence, each
+    ``MEDIA_TOKEN`` (never decoded as tokens: the engine decodes the image's embeddings at once,
+    ``chunk``), which take ``n_pos`` positions (fewer than ``n_tokens`` under multimodal RoPE,
+    GLM-4V's: the image's rows and columns share positions)."""
+
+    start: int
+    n_tokens: int
+    n_pos: int
+    chunk: Any
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     """One request inside the engine. ``tokens`` = prompt then generated tokens;
-    ``num_computed`` of them are in the KV cache. ``payload`` is the engine's own state."""
+    ``num_computed`` of them are in the KV cache. ``payload`` is the engine's own state.
+    ``media``: the prompt's images, in order (their tokens are ``MEDIA_TOKEN``s; a chunk never
+    ends inside one, ``whole``), so a token's KV position is ``position(index)``."""
 
     request_id: str
     tokens: list[int]
@@ -32,11 +51,27 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     group: str | None = None  # LoRA adapter name; None: the base model
     priority: int = 0  # lower first (GenerationRequest.priority)
+    media: tuple[MediaSpan, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tokens:
             raise ValueError("a sequence needs at least one token")
         self.num_prompt = self.num_prompt or len(self.tokens)
+        if any(self.tokens[span.start] != MEDIA_TOKEN for span in self.media):
+            raise ValueError("an image's tokens must be MEDIA_TOKEN")
+
+    def position(self, index: int) -> int:
+        """The KV position of token ``index`` (outside an image): its index, less the tokens the
+        images before it take beyond their positions."""
+        return index - sum(span.n_tokens - span.n_pos for span in self.media if span.end <= index)
+
+    def whole(self, start: int, n: int) -> int:
+        """``n`` tokens from ``start``, or more, so that they do not end inside an image."""
+        end = start + n
+        for span in self.media:
+            if span.start < end < span.end:
+                return span.end - start
+        return n
 
     @property
     def num_generated(self) -> int:

@@ -38,13 +38,13 @@ SERVER_FIELDS = frozenset({
     "database_url", "store_ttl", "store_max_bytes",
 })
 # settings that belong to one model: given as flags they are --model's own, and a --config entry
-# gives its own (a LoRA adapter, a draft model or a chat template made for one model does not fit
-# another); every other setting (the engine's: threads, context, batching, memory; the request
-# limits) is a default each model inherits unless its entry says otherwise
+# gives its own (a LoRA adapter, a draft model, a projector or a chat template made for one model
+# does not fit another); every other setting (the engine's: threads, context, batching, memory;
+# the request limits) is a default each model inherits unless its entry says otherwise
 MODEL_FIELDS = frozenset({
     "model", "served_model_name", "lora", "chat_template", "tool_call_parser", "default_chat_template_kwargs",
     "override_generation_config", "reasoning_budget", "speculative", "draft_model", "spec_draft_max",
-    "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code", "runner",
+    "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code", "runner", "mmproj",
 })
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -51,6 +51,7 @@ def _config(settings: ServeSettings) -> EngineConfig:
         cache_ram=_cache_ram(settings),
         runner=settings.runner,
         batch_invariant=settings.batch_invariant,
+        mmproj=settings.mmproj,
         speculative=None if settings.speculative is None else SpeculativeConfig(
             settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
             _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None,

@@ -87,6 +87,7 @@ class BatchDecoder:
         (the chunk's last token) to ``batch_row + len(draft)``. Raises ``RuntimeError`` when
         llama.cpp fails."""
         drafts = drafts or {}
+        chunks = [self._decode_media(chunk) if chunk.seq.media else chunk for chunk in chunks]
         total = sum(chunk.length for chunk in chunks) + sum(len(d) for d in drafts.values())
         if total > self.capacity:
             raise RuntimeError(f"batch of {total} tokens exceeds capacity {self.capacity}")
@@ -100,12 +101,13 @@ class BatchDecoder:
         for chunk in chunks:
             seq = chunk.seq
             slot, tokens = seq.slot, seq.tokens
+            shift = chunk.start - seq.position(chunk.start) if seq.media else 0  # positions an image saves
             if self.follower is not None:
                 spans.append((slot, chunk.start, [*tokens[chunk.start:chunk.start + chunk.length],
                                                   *(drafts.get(seq, ()) if chunk.sample else ())], i))
             for p in range(chunk.start, chunk.start + chunk.length):
                 token[i] = tokens[p]
-                pos[i] = p
+                pos[i] = p - shift
                 n_seq_id[i] = 1
                 seq_id[i][0] = slot
                 logits[i] = 0
@@ -113,7 +115,7 @@ class BatchDecoder:
             if chunk.sample:
                 logits[i - 1] = 1
                 rows.append((seq, i - 1))
-                p = chunk.start + chunk.length
+                p = chunk.start + chunk.length - shift
                 for t in drafts.get(seq, ()):
                     token[i] = t
                     pos[i] = p
@@ -123,12 +125,42 @@ class BatchDecoder:
                     i += 1
                     p += 1
         batch.n_tokens = i
+        if i == 0:  # every chunk ended with an image
+            return rows
         ret = llama_cpp.llama_decode(self._ctx, batch)
         if ret != 0:
             raise RuntimeError(f"llama_decode failed with status {ret}" + (" (KV cache full)" if ret == 1 else ""))
         if self.follower is not None:
             self.follower.mirror(spans, i)
         return rows
+
+    def _decode_media(self, chunk: Chunk) -> Chunk:
+        """Decode what of ``chunk`` comes before the end of its last image, in order, apart from
+        the batch (text in its own ``llama_decode``, each image through its ``chunk.decode``: the
+        projector's embeddings at the image's positions); returns the rest, for the batch. A
+        chunk never ends inside an image (``Sequence.whole``)."""
+        seq, end = chunk.seq, chunk.start + chunk.length
+        at = chunk.start
+        for span in seq.media:
+            if span.end <= at or span.start >= end:
+                continue
+            if span.start > at:
+                self._decode_text(seq, at, span.start)
+            span.chunk.decode(self._ctx, seq.position(span.start), seq.slot, self.capacity)
+            at = span.end
+        return Chunk(seq, at, end - at, chunk.sample) if at > chunk.start else chunk
+
+    def _decode_text(self, seq: Sequence, start: int, end: int) -> None:
+        """Decode ``seq.tokens[start:end]`` (text, no logits) into its slot, in batches."""
+        batch, shift = self._batch, start - seq.position(start)
+        for first in range(start, end, self.capacity):
+            rows = range(first, min(end, first + self.capacity))
+            for i, p in enumerate(rows):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = seq.tokens[p], p - shift, 1
+                batch.seq_id[i][0], batch.logits[i] = seq.slot, 0
+            batch.n_tokens = len(rows)
+            if (ret := llama_cpp.llama_decode(self._ctx, batch)) != 0:
+                raise RuntimeError(f"llama_decode failed with status {ret} before an image")
 
     def free(self) -> None:
         if self._batch is not None:

@@ -25,6 +25,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # --speculative ngram|draft|mtp
     runner: Literal["auto", "generate", "pooling"] = "auto"  # pooling: embeddings only, no generation context
     batch_invariant: bool = False  # --batch-invariant (context_params)
+    mmproj: str | None = None  # --mmproj: a projector GGUF, "none", or None: the mmproj-*.gguf beside the model
 
 
 def context_params(config: EngineConfig, cells: int):

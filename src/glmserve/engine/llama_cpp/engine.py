@@ -11,9 +11,7 @@ checks, hand-off to the event loop). Requests join and leave between steps; an a
 effect at the next step.
 
 GGUF LoRA adapters (``lora.py``): each step serves one adapter group (the scheduler takes turns
-among groups), and the context's adapter is switched between steps when the group changes.
-With ``--runner pooling`` (or a non-causal GGUF) only embeddings are served (``embedding.py``).
-
+among them). ``--runner pooling`` (or a non-causal GGUF): embeddings only (``embedding.py``).
 Prompt chunks fill each step up to ``max_num_batched_tokens`` (512 by default, llama.cpp's
 micro-batch, so long prompts prefill at llama.cpp's pace; 63 with ``--batch-invariant``, below
 llama.cpp's 64-token threshold, so outputs do not depend on what a request is batched with).
@@ -21,13 +19,13 @@ With ``--cache-ram`` (split layout), a free sequence's state is saved in host me
 cells are reclaimed and restored for a later prompt that shares a longer prefix with it
 (``engine/prompt_cache.py``).
 
-Speculative decoding (``--speculative ngram``, ``engine/llama_cpp/speculative.py``; ``draft``,
-``draft_model.py``; ``mtp``, ``mtp.py``): in a step that decodes one sequence alone, it may append
-a draft to its one token, within the batch's ``max_num_batched_tokens``; its rows are sampled in
-order until a sampled token differs from the draft, and the KV cells of the rejected draft tokens
-are dropped.
-Those steps are timed (``draft_cost.StepCosts``), so that an n-gram draft is sent only when it
-pays, and finished sequences feed the n-gram pool of earlier generations (``ngram_pool.py``).
+Speculative decoding (``--speculative ngram``, ``speculative.py``; ``draft``, ``draft_model.py``;
+``mtp``, ``mtp.py``): in a step that decodes one sequence alone, it may append a draft to its one
+token, within ``max_num_batched_tokens``; its rows are sampled in order until a sampled token
+differs from the draft, and the rejected draft tokens' KV cells are dropped. Those steps are
+timed (``draft_cost.StepCosts``), so that an n-gram draft is sent only when it pays; finished
+sequences feed the n-gram pool of earlier generations (``ngram_pool.py``). Images (``--mmproj``,
+``vision.py``): a prompt's images are decoded whole, apart from the batch (``batch.py``).
 """
 
 from __future__ import annotations
@@ -57,6 +55,7 @@ from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
+from glmserve.engine.llama_cpp.vision import Projector, load_projector
 from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.scheduler import Scheduler
@@ -103,7 +102,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self.host_cache: HostPromptCache | None = None  # --cache-ram, at start()
         self.tokenizer: LlamaCppTokenizer
         self.model_info: ModelInfo
-        self.multimodal = None  # no image input
+        self.multimodal: Projector | None = None  # image input (--mmproj, vision.py)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -112,8 +111,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
         # llama-cpp-python prints every llama.cpp log line to stderr while its logger is unset,
         # debug lines included (some log once per token): errors only
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+        mtp = cfg.speculative is not None and cfg.speculative.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
-        params, _overrides = model_params(path, cfg.speculative is not None and cfg.speculative.method == "mtp")
+        params, _overrides = model_params(path, mtp)
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -124,11 +124,12 @@ class LlamaCppEngine(StepWorker[Sequence]):
         split = cfg.kv_layout == "split"
         wanted = cfg.n_ctx or self._model.n_ctx_train()
         try:
-            if cfg.speculative is not None and cfg.speculative.method == "mtp":
+            if mtp:
                 require_nextn(self._model)
             for name, adapter_path in (cfg.lora or {}).items():
                 self._adapters.load(name, adapter_path)
             check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()), model_kv_bytes_per_cell(self._model), cfg)
+            self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
         except EngineError:  # LoRAAdapterError too
             self._model.close()  # frees the adapters loaded so far with it
             self._model = None
@@ -138,7 +139,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
         if not self._ctx:
-            self._model.close()
+            self.shutdown()  # the model, a projector
             raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={wanted}, "
                               f"kv_layout={cfg.kv_layout}, max_num_seqs={cfg.max_num_seqs})")
         self._adapters.ctx = self._ctx
@@ -162,12 +163,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
             chat_template=self._model.metadata().get("tokenizer.chat_template"),
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
-            grammar=True,
-            lora_adapters=self._adapters.names,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            grammar=True, lora_adapters=self._adapters.names,
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_queue=self._admission.max_queue,
             embedding_size=self._embedder.size,
+            vision=self.multimodal is not None,
         )
         spec = cfg.speculative
         if spec is not None and spec.method != "ngram":
@@ -241,7 +241,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._stop_worker()
         if self.spec_decode is not None and self.spec_decode.num_drafts:
             log.info("speculative decoding: %s", self.spec_decode.describe())
-        for part in ("_decoder", "_embedder", "_draft"):  # each once, if it was made
+        for part in ("_decoder", "_embedder", "_draft", "multimodal"):  # each once, if it was made
             if getattr(self, part) is not None:
                 getattr(self, part).free()
                 setattr(self, part, None)
@@ -265,13 +265,13 @@ class LlamaCppEngine(StepWorker[Sequence]):
             sampler.free()
             raise
         stream = OutputStream(loop)
-        spec = self.config.speculative
-        drafter = (None if spec is None else ModelDrafter(spec, self._draft) if self._draft is not None
+        spec, media = self.config.speculative, request.multimodal or ()  # images: vision.py's spans
+        drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool))
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
-                                 priority=request.priority))
+                                 priority=request.priority, media=media))
         return RequestStream(request.request_id, stream, self.abort)
 
     async def embed(self, token_ids: list[int]) -> list[float]:

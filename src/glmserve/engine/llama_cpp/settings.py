@@ -30,6 +30,10 @@ class LlamaCppSettings(SpeculativeSettings):
         "auto", description="llama_cpp: pooling serves /v1/embeddings only (no generation context); auto: pooling "
                             "for a non-causal GGUF.",
     )
+    mmproj: str | None = Field(
+        None, description="llama_cpp: image input through this projector GGUF (vision encoder), as llama-server's "
+                          "--mmproj; none: text only.",
+    )
     cache_ram: int = Field(
         2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB, as llama-server's "
                                             "--cache-ram (0: off; split KV layout only).",
