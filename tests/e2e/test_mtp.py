@@ -2,8 +2,10 @@
 with one NextN layer (``tests/hf_models.py`` ``tiny_glm_with_nextn``), converted by llama.cpp's
 own converter, drafts from that layer; under ``--batch-invariant`` every greedy answer, plain
 and streamed, is the one of the same server without speculation, while drafts are both kept and
-rejected (vLLM's spec-decode counters in ``/metrics``). A model without NextN layers is refused
-at start-up (``tests/e2e/test_startup.py``)."""
+rejected (vLLM's spec-decode counters in ``/metrics``). Also: drafts equal a PyTorch NextN layer's,
+the MTP benchmark's widened model computes what the model does, and ``--engine vllm`` drafts
+from the NextN layer too. A model without NextN layers is refused at start-up
+(``tests/e2e/test_startup.py``)."""
 
 from __future__ import annotations
 
@@ -193,3 +195,23 @@ def test_a_widened_model_computes_what_the_model_does(tmp_path):
             logits.append(model(input_ids=torch.tensor([prompt])).logits[0])
     assert torch.allclose(logits[0], logits[1], atol=1e-4), (logits[0] - logits[1]).abs().max()
     assert _reference_drafts(wide, prompt, 4) == _reference_drafts(folder, prompt, 4)
+
+
+def test_vllm_drafts_from_the_nextn_layer(tmp_path):
+    """``--engine vllm --speculative mtp`` is vLLM's ``method: mtp`` over the checkpoint's NextN
+    layer (vLLM's CPU build runs it): on a tiny GLM-4.5 trained to an answer, whose NextN layer
+    is trained on it, the answer comes back whole and most drafts are kept."""
+    from tests.conftest import vllm_server
+    from tests.hf_models import tiny_glm_mtp_trained
+
+    question = [{"role": "user", "content": "Write the function."}]
+    folder = tiny_glm_mtp_trained(tmp_path / MODEL, question, CODE)
+    srv = vllm_server(folder, "--served-model-name", MODEL, "--speculative", "mtp", "--spec-draft-max", "3")
+    try:
+        r = srv.client().chat.completions.create(model=MODEL, messages=question, temperature=0, max_tokens=200)
+        assert r.choices[0].message.content == CODE.rstrip("\n")
+        counters = _spec_counters(srv)
+        assert counters["spec_decode_num_drafts"] > 0
+        assert counters["spec_decode_num_accepted_tokens"] >= 0.8 * counters["spec_decode_num_draft_tokens"]
+    finally:
+        srv.stop()
