@@ -172,7 +172,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         spec = cfg.speculative
         if spec is not None and spec.method != "ngram":
             try:
-                self._draft = (MtpDraft(self._model, self._ctx, context_params(cfg, params.n_ctx))
+                self._draft = (MtpDraft(self._model, self._ctx, context_params(cfg, params.n_ctx), spec.draft_max + 2)
                                if spec.method == "mtp" else
                                DraftModel(spec.draft_model, self._model, params.n_ctx, cfg.max_num_seqs, not split,
                                           cfg.n_threads))

@@ -57,12 +57,14 @@ class MtpDraft:
     target context ``target`` (whose parameters ``params`` it takes: cells, slots, threads),
     for every slot. ``mirror`` after each target decode, ``truncate`` after a rejected draft,
     ``clear_slot`` when a slot's cells are dropped, ``propose`` to draft; ``free()`` releases
-    it. Raises ``EngineError`` when the model has no NextN layers or llama.cpp cannot create
-    the context."""
+    it. ``keep_rows``: of each decode's target hidden rows, how many last ones are kept for
+    drafts (a verify step's rows: its draft's length plus one is enough). Raises ``EngineError``
+    when the model has no NextN layers or llama.cpp cannot create the context."""
 
-    def __init__(self, model: LlamaModel, target, params) -> None:
+    def __init__(self, model: LlamaModel, target, params, keep_rows: int = 257) -> None:
         require_nextn(model)
         self._target = target
+        self._keep = keep_rows  # a span's last hidden rows kept: a draft's, its token's, and one
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(model.model, params)
@@ -73,7 +75,7 @@ class MtpDraft:
         self._n_embd = int(llama_cpp.llama_model_n_embd_out(model.model))
         self._n_vocab = model.n_vocab()
         self._zeros = np.zeros(self._n_embd, np.float32)
-        # slot -> (first position, the target's hidden rows of its last decode from there)
+        # slot -> (first position, the target's last hidden rows of its last decode from there)
         self._rows: dict[int, tuple[int, np.ndarray]] = {}
         self._end: dict[int, int] = {}  # slot -> positions mirrored (the last row's position + 1)
         llama_cpp_ext.llama_set_embeddings_nextn(target, True, False)  # every row's, not the sampled ones'
@@ -89,11 +91,11 @@ class MtpDraft:
         inputs = []
         for slot, start, tokens, row in spans:
             prev = self._hidden(slot, start - 1)
-            rows = hidden[row:row + len(tokens)].copy()
             llama_cpp.llama_memory_seq_rm(self._memory, slot, start, -1)
             for k, token in enumerate(tokens):
-                inputs.append((slot, start + k, token, prev if k == 0 else rows[k - 1], False))
-            self._rows[slot] = (start, rows)
+                inputs.append((slot, start + k, token, prev if k == 0 else hidden[row + k - 1], False))
+            n = min(len(tokens), self._keep)  # drafts read back only the rows of a verified draft
+            self._rows[slot] = (start + len(tokens) - n, hidden[row + len(tokens) - n:row + len(tokens)].copy())
             self._end[slot] = start + len(tokens)
         if not self._decode(inputs):
             self.clear()
