@@ -139,7 +139,8 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
-    from glmserve.engine.llama_cpp import mtp, speculative
+    from glmserve.engine.llama_cpp import speculative
+    from glmserve.engine.llama_cpp.speculative import mtp
     from glmserve.engine.llama_cpp.batch import BatchDecoder
     from glmserve.engine.llama_cpp.config import EngineConfig, context_params
     from glmserve.engine.llama_cpp.metadata import model_params

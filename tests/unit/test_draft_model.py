@@ -12,7 +12,7 @@ import pytest
 from llama_cpp._internals import LlamaModel
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.draft_model import DraftModel, vocab_mismatch
+from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, vocab_mismatch
 from glmserve.engine.llama_cpp.config import EngineConfig
 from glmserve.engine.llama_cpp.memory import memory_estimate
 from glmserve.engine.llama_cpp.speculative import SpeculativeConfig

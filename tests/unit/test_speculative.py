@@ -11,9 +11,9 @@ import pytest
 
 from glmserve.engine import check_engine_settings
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.draft_cost import (MARGIN, PRIOR_FIRST_ROW, PRIOR_ROW, Acceptance, StepCosts,
+from glmserve.engine.llama_cpp.speculative.draft_cost import (MARGIN, PRIOR_FIRST_ROW, PRIOR_ROW, Acceptance, StepCosts,
                                                   best_length)
-from glmserve.engine.llama_cpp.ngram_pool import NgramPool
+from glmserve.engine.llama_cpp.speculative.ngram_pool import NgramPool
 from glmserve.engine.llama_cpp.speculative import (FIRST_DRAFT, MAX_COOLDOWN, DraftLength, NgramDrafter,
                                                    SpeculativeConfig)
 from glmserve.engine.types import SpecDecodeCounters

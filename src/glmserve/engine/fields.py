@@ -28,8 +28,8 @@ BatchInvariant = Annotated[bool, Field(
 
 
 class SpeculativeSettings(BaseModel):
-    """``--speculative ngram|draft|mtp`` and its flags (llama_cpp: ``engine/llama_cpp/speculative.py``,
-    ``draft_model.py`` and ``mtp.py``; vllm: vLLM's ``speculative_config`` of method ``ngram``,
+    """``--speculative ngram|draft|mtp`` and its flags (llama_cpp: ``engine/llama_cpp/speculative/``:
+    n-gram drafts, ``draft_model.py`` and ``mtp.py``; vllm: vLLM's ``speculative_config`` of method ``ngram``,
     ``draft_model`` or ``mtp``, from the same numbers)."""
 
     speculative: Literal["ngram", "draft", "mtp"] | None = Field(

@@ -3,7 +3,7 @@ cache saves and loads included), fill a
 ``llama_batch`` with every scheduled chunk (each row tagged with its sequence's slot) and the
 draft tokens of speculative decoding after them, decode it once, and report which batch rows
 carry logits to sample from; with MTP drafts, the MTP context follows every decode and KV
-operation (``mtp.py``)."""
+operation (``speculative/mtp.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from glmserve.engine.prompt_cache import HostPromptCache
 from glmserve.engine.sequence import Chunk, KVOp, Sequence
 
 if TYPE_CHECKING:
-    from glmserve.engine.llama_cpp.mtp import MtpDraft
+    from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft
 
 
 class BatchDecoder:

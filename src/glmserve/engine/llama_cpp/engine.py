@@ -19,7 +19,7 @@ With ``--cache-ram`` (split layout), a free sequence's state is saved in host me
 cells are reclaimed and restored for a later prompt that shares a longer prefix with it
 (``engine/prompt_cache.py``).
 
-Speculative decoding (``--speculative ngram``, ``speculative.py``; ``draft``, ``draft_model.py``;
+Speculative decoding (``speculative/``: ``ngram``, its ``__init__``; ``draft``, ``draft_model.py``;
 ``mtp``, ``mtp.py``): in a step that decodes one sequence alone, it may append a draft to its one
 token, within ``max_num_batched_tokens``; its rows are sampled in order until a sampled token
 differs from the draft, and the rejected draft tokens' KV cells are dropped. Those steps are
@@ -43,15 +43,15 @@ from llama_cpp._utils import suppress_stdout_stderr
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
 from glmserve.engine.llama_cpp.config import EngineConfig, context_params
-from glmserve.engine.llama_cpp.draft_cost import StepCosts
-from glmserve.engine.llama_cpp.draft_model import DraftModel, ModelDrafter
+from glmserve.engine.llama_cpp.speculative.draft_cost import StepCosts
+from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
 from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.metadata import model_params
 from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
-from glmserve.engine.llama_cpp.mtp import MtpDraft, require_nextn
-from glmserve.engine.llama_cpp.ngram_pool import POOL_NGRAM, NgramPool
+from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft, require_nextn
+from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
@@ -352,7 +352,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
     def _verify(self, seq: Sequence, row: int, draft: list[int]) -> None:
         """Sample rows ``row...`` (the sequence's last token, then its draft) until a sampled
         token differs from the draft or ends the request; keep the accepted draft tokens' KV
-        cells, drop the others, emit every sampled token (``speculative.py`` for why this keeps
+        cells, drop the others, emit every sampled token (``speculative/__init__.py`` for why this keeps
         the output distribution)."""
         stop_ids = seq.payload.stop_ids
         sampled: list[tuple[int, TokenLogprob | None]] = []

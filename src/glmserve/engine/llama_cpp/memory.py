@@ -13,7 +13,7 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.config import EngineConfig
-from glmserve.engine.llama_cpp.ngram_pool import POOL_SIZE
+from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_SIZE
 
 
 def kv_bytes_per_cell(metadata: dict[str, str], n_layer: int, n_head: int, n_head_kv: int, n_embd: int) -> int:

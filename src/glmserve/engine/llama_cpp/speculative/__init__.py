@@ -1,6 +1,8 @@
-"""Speculative decoding for the llama_cpp engine: n-gram drafts (prompt lookup and the shared
-``NgramPool``), the adaptive draft length of a draft model's drafts (``draft_model.py``), and
-the verification rule.
+"""Speculative decoding for the llama_cpp engine. This package's modules are the draft sources
+and what decides about drafts: here, n-gram drafts (prompt lookup and the shared ``NgramPool``,
+``ngram_pool.py``), the adaptive draft length of a model's drafts, and the verification rule;
+``draft_cost.py`` (when an n-gram draft pays), ``draft_model.py`` (a draft GGUF), ``mtp.py``
+(the model's own NextN layers).
 
 Drafting (prompt lookup decoding, Saxena 2023; vLLM's ``ngram`` method, llama.cpp's
 ``--spec-type ngram-simple``): the last ``n`` tokens of a sequence (prompt and output so far),
@@ -47,8 +49,8 @@ from typing import Protocol
 
 import numpy as np
 
-from glmserve.engine.llama_cpp.draft_cost import Acceptance, StepCosts, best_length
-from glmserve.engine.llama_cpp.ngram_pool import NgramPool
+from glmserve.engine.llama_cpp.speculative.draft_cost import Acceptance, StepCosts, best_length
+from glmserve.engine.llama_cpp.speculative.ngram_pool import NgramPool
 from glmserve.engine.scheduler import Scheduler
 from glmserve.engine.sequence import Chunk, Sequence
 
