@@ -183,7 +183,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop, another group's turn, or paused for a higher priority
             remaining = len(seq.tokens) - seq.num_computed
             n = min(remaining, budget, budget if remaining == 1 else prompt_budget)
-            n = seq.whole(seq.num_computed, n) if seq.media and n else n  # an image is decoded whole
+            n = seq.whole(seq.num_computed, n)  # an image is decoded whole
             if n == 0 or not self._make_room(n, out, protect=seq):
                 continue
             out.chunks.append(self._advance(seq, n, remaining))

@@ -89,8 +89,7 @@ class Projector:
         if len(pieces) - 1 != len(images):
             raise ValueError(f"the chat template wrote {len(pieces) - 1} image placeholders for {len(images)} "
                              f"images (this engine knows the placeholder {' or '.join(PLACEHOLDERS)})")
-        bitmaps, keep = [], []
-        parts = []
+        bitmaps, keep, parts = [], [], []  # keep: what the parts point to, alive until tokenized
         for i, piece in enumerate(pieces):
             if piece:
                 data = piece.encode()
@@ -122,12 +121,13 @@ class Projector:
         n_chunks = mtmd.mtmd_input_chunks_size(chunks)
         for i in range(n_chunks):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            kind = mtmd.mtmd_input_chunk_get_type(chunk)
+            if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n = ctypes.c_size_t(0)
                 tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 ids.extend(tokens[:n.value])
                 continue
-            if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise ValueError("libmtmd made a chunk that is neither text nor an image")
             if i == n_chunks - 1:
                 raise ValueError("the prompt ends with an image: the model needs text after it to answer from")
