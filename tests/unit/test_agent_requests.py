@@ -97,6 +97,39 @@ def test_reasoning_is_sealed_and_restored_from_encrypted_content(tmp_path):
         assert bad.json()["error"]["param"] == "input.1.encrypted_content"
 
 
+def _seal_when_released(state_dir: str, barrier) -> str:
+    barrier.wait()
+    return ReasoningSeal(state_dir).seal("shared")
+
+
+def test_the_seal_key_is_never_read_empty(tmp_path, monkeypatch):
+    """The key file appears whole or not at all: processes sealing at once on a fresh
+    directory all seal under one key, and a crash while the key is written leaves no file
+    (the next start makes a key) rather than an empty one."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(6, mp_context=context) as pool:
+        for attempt in range(3):
+            state_dir = tmp_path / f"fresh{attempt}"
+            barrier = context.Manager().Barrier(6)
+            tokens = list(pool.map(_seal_when_released, [str(state_dir)] * 6, [barrier] * 6))
+            assert {ReasoningSeal(state_dir).open(token, "-") for token in tokens} == {"shared"}
+            assert (state_dir / KEY_FILE).stat().st_mode & 0o777 == 0o600
+
+    def crash(*args, **kwargs):
+        raise OSError("killed while writing the key")
+
+    monkeypatch.setattr(os, "fdopen", crash)
+    with pytest.raises(OSError):
+        ReasoningSeal(tmp_path / "crashed").seal("x")
+    assert list((tmp_path / "crashed").iterdir()) == []
+    monkeypatch.undo()
+    assert ReasoningSeal(tmp_path / "crashed").open(ReasoningSeal(tmp_path / "crashed").seal("x"), "-") == "x"
+
+
 def test_truncation_auto_drops_the_oldest_turns(tmp_path):
     engine, client = _client("Fine.", tmp_path, context_length=400)
     turns = []

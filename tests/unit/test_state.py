@@ -173,3 +173,41 @@ def test_a_background_run_whose_server_stopped_reads_as_failed(tmp_path, monkeyp
     assert asyncio.run(read("resp_live"))["status"] == "queued"
     assert asyncio.run(read("resp_done"))["status"] == "completed"
     assert store.get("k", "resp_done").heartbeat_at is None
+
+
+def test_the_database_is_private_to_its_user(tmp_path):
+    """The state holds every key's prompts, outputs and uploads: the folder is made 0700, the
+    file and its WAL and SHM files 0600."""
+    path = tmp_path / "new" / "state.db"
+    store = ResponseStore(open_database(f"sqlite:///{path}"), 100.0, 1 << 20)
+    store.put("k", {"id": "resp_1", "status": "completed"}, [])
+    with store.engine.connect() as conn:  # an open connection keeps the WAL and SHM files
+        conn.execute(sa.text("SELECT 1"))
+        modes = {p.name: p.stat().st_mode & 0o777 for p in path.parent.iterdir() if p.name.startswith("state.db")}
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert {"state.db", "state.db-wal", "state.db-shm"} <= set(modes), modes
+    assert set(modes.values()) == {0o600}, modes
+
+
+def _open_when_released(url: str, barrier) -> None:
+    barrier.wait()
+    open_database(url)
+
+
+def test_processes_starting_together_on_a_fresh_database_all_come_up(tmp_path):
+    """Replicas on one machine share the SQLite file: several processes opening it fresh at
+    the same moment migrate it once and all start."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        url = f"sqlite:///{tmp_path / str(attempt) / 'state.db'}"
+        barrier = context.Barrier(4)
+        procs = [context.Process(target=_open_when_released, args=(url, barrier)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+        assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    with sqlite3.connect(tmp_path / "0" / "state.db") as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(_newest_revision(),)]

@@ -9,15 +9,17 @@ HMAC-SHA256 over the whole token: ``cryptography``'s authenticated encryption), 
 truncated or edited token fails to open: a 400.
 
 The key is a file under ``--state-dir`` (``encrypted_content.key``, created with mode 0600 the
-first time a reasoning item is sealed), so a token stays valid across restarts and for every
-replica that shares the directory. A token sealed under another key (the file deleted, another
+first time a reasoning item is sealed, whole: written elsewhere, then linked into place), so a
+token stays valid across restarts and for every replica that shares the directory. A token sealed under another key (the file deleted, another
 machine) cannot be told from a forged one: also a 400.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -46,19 +48,25 @@ class ReasoningSeal:
             return self._fernet
 
     def _read_or_create(self) -> bytes:
+        """The key in ``path``; the first time, a new key written whole to a private temporary
+        file and linked into place (``os.link`` fails if another process linked its key first:
+        that one is read), so no reader ever sees an empty or partial key, even after a crash."""
         try:
             return self.path.read_bytes().strip()
         except FileNotFoundError:
             pass
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        key = Fernet.generate_key()
-        try:  # O_EXCL: two processes starting at once agree on the first one's key
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return self.path.read_bytes().strip()
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
-        return key
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=self.path.parent)  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(Fernet.generate_key())
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, self.path)
+        finally:
+            os.unlink(tmp)
+        return self.path.read_bytes().strip()
 
     def seal(self, text: str) -> str:
         return self._key().encrypt(json.dumps({"reasoning": text}).encode()).decode("ascii")

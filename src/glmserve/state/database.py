@@ -2,17 +2,24 @@
 newest revision (Alembic, ``state/migrations``).
 
 SQLite connections run in WAL mode (readers never wait for the writer) with a busy timeout, so
-the server's threads and a second process on the same file take turns instead of failing.
-PostgreSQL migrations run under an advisory lock, so replicas starting together migrate once."""
+the server's threads and a second process on the same file take turns instead of failing. The
+file holds every key's prompts, outputs and uploads: it is created 0600 (SQLite gives its WAL
+and SHM files the same mode) in a folder created 0700. Migrations run under a lock, so
+processes starting together on a fresh database migrate once: a file lock beside an SQLite
+file (``filelock``), an advisory lock on PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from filelock import FileLock
 from sqlalchemy.engine import Engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -54,20 +61,32 @@ def open_database(url: str) -> Engine:
     except ValueError as exc:
         raise DatabaseError(str(exc)) from None
     try:
+        lock: contextlib.AbstractContextManager = contextlib.nullcontext()
         if full.startswith("sqlite"):
             database = sa.engine.make_url(full).database
             if database and database != ":memory:":
-                Path(database).parent.mkdir(parents=True, exist_ok=True)
+                lock = _private_file(Path(database))
             engine = sa.create_engine(full, connect_args={"timeout": 10})
             sa.event.listen(engine, "connect", _sqlite_pragmas)
         else:
             engine = sa.create_engine(full, pool_pre_ping=True, pool_size=4, max_overflow=8)
-        _migrate(engine)
+        with lock:
+            _migrate(engine)
     except (sa.exc.SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise DatabaseError(f"state database {sa.engine.make_url(full).render_as_string(hide_password=True)}: "
                             f"{reason}") from None
     return engine
+
+
+@contextlib.contextmanager
+def _private_file(database: Path) -> Iterator[None]:
+    """Create ``database``'s folder (0700) and the file (0600) if they are not there, and hold
+    the file lock ``<database>.lock`` (waiting up to 60 s for another process's migration)."""
+    database.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(database, os.O_CREAT | os.O_RDWR, 0o600))
+    with FileLock(f"{database}.lock", timeout=60, mode=0o600):
+        yield
 
 
 def _migrate(engine: Engine) -> None:
