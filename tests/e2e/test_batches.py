@@ -1,8 +1,9 @@
 """Batches through the official SDKs, on both state databases (SQLite, then PostgreSQL):
 OpenAI's Files and Batch API over each endpoint, Anthropic's Message Batches through the
 ``anthropic`` SDK; a 200-line batch that completes, one that survives its server's SIGKILL
-(no line missing or doubled, no recorded line run again), cancelling, invalid files, and keys
-that do not see each other's files and batches."""
+(no line missing or doubled, no recorded line run again), two servers of different models on
+one database, each answering its own model's lines, cancelling, deleting, invalid files, and
+keys that do not see each other's files and batches."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import re
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 
 import anthropic
@@ -39,6 +41,20 @@ def client(server) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def model(client) -> str:
     return client.models.list().data[0].id
+
+
+def _own_database(state_backend, request) -> dict[str, str]:
+    """The environment of servers on a state database of their own (a fresh SQLite folder, or
+    a fresh database on the tests' PostgreSQL cluster): no other server claims their lines."""
+    if state_backend[0] == "sqlite":
+        return {"GLMSERVE_STATE_DIR": tempfile.mkdtemp(prefix="glmserve-state-")}
+    import psycopg
+
+    url = request.getfixturevalue("postgres").url
+    name = f"batches_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return {"GLMSERVE_DATABASE_URL": url.rsplit("/", 1)[0] + f"/{name}"}
 
 
 def _chat_lines(model: str, n: int, max_tokens: int = 4) -> list[dict]:
@@ -100,6 +116,13 @@ def test_a_batch_of_200_chat_requests_completes(client, model):
     assert next(r for r in output if r["custom_id"] == "line-7")["response"]["body"]["choices"][0]["message"][
         "content"] == alone.choices[0].message.content
     assert batch.id in [b.id for b in client.batches.list(limit=100).data]
+    # an ended batch is deleted with the files made for it (not in OpenAI's API: its batches are kept)
+    deleted = httpx.delete(f"{client.base_url}batches/{batch.id}", headers={"Authorization": f"Bearer {KEY}"})
+    assert deleted.status_code == 200 and deleted.json() == {"id": batch.id, "object": "batch", "deleted": True}
+    for gone in (lambda: client.batches.retrieve(batch.id), lambda: client.files.retrieve(batch.output_file_id)):
+        with pytest.raises(openai.NotFoundError):
+            gone()
+    assert client.files.retrieve(file_id).id == file_id
 
 
 @pytest.mark.parametrize("endpoint, body", [
@@ -202,10 +225,8 @@ def test_anthropic_message_batch_through_the_sdk(server, model):
         client.messages.batches.retrieve(batch.id)
 
 
-def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend, model):
-    env = dict(state_backend[1])
-    if state_backend[0] == "sqlite":
-        env["GLMSERVE_STATE_DIR"] = tempfile.mkdtemp(prefix="glmserve-state-")
+def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend, request, model):
+    env = _own_database(state_backend, request)  # the restarted server is the only one to resume it
     first = RemoteServer("--api-key", KEY, *GREEDY, env=env)
     try:
         client = first.client(api_key=KEY)
@@ -232,3 +253,27 @@ def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend,
         assert _successes(second) <= 200 - done  # no line recorded before the kill ran again
     finally:
         second.stop()
+
+
+def test_servers_of_different_models_each_run_their_own_lines(state_backend, request):
+    """Two servers of one user on one state database, serving different models: every line of
+    a batch holding both models' requests is answered by its own model (none is taken by the
+    other server and stored as a 404), whichever server the batch was made on."""
+    env = _own_database(state_backend, request)
+    servers = [RemoteServer("--api-key", KEY, "--served-model-name", name, *GREEDY, env=env)
+               for name in ("alpha", "beta")]
+    try:
+        client = servers[0].client(api_key=KEY)
+        lines = [{**line, "custom_id": f"{name}-{i}", "body": {**line["body"], "model": name}}
+                 for name in ("alpha", "beta") for i, line in enumerate(_chat_lines("", 6))]
+        batch = _wait(client, client.batches.create(input_file_id=_upload(client, lines),
+                                                    endpoint="/v1/chat/completions", completion_window="24h").id)
+        assert (batch.status, batch.request_counts.completed, batch.request_counts.failed) == ("completed", 12, 0)
+        assert batch.error_file_id is None
+        output = _records(client, batch.output_file_id)
+        assert {r["custom_id"]: r["response"]["body"]["model"] for r in output} == {
+            line["custom_id"]: line["body"]["model"] for line in lines}
+        assert all(_successes(server) == 6 for server in servers)  # each ran its own six
+    finally:
+        for server in servers:
+            server.stop()

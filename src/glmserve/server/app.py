@@ -72,7 +72,7 @@ def create_app(
             tasks.append(asyncio.create_task(stored.heartbeat_forever()))
         runner = None
         if batch_work.batches is not None:
-            runner = BatchRunner(batch_work, dispatcher(app), capacity, activity)
+            runner = BatchRunner(batch_work, dispatcher(app), capacity, activity, models=models_served.names)
             tasks.append(asyncio.create_task(runner.run_forever()))
         yield
         for task in tasks:

@@ -1,10 +1,13 @@
 """A batch line run as its HTTP route would run it: the same request model (strict, parsed
 from JSON), the same services, the same error bodies (OpenAI's, or Anthropic's for
-``/v1/messages``), without a connection, at the engines' batch priority. ``dispatcher(app)`` is what the batch runner calls."""
+``/v1/messages``), without a connection, at the engines' batch priority. A handler that raises
+anything but an ``APIError`` answers a 500 ``internal_error`` body (recorded as the line's
+result, once). ``dispatcher(app)`` is what the batch runner calls."""
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI
@@ -20,6 +23,8 @@ from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.errors import error_content, validation_error
 from glmserve.serving.batch_runner import Dispatch
 from glmserve.serving.priority import BATCH_PRIORITY, REQUEST_PRIORITY
+
+log = logging.getLogger("glmserve.batches")
 
 _MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
@@ -59,5 +64,9 @@ def dispatcher(app: FastAPI) -> Dispatch:
             return 200, dump
         except APIError as exc:
             return error_content(exc, url)
+        except Exception:  # noqa: BLE001 (a line that breaks the handler is recorded as failed, once)
+            log.exception("a batch line to %s failed", url)
+            return error_content(APIError(500, "The server had an error while processing this request.",
+                                          "server_error", None, "internal_error"), url)
 
     return dispatch

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from glmserve.serving.batches import BatchService
@@ -20,6 +20,21 @@ log = logging.getLogger("glmserve.batches")
 
 LEASE_S = 30.0  # a claim not renewed for this long is taken to be a dead runner's
 QUIET_S = 1.0  # no new line starts until interactive requests have left the engine alone this long
+TRANSIENT = (429, 503, 529)  # refusals for now (queue full, model busy, overloaded): retried, never a result
+MAX_LOST = 3  # a line whose runs ended this many times with nothing recorded (its server died) is failed
+MAX_BACKOFF_S = 60.0
+
+
+def backoff_s(retries: int) -> float:
+    """Seconds before a line refused ``retries`` times is claimed again: 1, 2, 4, ... at most 60."""
+    return min(MAX_BACKOFF_S, 2.0 ** (retries - 1))
+
+
+def lost_error(line: ClaimedLine) -> dict[str, Any]:
+    """The error recorded for a line whose earlier runs all ended without a result."""
+    return {"error": {"message": f"the line was started {line.lost} times and its run ended each time without a "
+                                 "result (its server stopped): it is not run again", "type": "server_error",
+                      "param": None, "code": "batch_line_lost"}}
 
 # (owner, url, body) -> (HTTP status, JSON body) as the route would answer
 Dispatch = Callable[[str, str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
@@ -56,12 +71,18 @@ class Activity:
 class BatchRunner:
     """Runs the batches' lines in the background of one server process (see module docstring).
     ``capacity()``: how many lines may run at once (the engines' batch size); ``activity``:
-    interactive requests in flight."""
+    interactive requests in flight; ``models()``: the names this server serves (models,
+    aliases, LoRA adapters): only lines for those are claimed (None: every line).
+
+    A line is run once to a recorded result: a transient refusal (``TRANSIENT``) gives the line
+    back with a back-off (``backoff_s``), a dispatch that raises records a 500-class error, and
+    a line whose runs were lost ``MAX_LOST`` times is recorded as failed without running."""
 
     def __init__(self, service: BatchService, dispatch: Dispatch, capacity: Callable[[], int],
-                 activity: Activity, poll_s: float = 1.0) -> None:
+                 activity: Activity, poll_s: float = 1.0, models: Callable[[], Collection[str]] | None = None) -> None:
         self.service, self.dispatch, self.capacity, self.activity = service, dispatch, capacity, activity
         self.poll_s = poll_s
+        self.models = models
         self.runner_id = uuid.uuid4().hex
         self._running: dict[int, asyncio.Task] = {}
         self._wake = asyncio.Event()
@@ -78,10 +99,14 @@ class BatchRunner:
                     last_beat = now
                 quiet = self.activity.quiet_for() >= QUIET_S
                 free = self.capacity() - len(self._running) if quiet else 0
-                claimed = await asyncio.to_thread(store.claim, self.runner_id, free, LEASE_S) if free > 0 else []
+                models = None if self.models is None else self.models()
+                claimed = await asyncio.to_thread(store.claim, self.runner_id, free, LEASE_S, models) \
+                    if free > 0 else []
                 for line in claimed:
                     self._running[line.id] = asyncio.create_task(self._run(line))
                 if now - last_finish > self.poll_s or (not claimed and not self._running):
+                    for batch_id in await asyncio.to_thread(store.expired):
+                        await self.service.finish_if_done(batch_id, expire=True)
                     for batch_id in await asyncio.to_thread(store.unfinished):
                         await self.service.finish_if_done(batch_id)
                     last_finish = now
@@ -100,14 +125,23 @@ class BatchRunner:
             self.activity.changed.clear()
 
     async def _run(self, line: ClaimedLine) -> None:
-        url = "/v1/messages" if line.api == "anthropic" else await self._endpoint(line.batch_id)
+        store = self.service.batches
         try:
+            if line.lost >= MAX_LOST:
+                log.error("batch %s line %s: lost %d times, recorded as failed", line.batch_id, line.custom_id,
+                          line.lost)
+                await asyncio.to_thread(store.complete, line.id, 500, lost_error(line))
+                return
+            url = "/v1/messages" if line.api == "anthropic" else await self._endpoint(line.batch_id)
             status, body = await self.dispatch(line.owner, url, line.request)
-            await asyncio.to_thread(self.service.batches.complete, line.id, status, body)
+            if status in TRANSIENT:
+                await asyncio.to_thread(store.retry_later, self.runner_id, line.id, backoff_s)
+            else:
+                await asyncio.to_thread(store.complete, line.id, status, body)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 (the line stays pending; its claim runs out and it runs again)
-            log.exception("batch %s line %s failed", line.batch_id, line.custom_id)
+        except Exception:  # noqa: BLE001 (the claim lapses; a line lost MAX_LOST times is failed)
+            log.exception("batch %s line %s: its result could not be recorded", line.batch_id, line.custom_id)
         finally:
             self._running.pop(line.id, None)
             self._wake.set()

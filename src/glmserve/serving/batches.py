@@ -37,6 +37,7 @@ log = logging.getLogger("glmserve.batches")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
 COMPLETION_WINDOW_S = 24 * 3600
+ENDED = ("completed", "failed", "cancelled", "expired", "ended")  # a batch's final statuses (body_status)
 
 
 
@@ -128,7 +129,7 @@ class BatchService:
                         errors={"object": "list", "data": errors[:100]}, request_counts={
                             "total": 0, "completed": 0, "failed": 0})
             lines = []
-        await self._call(self.batches, "create", owner, body["id"], "openai", body, lines)
+        await self._call(self.batches, "create", owner, body["id"], "openai", body, lines, now + COMPLETION_WINDOW_S)
         self.wake()
         return body
 
@@ -159,12 +160,19 @@ class BatchService:
         await self.finish_if_done(batch_id)
         return await self.get(owner, batch_id, api)
 
-    async def delete(self, owner: str, batch_id: str, api: str) -> dict:
+    async def delete(self, owner: str, batch_id: str, api: str = "openai") -> dict:
+        """Delete an ended batch with its lines, and (OpenAI) the output and error files made
+        for it (its input file is the client's: it stays). Raises 404, or 400 before it ended."""
         body = await self.get(owner, batch_id, api)
-        if body_status(body) != "ended":
+        if body_status(body) not in ENDED:
             raise invalid_request("a batch can be deleted once it has ended: cancel it first", None)
         await self._call(self.batches, "delete", owner, batch_id, api)
-        return {"id": batch_id, "type": "message_batch_deleted"}
+        for key in ("output_file_id", "error_file_id"):
+            if body.get(key):
+                await self._call(self.files, "delete", owner, body[key])
+        if api == "anthropic":
+            return {"id": batch_id, "type": "message_batch_deleted"}
+        return {"id": batch_id, "object": "batch", "deleted": True}
 
     # --- Anthropic message batches --------------------------------------------------------
 
@@ -191,7 +199,8 @@ class BatchService:
                                                             "canceled": 0, "expired": 0},
                 "ended_at": None, "created_at": _rfc3339(now), "expires_at": _rfc3339(now + COMPLETION_WINDOW_S),
                 "cancel_initiated_at": None, "archived_at": None, "results_url": None}
-        await self._call(self.batches, "create", owner, body["id"], "anthropic", body, lines)
+        await self._call(self.batches, "create", owner, body["id"], "anthropic", body, lines,
+                         now + COMPLETION_WINDOW_S)
         self.wake()
         return body
 
@@ -201,9 +210,10 @@ class BatchService:
         if body["processing_status"] != "ended":
             raise invalid_request(f"batch '{batch_id}' has not ended yet: its results are not ready", None)
         lines = []
+        not_run = {"type": "expired"} if body["status"] == "expired" else {"type": "canceled"}
         for line in await self._call(self.batches, "results", batch_id):
             if line.status_code is None:
-                result = {"type": "canceled"}
+                result = not_run
             elif line.status_code == 200:
                 result = {"type": "succeeded", "message": line.result}
             else:
@@ -213,35 +223,43 @@ class BatchService:
 
     # --- finishing ------------------------------------------------------------------------
 
-    async def finish_if_done(self, batch_id: str) -> None:
+    async def finish_if_done(self, batch_id: str, expire: bool = False) -> None:
         """If no line of the batch is left to run (or, cancelling, none is running), write its
         results and end it: ``completed`` (OpenAI: output and error files) or ``cancelled``;
-        Anthropic's ``ended``."""
+        Anthropic's ``ended``. ``expire``: its window has ended: end it now, ``expired``, its
+        lines not run listed as such (OpenAI's error file: ``batch_expired``; Anthropic's
+        results: ``expired``)."""
         body = await self._call(self.batches, "body", batch_id)
         if body is None or body["status"] not in ("in_progress", "cancelling"):
             return
         total, done, failed, in_flight = await self._call(self.batches, "counts", batch_id)
-        if body["status"] == "in_progress" and done < total or body["status"] == "cancelling" and in_flight:
+        if not expire and (body["status"] == "in_progress" and done < total
+                           or body["status"] == "cancelling" and in_flight):
             return
         results = await self._call(self.batches, "results", batch_id)
         owner = await self._call(self.batches, "owner_of", batch_id)
         now = time.time()
+        status = "expired" if expire else "cancelled" if body["status"] == "cancelling" else "completed"
         if body.get("type") == "message_batch":
-            ended = _with_counts(body, total, done, failed)
-            ended.update(status="ended", processing_status="ended", ended_at=_rfc3339(now))
+            ended = _with_counts({**body, "status": status}, total, done, failed)
+            ended.update(status="ended" if status != "expired" else status, processing_status="ended",
+                         ended_at=_rfc3339(now))
         else:
-            ended = await self._openai_files(body, owner, results)
+            ended = await self._openai_files(body, owner, results, expire)
             ended = _with_counts(ended, total, done, failed)
-            cancelled = body["status"] == "cancelling"
-            ended.update(status="cancelled" if cancelled else "completed", finalizing_at=int(now),
-                         **({"cancelled_at": int(now)} if cancelled else {"completed_at": int(now)}))
+            ended.update(status=status, finalizing_at=int(now), **{f"{status}_at": int(now)})
         if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
             log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
 
-    async def _openai_files(self, body: dict, owner: str, results: list) -> dict:
+    async def _openai_files(self, body: dict, owner: str, results: list, expired: bool) -> dict:
         output, errors = [], []
         for line in results:
             if line.status_code is None:
+                if expired:
+                    errors.append(json.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+                                              "response": None, "error": {
+                                                  "code": "batch_expired", "message": "This request could not be "
+                                                  "executed before the completion window expired."}}))
                 continue
             record = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
                       "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
@@ -270,10 +288,11 @@ def _cancelling(body: dict, now: float) -> dict:
 
 def _with_counts(body: dict, total: int, done: int, failed: int) -> dict:
     if body.get("type") == "message_batch":
-        ended = body.get("processing_status") in ("ended",) or body["status"] in ("cancelling", "ended")
+        expired = body["status"] == "expired"
+        ended = body.get("processing_status") in ("ended",) or body["status"] in ("cancelling", "ended", "expired")
         return {**body, "request_counts": {
             "processing": 0 if ended else total - done, "succeeded": done - failed, "errored": failed,
-            "canceled": total - done if ended else 0, "expired": 0}}
+            "canceled": total - done if ended and not expired else 0, "expired": total - done if expired else 0}}
     return {**body, "request_counts": {"total": total, "completed": done - failed, "failed": failed}}
 
 

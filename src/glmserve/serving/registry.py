@@ -111,6 +111,10 @@ class ModelRegistry(Generic[R]):
             raise UnknownModel(name, f"The model '{name}' does not exist or you do not have access to it.")
         return entry.spec.name
 
+    def names(self) -> list[str]:
+        """Every model's name and aliases."""
+        return list(self._names)
+
     def metadata(self, name: str) -> dict[str, Any]:
         """``ModelSpec.metadata`` of model ``name`` (a name or an alias). Raises ``UnknownModel``."""
         return self._entries[self.resolve(name)].spec.metadata

@@ -107,6 +107,14 @@ class ServedModels:
     def runtimes(self) -> dict[str, Runtime]:
         return self.registry.runtimes()
 
+    def names(self) -> set[str]:
+        """Every name a request's ``model`` may give here: the models, their aliases and their
+        LoRA adapters (loaded or not)."""
+        names = set(self.registry.names())
+        for table in self._tables().values():
+            names.update(table.names)
+        return names
+
     def cards(self) -> list[ModelCard]:
         """Every model (with ``status``), each loaded one followed by its LoRA adapters."""
         cards = []

@@ -6,12 +6,20 @@ conditional ``UPDATE`` (atomic on SQLite and PostgreSQL, so two replicas never c
 line), keep their claims fresh while the lines run (``heartbeat``), and record each result only
 if the line is not done yet. A line claimed by a process that died (SIGKILL, a lost replica) is
 claimed again once its claim is ``lease_s`` old: after a restart a batch goes on where it
-stopped, and no line is written twice. Blocking calls."""
+stopped, and no line is written twice.
+
+A runner claims only the lines of the models its server serves (``claim(models=...)``): two
+servers of different models on one database each run their own model's lines, and a line of a
+model no server has waits until its batch expires (``expired``). A line refused for a while
+(429, 503) is given back with a back-off (``retry_later``); each claim counts in ``attempts``,
+so a line whose runs never end (its server dies on it) can be recorded as failed instead of
+running forever. Blocking calls."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +32,9 @@ RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (ca
 
 @dataclass(frozen=True, slots=True)
 class ClaimedLine:
-    """A line a runner claimed: its batch, owner and API, and its request (a JSON dict)."""
+    """A line a runner claimed: its batch, owner and API, and its request (a JSON dict);
+    ``lost``: how many earlier claims of it ended with nothing recorded and no refusal (their
+    runner died or was stopped)."""
 
     id: int
     batch_id: str
@@ -32,6 +42,7 @@ class ClaimedLine:
     api: str
     custom_id: str
     request: dict[str, Any]
+    lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,16 +58,18 @@ class BatchStore:
         self.engine = engine
 
     def create(self, owner: str, batch_id: str, api: str, body: dict[str, Any],
-               lines: list[tuple[str, dict[str, Any]]]) -> None:
+               lines: list[tuple[str, dict[str, Any]]], expires_at: float | None = None) -> None:
         """A new batch (``body``: its object, ``body["status"]`` its status) of ``lines``
-        (``(custom_id, request)`` in order)."""
+        (``(custom_id, request)`` in order), expiring at ``expires_at`` (epoch seconds)."""
         with self.engine.begin() as conn:
             conn.execute(sa.insert(BATCHES).values(id=batch_id, owner=owner, created_at=time.time(), api=api,
-                                                   status=body["status"], body=dumps(body)))
+                                                   status=body["status"], body=dumps(body), expires_at=expires_at))
             if lines:
                 conn.execute(sa.insert(BATCH_LINES), [
                     {"batch_id": batch_id, "line_no": i, "custom_id": custom_id, "request": dumps(request),
-                     "done": False} for i, (custom_id, request) in enumerate(lines)])
+                     "done": False, "attempts": 0, "retries": 0,
+                     "model": model if isinstance(model := request.get("model"), str) else None}
+                    for i, (custom_id, request) in enumerate(lines)])
 
     def get(self, owner: str, batch_id: str, api: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -92,29 +105,45 @@ class BatchStore:
                 conn.execute(sa.delete(BATCH_LINES).where(BATCH_LINES.c.batch_id == batch_id))
         return gone.rowcount > 0
 
-    def claim(self, runner: str, n: int, lease_s: float) -> list[ClaimedLine]:
+    def claim(self, runner: str, n: int, lease_s: float, models: Collection[str] | None = None) -> list[ClaimedLine]:
         """Claim up to ``n`` pending lines of ``in_progress`` batches, oldest batch first: lines
-        nobody holds, or whose claim is older than ``lease_s`` (its runner died)."""
+        nobody holds, or whose claim is older than ``lease_s`` (its runner died), past their
+        back-off; ``models``: only lines asking for one of these (or for no model)."""
         now = time.time()
+        lines = BATCH_LINES.c
         running = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
-        free = sa.or_(BATCH_LINES.c.claimed_by.is_(None), BATCH_LINES.c.claimed_at < now - lease_s)
-        pick = (sa.select(BATCH_LINES.c.id).where(BATCH_LINES.c.done.is_(False), free,
-                                                  BATCH_LINES.c.batch_id.in_(running))
-                .order_by(BATCH_LINES.c.id).limit(n))
+        free = sa.and_(sa.or_(lines.claimed_by.is_(None), lines.claimed_at < now - lease_s),
+                       sa.or_(lines.not_before.is_(None), lines.not_before <= now))
+        wanted = [lines.done.is_(False), free, lines.batch_id.in_(running)]
+        if models is not None:
+            wanted.append(sa.or_(lines.model.is_(None), lines.model.in_(list(models))))
+        pick = sa.select(lines.id).where(*wanted).order_by(lines.id).limit(n)
         with self.engine.begin() as conn:
             ids = [row.id for row in conn.execute(pick)]
             if not ids:
                 return []
-            conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(ids), BATCH_LINES.c.done.is_(False), free)
-                         .values(claimed_by=runner, claimed_at=now))
+            conn.execute(sa.update(BATCH_LINES).where(lines.id.in_(ids), lines.done.is_(False), free)
+                         .values(claimed_by=runner, claimed_at=now, not_before=None, attempts=lines.attempts + 1))
             rows = conn.execute(
-                sa.select(BATCH_LINES.c.id, BATCH_LINES.c.batch_id, BATCH_LINES.c.custom_id, BATCH_LINES.c.request,
+                sa.select(lines.id, lines.batch_id, lines.custom_id, lines.request, lines.attempts, lines.retries,
                           BATCHES.c.owner, BATCHES.c.api)
-                .join(BATCHES, BATCHES.c.id == BATCH_LINES.c.batch_id)
-                .where(BATCH_LINES.c.id.in_(ids), BATCH_LINES.c.claimed_by == runner,
-                       BATCH_LINES.c.claimed_at == now)
-                .order_by(BATCH_LINES.c.id))
-            return [ClaimedLine(r.id, r.batch_id, r.owner, r.api, r.custom_id, json.loads(r.request)) for r in rows]
+                .join(BATCHES, BATCHES.c.id == lines.batch_id)
+                .where(lines.id.in_(ids), lines.claimed_by == runner, lines.claimed_at == now)
+                .order_by(lines.id))
+            return [ClaimedLine(r.id, r.batch_id, r.owner, r.api, r.custom_id, json.loads(r.request),
+                                r.attempts - r.retries - 1) for r in rows]
+
+    def retry_later(self, runner: str, line_id: int, backoff_s: Callable[[int], float]) -> None:
+        """Give back ``runner``'s claim on a line that was refused for now (429, 503): it is
+        claimed again after ``backoff_s(retries)`` seconds (``retries``: its refusals so far,
+        this one included)."""
+        lines = BATCH_LINES.c
+        with self.engine.begin() as conn:
+            retries = conn.execute(sa.select(lines.retries).where(lines.id == line_id)).scalar_one() + 1
+            conn.execute(sa.update(BATCH_LINES).where(lines.id == line_id, lines.claimed_by == runner,
+                                                      lines.done.is_(False))
+                         .values(claimed_by=None, claimed_at=None, retries=retries,
+                                 not_before=time.time() + backoff_s(retries)))
 
     def heartbeat(self, runner: str, line_ids: list[int]) -> None:
         """Keep ``runner``'s claims on ``line_ids`` fresh."""
@@ -125,13 +154,14 @@ class BatchStore:
                              .values(claimed_at=time.time()))
 
     def release(self, runner: str, line_ids: list[int]) -> None:
-        """Give up ``runner``'s claims on ``line_ids`` (a server stopping): others take them at once."""
+        """Give up ``runner``'s claims on ``line_ids`` (a server stopping): others take them at
+        once, and the claim does not count as a lost run."""
         if line_ids:
             with self.engine.begin() as conn:
                 conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(line_ids),
                                                           BATCH_LINES.c.claimed_by == runner,
                                                           BATCH_LINES.c.done.is_(False))
-                             .values(claimed_by=None, claimed_at=None))
+                             .values(claimed_by=None, claimed_at=None, attempts=BATCH_LINES.c.attempts - 1))
 
     def complete(self, line_id: int, status_code: int, result: Any) -> bool:
         """Record a line's result, unless it is done already; whether it was recorded."""
@@ -162,6 +192,14 @@ class BatchStore:
         with self.engine.connect() as conn:
             return [LineResult(r.line_no, r.custom_id, r.status_code if r.done else None,
                                json.loads(r.result) if r.done else None) for r in conn.execute(query)]
+
+    def expired(self, now: float | None = None) -> list[str]:
+        """Ids of the batches runners still work on whose window ended at ``now`` (default: the
+        clock)."""
+        query = sa.select(BATCHES.c.id).where(BATCHES.c.status.in_(RUNNING), BATCHES.c.expires_at.is_not(None),
+                                              BATCHES.c.expires_at <= (now or time.time()))
+        with self.engine.connect() as conn:
+            return [r.id for r in conn.execute(query)]
 
     def unfinished(self) -> list[str]:
         """Ids of the batches runners still work on (``RUNNING``)."""

@@ -33,7 +33,7 @@ ITEMS = sa.Table(
     "conversation_items", METADATA,
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
     sa.Column("conversation_id", sa.String(80), nullable=False),
-    sa.Column("item_id", sa.String(80), nullable=False),
+    sa.Column("item_id", sa.Text, nullable=False),  # the client's id for it
     sa.Column("body", sa.Text, nullable=False),
     sa.Column("size", sa.BigInteger, nullable=False),
 )
@@ -56,6 +56,7 @@ BATCHES = sa.Table(
     sa.Column("api", sa.String(16), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("body", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=True),  # the end of its completion window
 )
 BATCH_LINES = sa.Table(
     "batch_lines", METADATA,
@@ -69,6 +70,10 @@ BATCH_LINES = sa.Table(
     sa.Column("claimed_at", sa.Float, nullable=True),
     sa.Column("status_code", sa.Integer, nullable=True),
     sa.Column("result", sa.Text, nullable=True),
+    sa.Column("model", sa.Text, nullable=True),  # the request's model: only servers serving it claim the line
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),  # times claimed
+    sa.Column("retries", sa.Integer, nullable=False, server_default="0"),  # claims that ended in a 429/503
+    sa.Column("not_before", sa.Float, nullable=True),  # a retried line's back-off
 )
 
 

@@ -75,6 +75,13 @@ async def cancel_batch(batch_id: str, request: Request) -> JSONResponse:
     return JSONResponse(await _service(request).cancel(owner(request), batch_id))
 
 
+@router.delete("/v1/batches/{batch_id}", responses=error_responses(400, 404))
+async def delete_batch(batch_id: str, request: Request) -> JSONResponse:
+    """Not in OpenAI's API (its batches are kept): an ended batch, its lines and its output and
+    error files deleted, so that they stop counting against ``--store-max-bytes``."""
+    return JSONResponse(await _service(request).delete(owner(request), batch_id))
+
+
 def _message_batch(body: dict, request: Request) -> dict:
     """Anthropic's message batch object: no internal status, and a ``results_url`` once ended."""
     shown = {k: v for k, v in body.items() if k != "status"}

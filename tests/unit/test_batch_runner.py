@@ -1,0 +1,260 @@
+"""The batch runner over a real SQLite state (``serving/batch_runner.py``, ``state/batches.py``):
+lines run only where their model is served, transient refusals are retried and never stored,
+a line that keeps failing is recorded once, a batch expires at the end of its window, and ended
+batches can be deleted with the files made for them. The HTTP side: ``tests/e2e/test_batches.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+import sqlalchemy as sa
+
+from glmserve.serving import batch_runner
+from glmserve.serving.batch_runner import Activity, BatchRunner
+from glmserve.serving.batches import BatchService
+from glmserve.state import BatchStore, FileStore, ResponseStore, open_database
+from glmserve.state.tables import BATCH_LINES, BATCHES
+
+
+def _service(tmp_path) -> BatchService:
+    database = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    return BatchService(BatchStore(database), FileStore(ResponseStore(database, 100.0, 1 << 30)))
+
+
+def _jsonl(models: list[str]) -> bytes:
+    return "\n".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]}})
+                     for i, model in enumerate(models)).encode()
+
+
+async def _batch(service: BatchService, models: list[str]) -> dict:
+    file = await service.upload("", "batch", "in.jsonl", _jsonl(models))
+    return await service.create("", file["id"], "/v1/chat/completions", "24h", None)
+
+
+def _runner(service: BatchService, dispatch, models=None) -> BatchRunner:
+    return BatchRunner(service, dispatch, lambda: 4, Activity(), poll_s=0.05, models=models)
+
+
+async def _until(predicate, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def _run(runners: list[BatchRunner], predicate, timeout: float = 30.0) -> None:
+    tasks = [asyncio.create_task(r.run_forever()) for r in runners]
+    try:
+        await _until(predicate, timeout)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for runner in runners:
+            await runner.close()
+
+
+async def _records(service: BatchService, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in (await service.file_content("", file_id)).decode().splitlines()]
+
+
+def _answering(served: str, calls: Counter):
+    async def dispatch(owner: str, url: str, body: dict) -> tuple[int, dict]:
+        calls[body["messages"][0]["content"], body["model"]] += 1
+        assert body["model"] == served, f"a {served} server ran a line for {body['model']}"
+        return 200, {"object": "chat.completion", "model": served}
+    return dispatch
+
+
+def test_each_server_runs_only_the_lines_of_the_models_it_serves(tmp_path):
+    """Two servers of different models on one database each answer their own model's lines;
+    a line of a model no server has stays queued, and the batch expires with it listed."""
+    service = _service(tmp_path)
+    calls: Counter = Counter()
+
+    async def scenario() -> dict:
+        batch = await _batch(service, ["a", "b", "a-alias", "b", "c", "a"])
+        runners = [_runner(service, _answering("a", calls), lambda: {"a"}),
+                   _runner(service, _answering("b", calls), lambda: {"b"})]
+
+        async def only_c_left() -> bool:
+            got = await service.get("", batch["id"])
+            return got["request_counts"]["completed"] == 4
+
+        await _run(runners, only_c_left)
+        assert (await service.get("", batch["id"]))["status"] == "in_progress"  # line-4 waits for a "c" server
+        assert sum(calls.values()) == 4  # "a-alias" is no model of either: never claimed
+        with service.batches.engine.begin() as conn:  # its window ends
+            conn.execute(sa.update(BATCHES).values(expires_at=0))
+        await _run([_runner(service, _answering("a", calls), lambda: {"a"})],
+                   lambda: _status_is(service, batch["id"], "expired"))
+        return await service.get("", batch["id"])
+
+    ended = asyncio.run(scenario())
+    assert ended["expired_at"] is not None and ended["request_counts"] == {"total": 6, "completed": 4, "failed": 0}
+    output = asyncio.run(_records(service, ended["output_file_id"]))
+    assert sorted(r["custom_id"] for r in output) == ["line-0", "line-1", "line-3", "line-5"]
+    assert {r["custom_id"]: r["response"]["body"]["model"] for r in output} == {
+        "line-0": "a", "line-1": "b", "line-3": "b", "line-5": "a"}
+    errors = asyncio.run(_records(service, ended["error_file_id"]))
+    assert [(r["custom_id"], r["error"]["code"]) for r in errors] == [("line-2", "batch_expired"),
+                                                                      ("line-4", "batch_expired")]
+
+
+async def _status_is(service: BatchService, batch_id: str, status: str) -> bool:
+    return (await service.get("", batch_id))["status"] == status
+
+
+def test_transient_refusals_are_retried_with_back_off_never_stored(tmp_path, monkeypatch):
+    monkeypatch.setattr(batch_runner, "backoff_s", lambda retries: 0.05 * retries)
+    service = _service(tmp_path)
+    refusals: Counter = Counter()
+
+    async def busy_at_first(owner: str, url: str, body: dict) -> tuple[int, dict]:
+        key = json.dumps(body)
+        if refusals[key] < 3:
+            refusals[key] += 1
+            status = (503, 429, 503)[refusals[key] - 1]
+            return status, {"error": {"message": "busy", "type": "server_error", "param": None, "code": "model_busy"}}
+        return 200, {"ok": True}
+
+    async def scenario() -> dict:
+        batch = await _batch(service, ["m", "m"])
+        await _run([_runner(service, busy_at_first)], lambda: _status_is(service, batch["id"], "completed"))
+        return await service.get("", batch["id"])
+
+    ended = asyncio.run(scenario())
+    assert ended["request_counts"] == {"total": 2, "completed": 2, "failed": 0} and ended["error_file_id"] is None
+    with service.batches.engine.connect() as conn:
+        assert conn.execute(sa.select(BATCH_LINES.c.retries, BATCH_LINES.c.attempts)).all() == [(3, 4), (3, 4)]
+
+
+def test_a_line_that_never_finishes_is_recorded_failed_once(tmp_path, monkeypatch):
+    """A line whose run raises, or whose server dies on it, is claimed again after the lease;
+    after ``MAX_LOST`` lost runs it is recorded as a 500 without running again."""
+    monkeypatch.setattr(batch_runner, "LEASE_S", 0.2)
+    service = _service(tmp_path)
+    runs: Counter = Counter()
+
+    async def breaks_on_poison(owner: str, url: str, body: dict) -> tuple[int, dict]:
+        runs[body["model"]] += 1
+        if body["model"] == "poison":
+            raise RuntimeError("the handler broke")
+        return 200, {"ok": True}
+
+    async def scenario() -> dict:
+        batch = await _batch(service, ["m", "poison", "m"])
+        await _run([_runner(service, breaks_on_poison)], lambda: _status_is(service, batch["id"], "completed"))
+        return await service.get("", batch["id"])
+
+    ended = asyncio.run(scenario())
+    assert ended["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert runs == {"m": 2, "poison": batch_runner.MAX_LOST}
+    [failed] = asyncio.run(_records(service, ended["error_file_id"]))
+    assert failed["custom_id"] == "line-1" and failed["response"]["status_code"] == 500
+    assert failed["response"]["body"]["error"]["code"] == "batch_line_lost"
+
+
+def test_a_server_stopping_gives_its_lines_back_without_counting_them_lost(tmp_path):
+    service = _service(tmp_path)
+    started = asyncio.Event()
+
+    async def slow(owner: str, url: str, body: dict) -> tuple[int, dict]:
+        started.set()
+        await asyncio.sleep(3600)
+        return 200, {}
+
+    async def scenario() -> None:
+        await _batch(service, ["m"])
+        runner = _runner(service, slow)
+        task = asyncio.create_task(runner.run_forever())
+        await asyncio.wait_for(started.wait(), 30)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.close()
+
+    asyncio.run(scenario())
+    [line] = service.batches.claim("next", 4, 30.0)
+    assert line.lost == 0
+
+
+def test_ended_batches_are_deleted_with_their_output_files(tmp_path):
+    service = _service(tmp_path)
+
+    async def scenario() -> tuple[dict, dict]:
+        batch = await _batch(service, ["m", "m"])
+        with pytest.raises(Exception) as running:
+            await service.delete("", batch["id"])
+        assert running.value.status_code == 400
+        await _run([_runner(service, _answering("m", Counter()))],
+                   lambda: _status_is(service, batch["id"], "completed"))
+        ended = await service.get("", batch["id"])
+        return ended, await service.delete("", batch["id"])
+
+    ended, deleted = asyncio.run(scenario())
+    assert deleted == {"id": ended["id"], "object": "batch", "deleted": True}
+    for file_id, gone in ((ended["input_file_id"], False), (ended["output_file_id"], True)):
+        assert (service.files.get("", file_id) is None) == gone
+    with service.batches.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(BATCH_LINES)).scalar_one() == 0
+
+
+def test_an_expired_message_batch_lists_its_lines_as_expired(tmp_path):
+    service = _service(tmp_path)
+
+    async def scenario() -> tuple[dict, bytes]:
+        batch = await service.create_messages("", [
+            {"custom_id": "ran", "params": {"model": "a", "max_tokens": 4, "messages": []}},
+            {"custom_id": "waited", "params": {"model": "c", "max_tokens": 4, "messages": []}}])
+
+        async def ended() -> bool:
+            return (await service.get("", batch["id"], "anthropic"))["processing_status"] == "ended"
+
+        runner = _runner(service, _answering_any(), lambda: {"a"})
+        await _run([runner], lambda: _counts_done(service, batch["id"], 1))
+        with service.batches.engine.begin() as conn:
+            conn.execute(sa.update(BATCHES).values(expires_at=0))
+        await _run([_runner(service, _answering_any(), lambda: {"a"})], ended)
+        return await service.get("", batch["id"], "anthropic"), await service.message_results("", batch["id"])
+
+    body, results = asyncio.run(scenario())
+    assert body["request_counts"] == {"processing": 0, "succeeded": 1, "errored": 0, "canceled": 0, "expired": 1}
+    lines = {x["custom_id"]: x["result"]["type"] for x in map(json.loads, results.decode().splitlines())}
+    assert lines == {"ran": "succeeded", "waited": "expired"}
+
+
+def _answering_any():
+    async def dispatch(owner: str, url: str, body: dict) -> tuple[int, dict]:
+        return 200, {"type": "message", "model": body["model"]}
+    return dispatch
+
+
+async def _counts_done(service: BatchService, batch_id: str, n: int) -> bool:
+    return service.batches.counts(batch_id)[1] == n
+
+
+def test_a_handler_that_raises_answers_a_500_body(tmp_path):
+    """``server/batch_dispatch.py``: an exception that is not an API error becomes the line's
+    500 result in its API's error shape, recorded once."""
+    from fastapi import FastAPI
+
+    from glmserve.server.batch_dispatch import dispatcher
+
+    class Broken:
+        async def acquire(self, *args, **kwargs):
+            raise RuntimeError("the database went away")
+
+    app = FastAPI()
+    app.state.models = Broken()
+    dispatch = dispatcher(app)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    status, error = asyncio.run(dispatch("", "/v1/chat/completions", body))
+    assert status == 500 and error["error"]["code"] == "internal_error" and error["error"]["type"] == "server_error"
+    status, error = asyncio.run(dispatch("", "/v1/messages", {**body, "max_tokens": 4}))
+    assert status == 500 and error["type"] == "error" and error["error"]["type"] == "api_error"
