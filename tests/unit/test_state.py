@@ -211,3 +211,27 @@ def test_processes_starting_together_on_a_fresh_database_all_come_up(tmp_path):
         assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
     with sqlite3.connect(tmp_path / "0" / "state.db") as conn:
         assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(_newest_revision(),)]
+
+
+def test_a_cancel_from_another_server_does_not_overwrite_a_run_that_ended(tmp_path, monkeypatch):
+    """The cancel of a background run that runs elsewhere is a conditional write: if that run
+    ended between the cancel's read and its write, the ended response stays (and is returned)."""
+    from glmserve.serving.stored_responses import ResponseStorage
+
+    store = _store(tmp_path)
+    storage = ResponseStorage(store)
+    running = {"id": "resp_elsewhere", "status": "in_progress", "background": True}
+    store.put("k", running, [{"type": "message"}])
+    reads = iter([running])  # the cancel's first read sees it running; then the other server ends it
+    store.put("k", {**running, "status": "completed", "output": [1]}, [{"type": "message"}])
+    real_get = ResponseStorage.get
+
+    async def stale_first(self, response_id: str, owner: str) -> dict:
+        return next(reads, None) or await real_get(self, response_id, owner)
+
+    monkeypatch.setattr(ResponseStorage, "get", stale_first)
+    answer = asyncio.run(storage.cancel("resp_elsewhere", "k"))
+    assert answer["status"] == "completed" and store.get("k", "resp_elsewhere").body["status"] == "completed"
+    store.put("k", {**running, "id": "resp_lost"}, [])  # a run still going elsewhere is cancelled
+    assert asyncio.run(storage.cancel("resp_lost", "k"))["status"] == "cancelled"
+    assert store.get("k", "resp_lost").body["status"] == "cancelled" and store.get("k", "resp_lost").heartbeat_at is None

@@ -277,11 +277,12 @@ class ResponseStorage:
             return await self.get(response_id, owner)
         if body.get("status") in TERMINAL:
             return body
-        # queued or in progress but not running here: a run lost to a restart, or on another replica
-        body = {**body, "status": "cancelled"}
-        stored = await self._stored(response_id, owner)
-        await asyncio.to_thread(self.store.put, owner, body, stored.input_items)
-        return body
+        # queued or in progress but not running here: a run lost to a restart, or on another
+        # replica, which may end it meanwhile: only a run still going is stored cancelled
+        cancelled = {**body, "status": "cancelled"}
+        if await asyncio.to_thread(self.store.cancel, owner, cancelled):
+            return cancelled
+        return await self.get(response_id, owner)
 
     # --- upkeep ---------------------------------------------------------------------------
 

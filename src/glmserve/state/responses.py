@@ -87,6 +87,16 @@ class ResponseStore:
                 conn.execute(sa.update(RESPONSES).where(RESPONSES.c.id.in_(response_ids),
                                                         RESPONSES.c.status.in_(RUNNING)).values(heartbeat_at=time.time()))
 
+    def cancel(self, owner: str, cancelled: dict[str, Any]) -> bool:
+        """Store ``cancelled`` (the response, ``cancelled``) if its stored run is still going
+        (``RUNNING``): a run that ended meanwhile keeps its end. Whether it was written."""
+        text = dumps(cancelled)
+        with self.engine.begin() as conn:
+            return conn.execute(sa.update(RESPONSES).where(
+                RESPONSES.c.id == cancelled["id"], RESPONSES.c.owner == owner, RESPONSES.c.status.in_(RUNNING))
+                .values(status=cancelled["status"], body=text, heartbeat_at=None,
+                        size=len(text.encode()) + sa.func.length(RESPONSES.c.input_items))).rowcount > 0
+
     def fail_lost(self, owner: str, seen: StoredResponse, failed: dict[str, Any]) -> bool:
         """Store ``failed`` (the response, ended) in place of ``seen``, a run whose server
         stopped, if nothing changed it since it was read (no newer heartbeat or state); whether
