@@ -41,7 +41,7 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
         except BaseException:
             runtime.shutdown()
             raise
-    return create_app(served, api_key=settings.api_key,
+    return create_app(served, api_key=settings.api_key, admin_api_key=settings.admin_api_key,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,

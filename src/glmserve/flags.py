@@ -22,7 +22,7 @@ from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
 # engine settings class's fields, and "scale-out" DeploySettings' own
 SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("server", "Where it listens and who may call it.",
-     ("host", "port", "api_key", "allowed_origins", "ui", "state_dir", "database_url", "store_ttl", "store_max_bytes",
+     ("host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "state_dir", "database_url", "store_ttl", "store_max_bytes",
       "log_level", "shutdown_timeout")),
     ("model", "What is served and how prompts are rendered and answered.",
      ("model", "served_model_name", "n_ctx", "chat_template", "default_chat_template_kwargs",
@@ -44,6 +44,7 @@ DEFAULT_SHOWN: dict[str, str] = {
     "model": "the embedded SmolLM2-135M-Instruct",
     "served_model_name": "the model file's name without .gguf",
     "api_key": "none: no key needed",
+    "admin_api_key": "none: every --api-key key is an admin",
     "database_url": "none: SQLite in --state-dir",
     "store_max_bytes": "1073741824 (1 GiB)",
     "state_dir": "$XDG_DATA_HOME/glmserve, else ~/.local/share/glmserve",
@@ -72,7 +73,7 @@ DEFAULT_SHOWN: dict[str, str] = {
 # the value's placeholder in usage, where its type says too little
 METAVARS: dict[str, str] = {
     "model": "PATH", "draft_model": "PATH", "mmproj": "FILE", "lora": "NAME=PATH", "models_dir": "DIR",
-    "state_dir": "DIR", "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
+    "state_dir": "DIR", "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "admin_api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
     "served_model_name": "NAME", "allowed_origins": "ORIGIN", "allowed_media_domains": "HOST",
     "default_chat_template_kwargs": "JSON", "override_generation_config": "JSON", "engine_arg": "KEY=VALUE",
     "keep_alive": "DURATION", "store_ttl": "DURATION", "database_url": "URL", "memory_budget": "BYTES", "url": "URL", "json_file": "FILE", "plot": "FILE",

@@ -100,6 +100,10 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         [], description="Require 'Authorization: Bearer KEY' (or x-api-key) but on /health; "
                         "repeat it (or KEY1,KEY2) for keys owning separate stored responses."
     )
+    admin_api_key: Annotated[list[str], NoDecode] = Field(
+        [], description="Keys for model load/unload, LoRA load/unload and /metrics (--api-key's keys get a "
+                        "403 there) and all other routes; repeat it (or KEY1,KEY2)."
+    )
     n_ctx: int = Field(
         4096, ge=0, le=1 << 20,
         description="Context window in tokens, prompt plus output (0: the model's training context); vllm: "
@@ -204,7 +208,7 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
     store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes of stored responses kept in all; past it the "
                                                             "oldest are deleted.")
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "admin_api_key", mode="before")
     @classmethod
     def _keys(cls, value: Any) -> Any:
         """Keys separated by commas (``GLMSERVE_API_KEY=a,b``; the repeated flag arrives so), a
@@ -215,7 +219,7 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
             return json.loads(value) if value.lstrip().startswith("[") else value.split(",")
         return value
 
-    @field_validator("api_key")
+    @field_validator("api_key", "admin_api_key")
     @classmethod
     def _check_keys(cls, value: list[str]) -> list[str]:
         if any(not key.strip() for key in value):

@@ -54,3 +54,28 @@ def test_key_from_environment():
         assert srv.client(api_key=KEY).models.list().data[0].id == "env-named"
     finally:
         srv.stop()
+
+
+def test_admin_routes_need_an_admin_key_when_there_is_one():
+    """``--admin-api-key``: /metrics and the LoRA load/unload routes take only an admin key (a
+    user key gets a 403), and an admin key serves every other route as well."""
+    server = RemoteServer("--api-key", "user-key", "--admin-api-key", "admin-key", "--allow-runtime-lora-updating")
+    try:
+        def call(method: str, path: str, key: str) -> httpx.Response:
+            return httpx.request(method, f"{server.url}{path}", headers={"Authorization": f"Bearer {key}"},
+                                 json={"lora_name": "nope"}, timeout=60)
+
+        for method, path in [("GET", "/metrics"), ("POST", "/v1/load_lora_adapter"),
+                             ("POST", "/v1/unload_lora_adapter")]:
+            refused = call(method, path, "user-key")
+            assert refused.status_code == 403, (path, refused.text)
+            assert refused.json()["error"]["code"] == "insufficient_permissions"
+            assert call(method, path, "wrong").status_code == 401
+        assert call("GET", "/metrics", "admin-key").status_code == 200
+        assert call("POST", "/v1/unload_lora_adapter", "admin-key").status_code == 404  # admitted: no such adapter
+        for key in ("user-key", "admin-key"):
+            reply = server.client(api_key=key).chat.completions.create(
+                model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+            assert reply.choices[0].message.content is not None
+    finally:
+        server.stop()

@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from glmserve.version import __version__
-from glmserve.server.auth import require_anthropic_key, require_api_key
+from glmserve.server.auth import require_admin_key, require_anthropic_key, require_api_key
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
@@ -34,13 +34,15 @@ def create_app(
     allowed_origins: Sequence[str] = (), replica_id: str | None = None,
     deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True, runtime_lora: bool = False,
     storage: ResponseStorage | None = None, purge_interval_s: float = 3600.0,
-    batch_service: BatchService | None = None,
+    batch_service: BatchService | None = None, admin_api_key: Sequence[str] = (),
 ) -> FastAPI:
     """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
     or a ``ChatService`` with the default services over it); unloads them all on exit.
 
     ``api_key``: every route but ``/health`` needs it, or one of them (``/docs`` and ``/redoc``
-    are off then);
+    are off then); ``admin_api_key``: keys that alone may call the admin routes (model load and
+    unload, LoRA load and unload, ``/metrics``: ``server/auth.require_admin_key``), and every
+    other route (none: every key is an admin);
     ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
     ``max_request_bytes`` get a 413, bodies that stall for ``client_body_timeout`` seconds a
     408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
@@ -56,7 +58,8 @@ def create_app(
     if isinstance(served, Runtime):
         served = ServedModels.single(served)
     models_served: ServedModels = served
-    keys = (api_key,) if isinstance(api_key, str) else tuple(api_key or ())
+    admin_keys = tuple(admin_api_key)
+    keys = ((api_key,) if isinstance(api_key, str) else tuple(api_key or ())) + admin_keys
     stored = storage or ResponseStorage(None)
     batch_work = batch_service or BatchService(None, None)
     activity = Activity()
@@ -87,6 +90,7 @@ def create_app(
     app = FastAPI(title="glmserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.api_keys = keys
+    app.state.admin_keys = admin_keys
     app.state.responses_storage = stored
     app.state.batches = batch_work
     app.state.activity = activity
@@ -109,8 +113,10 @@ def create_app(
     if not keys:
         app.include_router(docs.pages_router)
     app.include_router(models.router, dependencies=protected, responses=needs_key)
+    admin = [Depends(require_admin_key)]
+    needs_admin = error_responses(401, 403)
     if len(models_served.registry.status()) > 1:
-        app.include_router(model_admin.router, dependencies=protected, responses=needs_key)
+        app.include_router(model_admin.router, dependencies=admin, responses=needs_admin)
     app.include_router(chat.router, dependencies=protected, responses=needs_key)
     app.include_router(completions.router, dependencies=protected, responses=needs_key)
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
@@ -123,8 +129,8 @@ def create_app(
     app.include_router(embeddings.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     if runtime_lora:
-        app.include_router(lora.router, dependencies=protected, responses=needs_key)
-    app.include_router(metrics.router, dependencies=protected, responses=needs_key)
+        app.include_router(lora.router, dependencies=admin, responses=needs_admin)
+    app.include_router(metrics.router, dependencies=admin, responses=needs_admin)
     if ui:
         install_ui(app)
     return app

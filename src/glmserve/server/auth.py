@@ -53,6 +53,18 @@ async def require_api_key(request: Request) -> None:
         )
 
 
+async def require_admin_key(request: Request) -> None:
+    """FastAPI dependency of the admin routes: ``require_api_key``'s 401, then, on a server
+    with ``--admin-api-key``, a 403 (``insufficient_permissions``) unless the bearer token is
+    one of those keys."""
+    await require_api_key(request)
+    admin_keys: tuple[str, ...] = request.app.state.admin_keys
+    token = _bearer(request)
+    if admin_keys and not any(_matches(token or "", key) for key in admin_keys):
+        raise APIError(403, "This route needs an admin key (--admin-api-key); the key given is not one.",
+                       "invalid_request_error", None, "insufficient_permissions")
+
+
 async def require_anthropic_key(request: Request) -> None:
     """FastAPI dependency for Anthropic's routes: 401 unless ``x-api-key`` or a bearer token
     matches one of the server's keys (when it has any). ``anthropic-version`` and

@@ -18,6 +18,7 @@ from glmserve.protocol.errors import ErrorResponse
 ERROR_STATUSES = {
     400: "Invalid request (OpenAI error body; `param` names the field)",
     401: "Missing or wrong API key (`--api-key`)",
+    403: "An admin route called with a key that is not an admin key (`--admin-api-key`)",
     404: "Unknown model",
     408: "The request body stopped arriving (`--client-body-timeout`)",
     413: "Request body over `--max-request-bytes`",
