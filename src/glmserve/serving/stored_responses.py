@@ -233,7 +233,8 @@ class ResponseStorage:
         run = self._runs.get(response_id)
         here = run is not None and run.task is not None and not run.task.done()
         return (stored.body.get("status") in RUNNING and not here
-                and (stored.heartbeat_at is None or time.time() - stored.heartbeat_at > LOST_AFTER_S))
+                and (stored.heartbeat_at is None
+                     or (stored.read_at or time.time()) - stored.heartbeat_at > LOST_AFTER_S))
 
     async def _stored(self, response_id: str, owner: str) -> StoredResponse:
         stored = await self._lookup(response_id, owner)

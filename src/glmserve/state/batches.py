@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from glmserve.state.tables import BATCH_LINES, BATCHES, dumps
+from glmserve.state.tables import BATCH_LINES, BATCHES, db_now, dumps
 
 RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (cancelling: none new)
 
@@ -108,17 +108,21 @@ class BatchStore:
     def claim(self, runner: str, n: int, lease_s: float, models: Collection[str] | None = None) -> list[ClaimedLine]:
         """Claim up to ``n`` pending lines of ``in_progress`` batches, oldest batch first: lines
         nobody holds, or whose claim is older than ``lease_s`` (its runner died), past their
-        back-off; ``models``: only lines asking for one of these (or for no model)."""
-        now = time.time()
+        back-off; ``models``: only lines asking for one of these (or for no model). Times are
+        the database's (``db_now``); on PostgreSQL the lines picked are locked (``FOR UPDATE
+        SKIP LOCKED``), so replicas claiming together take different lines instead of waiting."""
         lines = BATCH_LINES.c
-        running = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
-        free = sa.and_(sa.or_(lines.claimed_by.is_(None), lines.claimed_at < now - lease_s),
-                       sa.or_(lines.not_before.is_(None), lines.not_before <= now))
-        wanted = [lines.done.is_(False), free, lines.batch_id.in_(running)]
-        if models is not None:
-            wanted.append(sa.or_(lines.model.is_(None), lines.model.in_(list(models))))
-        pick = sa.select(lines.id).where(*wanted).order_by(lines.id).limit(n)
         with self.engine.begin() as conn:
+            now = db_now(conn)
+            running = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
+            free = sa.and_(sa.or_(lines.claimed_by.is_(None), lines.claimed_at < now - lease_s),
+                           sa.or_(lines.not_before.is_(None), lines.not_before <= now))
+            wanted = [lines.done.is_(False), free, lines.batch_id.in_(running)]
+            if models is not None:
+                wanted.append(sa.or_(lines.model.is_(None), lines.model.in_(list(models))))
+            pick = sa.select(lines.id).where(*wanted).order_by(lines.id).limit(n)
+            if conn.dialect.name == "postgresql":
+                pick = pick.with_for_update(skip_locked=True)
             ids = [row.id for row in conn.execute(pick)]
             if not ids:
                 return []
@@ -143,7 +147,7 @@ class BatchStore:
             conn.execute(sa.update(BATCH_LINES).where(lines.id == line_id, lines.claimed_by == runner,
                                                       lines.done.is_(False))
                          .values(claimed_by=None, claimed_at=None, retries=retries,
-                                 not_before=time.time() + backoff_s(retries)))
+                                 not_before=db_now(conn) + backoff_s(retries)))
 
     def heartbeat(self, runner: str, line_ids: list[int]) -> None:
         """Keep ``runner``'s claims on ``line_ids`` fresh."""
@@ -151,7 +155,7 @@ class BatchStore:
             with self.engine.begin() as conn:
                 conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(line_ids),
                                                           BATCH_LINES.c.claimed_by == runner)
-                             .values(claimed_at=time.time()))
+                             .values(claimed_at=db_now(conn)))
 
     def release(self, runner: str, line_ids: list[int]) -> None:
         """Give up ``runner``'s claims on ``line_ids`` (a server stopping): others take them at
@@ -175,12 +179,13 @@ class BatchStore:
         """``(total, done, failed, in flight)`` lines of the batch (failed: done with a status
         that is not 200; in flight: claimed, not done, claim younger than a minute)."""
         ok = sa.case((sa.and_(BATCH_LINES.c.done.is_(True), BATCH_LINES.c.status_code != 200), 1), else_=0)
-        running = sa.case((sa.and_(BATCH_LINES.c.done.is_(False), BATCH_LINES.c.claimed_by.is_not(None),
-                                   BATCH_LINES.c.claimed_at > time.time() - 60), 1), else_=0)
         done = sa.case((BATCH_LINES.c.done.is_(True), 1), else_=0)
-        query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(done), 0), sa.func.coalesce(sa.func.sum(ok), 0),
-                          sa.func.coalesce(sa.func.sum(running), 0)).where(BATCH_LINES.c.batch_id == batch_id)
         with self.engine.connect() as conn:
+            running = sa.case((sa.and_(BATCH_LINES.c.done.is_(False), BATCH_LINES.c.claimed_by.is_not(None),
+                                       BATCH_LINES.c.claimed_at > db_now(conn) - 60), 1), else_=0)
+            query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(done), 0),
+                              sa.func.coalesce(sa.func.sum(ok), 0), sa.func.coalesce(sa.func.sum(running), 0)
+                              ).where(BATCH_LINES.c.batch_id == batch_id)
             total, n_done, failed, in_flight = conn.execute(query).one()
         return int(total), int(n_done), int(failed), int(in_flight)
 

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from glmserve.state.tables import RESPONSES, dumps, stored_bytes
+from glmserve.state.tables import RESPONSES, db_now, dumps, stored_bytes
 
 RUNNING = ("queued", "in_progress")  # the statuses of a background run not yet ended
 
@@ -25,11 +25,14 @@ class StoredResponse:
     """A stored response: ``body`` the response object (a JSON dict), ``input_items`` every
     input item it was made from (those of the responses it continued first), oldest first;
     ``heartbeat_at``: when the server running it (``body["status"]`` in ``RUNNING``) last said
-    it was alive (epoch seconds; None: not running)."""
+    it was alive (epoch seconds; None: not running); ``read_at``: the database's clock when it was
+    read (``db_now``: the heartbeat's age is ``read_at - heartbeat_at`` whatever this host's
+    clock says)."""
 
     body: dict[str, Any]
     input_items: list[dict[str, Any]]
     heartbeat_at: float | None = None
+    read_at: float | None = None
 
 
 class ResponseStore:
@@ -53,6 +56,8 @@ class ResponseStore:
                "heartbeat_at": now if body.get("status") in RUNNING else None}
         mine = sa.and_(RESPONSES.c.id == body["id"], RESPONSES.c.owner == owner)
         with self.engine.begin() as conn:
+            if row["heartbeat_at"] is not None:
+                row["heartbeat_at"] = db_now(conn)
             query = sa.update(RESPONSES).where(mine)
             if unless_cancelled:
                 query = query.where(RESPONSES.c.status != "cancelled")
@@ -76,8 +81,9 @@ class ResponseStore:
             RESPONSES.c.id == response_id, RESPONSES.c.owner == owner, RESPONSES.c.expires_at > time.time())
         with self.engine.connect() as conn:
             row = conn.execute(query).first()
+            read_at = db_now(conn)
         return None if row is None else StoredResponse(json.loads(row.body), json.loads(row.input_items),
-                                                       row.heartbeat_at)
+                                                       row.heartbeat_at, read_at)
 
     def heartbeat(self, response_ids: list[str]) -> None:
         """Renew the heartbeat of these responses (the runs this server runs) that are still
@@ -85,7 +91,8 @@ class ResponseStore:
         if response_ids:
             with self.engine.begin() as conn:
                 conn.execute(sa.update(RESPONSES).where(RESPONSES.c.id.in_(response_ids),
-                                                        RESPONSES.c.status.in_(RUNNING)).values(heartbeat_at=time.time()))
+                                                        RESPONSES.c.status.in_(RUNNING)).values(
+                    heartbeat_at=db_now(conn)))
 
     def cancel(self, owner: str, cancelled: dict[str, Any]) -> bool:
         """Store ``cancelled`` (the response, ``cancelled``) if its stored run is still going

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -81,6 +82,15 @@ def dumps(value: Any) -> str:
     """``value`` as compact JSON text, ASCII only: a lone surrogate or a NUL a client sent is
     escaped, so every database takes it."""
     return json.dumps(value, separators=(",", ":"))
+
+
+def db_now(conn: Connection) -> float:
+    """The database's clock, in epoch seconds: what claim leases and heartbeats are written and
+    compared in, so that replicas on hosts whose clocks differ agree (PostgreSQL's
+    ``clock_timestamp()``; an SQLite file is on this host, whose clock is the same for all)."""
+    if conn.dialect.name == "postgresql":
+        return float(conn.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
+    return time.time()
 
 
 def table_bytes(conn: Connection, table: sa.Table) -> int:
