@@ -258,3 +258,41 @@ def test_a_handler_that_raises_answers_a_500_body(tmp_path):
     assert status == 500 and error["error"]["code"] == "internal_error" and error["error"]["type"] == "server_error"
     status, error = asyncio.run(dispatch("", "/v1/messages", {**body, "max_tokens": 4}))
     assert status == 500 and error["type"] == "error" and error["error"]["type"] == "api_error"
+
+
+def test_uploads_and_batch_files_are_handled_off_the_event_loop(tmp_path, monkeypatch):
+    """Reading, checking and storing an upload, parsing a batch file and writing the output
+    files run in worker threads: a big file never stalls the streams on the event loop. The
+    UTF-8 check works in pieces, across a character split between them."""
+    import threading
+
+    from glmserve.serving import batches as batches_module
+
+    service = _service(tmp_path)
+    threads: list[str] = []
+    real_parse, real_create = batches_module._parse_lines, FileStore.create
+
+    def parse(*args):
+        threads.append(threading.current_thread().name)
+        return real_parse(*args)
+
+    def create(self, *args):
+        threads.append(threading.current_thread().name)
+        return real_create(self, *args)
+
+    monkeypatch.setattr(batches_module, "_parse_lines", parse)
+    monkeypatch.setattr(FileStore, "create", create)
+
+    async def scenario() -> tuple[str, dict]:
+        loop_thread = threading.current_thread().name
+        batch = await _batch(service, ["m"])
+        await _run([_runner(service, _answering("m", Counter()))], lambda: _status_is(service, batch["id"], "completed"))
+        split = b"a" * ((1 << 20) - 1) + "\u00e9".encode() + b"\n"  # a 2-byte character across the 1 MiB mark
+        return loop_thread, await service.upload("", "batch", "split.jsonl", split)
+
+    loop_thread, split = asyncio.run(scenario())
+    assert len(threads) == 4 and loop_thread not in threads, threads  # uploads, the parse, the output file
+    assert split["bytes"] == (1 << 20) + 2
+    with pytest.raises(Exception) as bad:
+        asyncio.run(service.upload("", "batch", "bad.jsonl", b"a" * (1 << 20) + b"\xff"))
+    assert bad.value.status_code == 400

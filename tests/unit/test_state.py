@@ -235,3 +235,48 @@ def test_a_cancel_from_another_server_does_not_overwrite_a_run_that_ended(tmp_pa
     store.put("k", {**running, "id": "resp_lost"}, [])  # a run still going elsewhere is cancelled
     assert asyncio.run(storage.cancel("resp_lost", "k"))["status"] == "cancelled"
     assert store.get("k", "resp_lost").body["status"] == "cancelled" and store.get("k", "resp_lost").heartbeat_at is None
+
+
+def test_lists_are_paged_and_items_found_in_the_database(tmp_path, monkeypatch):
+    """Conversation items, files and batches are paged in SQL (keyset on their order), and an
+    item is looked up by id: no route reads a whole conversation or an owner's whole table."""
+    from glmserve.protocol.errors import APIError
+    from glmserve.serving.batches import BatchService
+    from glmserve.serving.conversations import ConversationService
+    from glmserve.state import BatchStore, ConversationStore, FileStore
+
+    store = _store(tmp_path)
+    conversations = ConversationService(ConversationStore(store))
+    files = BatchService(BatchStore(store.engine), FileStore(store))
+    conversations.store.create("k", "conv_1", {}, [{"id": f"msg_{i}", "type": "message"} for i in range(25)])
+    monkeypatch.setattr(ConversationStore, "items", lambda *a: pytest.fail("a whole conversation was read"))
+
+    async def walk(order: str) -> list[str]:
+        seen, after = [], None
+        while True:
+            got = await conversations.list_items("conv_1", "k", after, 10, order)
+            seen += [item["id"] for item in got["data"]]
+            if not got["has_more"]:
+                return seen
+            after = got["last_id"]
+
+    assert asyncio.run(walk("asc")) == [f"msg_{i}" for i in range(25)]
+    assert asyncio.run(walk("desc")) == [f"msg_{i}" for i in reversed(range(25))]
+    assert asyncio.run(conversations.get_item("conv_1", "k", "msg_7"))["id"] == "msg_7"
+    for call, status in [(conversations.get_item("conv_1", "k", "msg_99"), 404),
+                         (conversations.get_item("conv_1", "other", "msg_7"), 404),
+                         (conversations.list_items("conv_1", "k", "msg_99", 10, "asc"), 400),
+                         (files.list_files("k", None, "file-nope", 10, "desc"), 400)]:
+        with pytest.raises(APIError) as err:
+            asyncio.run(call)
+        assert err.value.status_code == status
+
+    async def upload(i: int) -> str:
+        return (await files.upload("k", "batch", f"{i}.jsonl", b"{}\n"))["id"]
+
+    ids = [asyncio.run(upload(i)) for i in range(7)]
+    first = asyncio.run(files.list_files("k", None, None, 3, "desc"))
+    assert [f["id"] for f in first["data"]] == ids[::-1][:3] and first["has_more"]
+    rest = asyncio.run(files.list_files("k", "batch", first["last_id"], 10, "desc"))
+    assert [f["id"] for f in rest["data"]] == ids[::-1][3:] and not rest["has_more"]
+    assert asyncio.run(files.list_files("other", None, None, 10, "asc"))["data"] == []

@@ -19,6 +19,7 @@ Anthropic's message batch and result lines (``succeeded``/``errored``/``canceled
 from __future__ import annotations
 
 import asyncio
+import codecs
 import datetime
 import json
 import logging
@@ -26,11 +27,11 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.items import is_stored_id, page
-from glmserve.state import BatchStore, FileStore, StoreFull
+from glmserve.serving.items import is_stored_id, list_object, unknown_cursor
+from glmserve.state import BatchStore, FileStore, StoreFull, UnknownCursor
 
 log = logging.getLogger("glmserve.batches")
 
@@ -71,17 +72,28 @@ class BatchService:
 
     # --- files ----------------------------------------------------------------------------
 
-    async def upload(self, owner: str, purpose: str, filename: str, content: bytes) -> dict:
-        """A ``batch`` file (JSONL). Raises 400 for another purpose or a file that is not
-        UTF-8 text."""
+    async def upload(self, owner: str, purpose: str, filename: str, content: bytes | BinaryIO) -> dict:
+        """A ``batch`` file (JSONL): ``content`` its bytes, or a file to read them from (an
+        upload's spooled file), read, checked and stored in a worker thread, off the event
+        loop. Raises 400 for another purpose or a file that is not UTF-8 text."""
         if purpose != "batch":
             raise invalid_request(f"purpose {purpose!r} is not served here: only 'batch' files are", "purpose")
+        if self.files is None:
+            await self._call(None, "create")  # the stateless server's 404
+        return await self._call(self, "_store_upload", owner, purpose, filename[:255] or "upload.jsonl", content)
+
+    def _store_upload(self, owner: str, purpose: str, filename: str, content: bytes | BinaryIO) -> dict:
+        """Blocking: ``upload``'s reading, UTF-8 check (in 1 MiB pieces, no decoded copy kept)
+        and store."""
+        data = content if isinstance(content, bytes) else content.read()
+        check = codecs.getincrementaldecoder("utf-8")()
         try:
-            content.decode("utf-8")
+            for start in range(0, len(data), 1 << 20):
+                check.decode(data[start:start + (1 << 20)])
+            check.decode(b"", final=True)
         except UnicodeDecodeError:
             raise invalid_request("a batch file must be UTF-8 JSONL text", "file") from None
-        return await self._call(self.files, "create", owner, f"file-{uuid.uuid4().hex}", purpose,
-                                filename[:255] or "upload.jsonl", content)
+        return self.files.create(owner, f"file-{uuid.uuid4().hex}", purpose, filename, data)
 
     async def file(self, owner: str, file_id: str) -> dict:
         found = await self._call(self.files, "get", owner, file_id) if is_stored_id(file_id) else None
@@ -94,8 +106,11 @@ class BatchService:
         return await self._call(self.files, "content", owner, file_id)
 
     async def list_files(self, owner: str, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
-        files = await self._call(self.files, "list", owner, purpose)
-        return page(files, after, limit, order, "the list of files")
+        try:
+            rows = await self._call(self.files, "page", owner, purpose, after, limit, order == "desc")
+        except UnknownCursor:
+            raise unknown_cursor(after or "", "the list of files") from None
+        return list_object(rows, limit)
 
     async def delete_file(self, owner: str, file_id: str) -> dict:
         if not (is_stored_id(file_id) and await self._call(self.files, "delete", owner, file_id)):
@@ -114,8 +129,8 @@ class BatchService:
                                   f"{', '.join(OPENAI_ENDPOINTS)})", "endpoint")
         if completion_window != "24h":
             raise invalid_request("completion_window must be '24h'", "completion_window")
-        text = (await self.file_content(owner, input_file_id)).decode("utf-8")
-        lines, errors = _parse_lines(text, endpoint)
+        content = await self.file_content(owner, input_file_id)
+        lines, errors = await asyncio.to_thread(_parse_file, content, endpoint)  # ~0.1 s per 8 MiB: off the loop
         now = time.time()
         body = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": endpoint, "errors": None,
                 "input_file_id": input_file_id, "completion_window": completion_window,
@@ -143,8 +158,11 @@ class BatchService:
         return body
 
     async def list(self, owner: str, after: str | None, limit: int, api: str = "openai") -> dict:
-        batches = await self._call(self.batches, "list", owner, api)
-        return page(batches, after, limit, "asc", "the list of batches")
+        try:
+            rows = await self._call(self.batches, "page", owner, api, after, limit)
+        except UnknownCursor:
+            raise unknown_cursor(after or "", "the list of batches") from None
+        return list_object(rows, limit)
 
     async def cancel(self, owner: str, batch_id: str, api: str = "openai") -> dict:
         """Stop a batch: no new line starts, running ones finish (``cancelling``), then it is
@@ -245,13 +263,15 @@ class BatchService:
             ended.update(status="ended" if status != "expired" else status, processing_status="ended",
                          ended_at=_rfc3339(now))
         else:
-            ended = await self._openai_files(body, owner, results, expire)
+            ended = await self._call(self, "_openai_files", body, owner, results, expire)
             ended = _with_counts(ended, total, done, failed)
             ended.update(status=status, finalizing_at=int(now), **{f"{status}_at": int(now)})
         if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
             log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
 
-    async def _openai_files(self, body: dict, owner: str, results: list, expired: bool) -> dict:
+    def _openai_files(self, body: dict, owner: str, results: list, expired: bool) -> dict:
+        """Blocking (a worker thread: a batch of 50,000 lines makes files of many MiB): the
+        ended batch's output and error files stored; ``body`` with their ids."""
         output, errors = [], []
         for line in results:
             if line.status_code is None:
@@ -268,9 +288,9 @@ class BatchService:
         ended = dict(body)
         for key, lines in (("output_file_id", output), ("error_file_id", errors)):
             if lines:
-                file = await asyncio.to_thread(self.files.create, owner, f"file-{uuid.uuid4().hex}", "batch_output",
-                                               f"{body['id']}_{key.split('_')[0]}.jsonl",
-                                               ("\n".join(lines) + "\n").encode(), False)
+                file = self.files.create(owner, f"file-{uuid.uuid4().hex}", "batch_output",
+                                         f"{body['id']}_{key.split('_')[0]}.jsonl", ("\n".join(lines) + "\n").encode(),
+                                         False)
                 ended[key] = file["id"]
         return ended
 
@@ -294,6 +314,11 @@ def _with_counts(body: dict, total: int, done: int, failed: int) -> dict:
             "processing": 0 if ended else total - done, "succeeded": done - failed, "errored": failed,
             "canceled": total - done if ended and not expired else 0, "expired": total - done if expired else 0}}
     return {**body, "request_counts": {"total": total, "completed": done - failed, "failed": failed}}
+
+
+def _parse_file(content: bytes, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """Blocking: ``_parse_lines`` of a stored batch file's bytes."""
+    return _parse_lines(content.decode("utf-8"), endpoint)
 
 
 def _parse_lines(text: str, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:

@@ -12,8 +12,8 @@ from typing import Any
 
 from glmserve.protocol.conversations import ConversationCreateRequest, ItemsCreateRequest
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.items import is_stored_id, page, stored_items
-from glmserve.state import ConversationStore, StoreFull
+from glmserve.serving.items import is_stored_id, list_object, stored_items, unknown_cursor
+from glmserve.state import ConversationStore, StoreFull, UnknownCursor
 
 
 
@@ -71,12 +71,17 @@ class ConversationService:
 
     async def list_items(self, conversation_id: str, owner: str, after: str | None, limit: int,
                          order: str) -> dict:
-        return page(await self.items(conversation_id, owner), after, limit, order,
-                    f"conversation '{conversation_id}'")
+        try:
+            rows = await self._existing("page_items", owner, conversation_id, after, limit, order == "desc")
+        except UnknownCursor:
+            raise unknown_cursor(after or "", f"conversation '{conversation_id}'") from None
+        return list_object(rows, limit)
 
     async def get_item(self, conversation_id: str, owner: str, item_id: str) -> dict:
-        found = next((i for i in await self.items(conversation_id, owner) if i.get("id") == item_id), None)
+        found = await self._call("item", owner, conversation_id, item_id) if is_stored_id(conversation_id) else None
         if found is None:
+            raise conversation_not_found(conversation_id)
+        if found is False:
             raise APIError(404, f"Item with id '{item_id}' not found.", "invalid_request_error", None, None)
         return found
 

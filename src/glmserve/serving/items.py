@@ -56,8 +56,19 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int, order: str,
     if after is not None:
         ids = [item.get("id") for item in items]
         if after not in ids:
-            raise invalid_request(f"item '{after}' is not an item of {owner_name}", "after")
+            raise unknown_cursor(after, owner_name)
         items = items[ids.index(after) + 1:]
-    shown = items[:limit]
+    return list_object(items[:limit + 1], limit)
+
+
+def list_object(rows: list[dict[str, Any]], limit: int) -> dict:
+    """OpenAI's list object of the first ``limit`` of ``rows`` (a page and, if there are more,
+    one more row: ``has_more``)."""
+    shown = rows[:limit]
     return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(items) > limit}
+            "last_id": shown[-1]["id"] if shown else None, "has_more": len(rows) > limit}
+
+
+def unknown_cursor(after: str, owner_name: str) -> Exception:
+    """The 400 for a list's ``after`` that is not one of ``owner_name``'s objects."""
+    return invalid_request(f"item '{after}' is not an item of {owner_name}", "after")

@@ -9,6 +9,8 @@ from glmserve.state.conversations import ConversationStore, StoreFull
 from glmserve.state.database import DatabaseError, open_database, sqlalchemy_url
 from glmserve.state.files import FileStore
 from glmserve.state.responses import ResponseStore, StoredResponse
+from glmserve.state.tables import UnknownCursor
 
 __all__ = ["BatchStore", "ClaimedLine", "ConversationStore", "DatabaseError", "FileStore", "LineResult",
-           "ResponseStore", "StoreFull", "StoredResponse", "open_database", "sqlalchemy_url"]
+           "ResponseStore", "StoreFull", "StoredResponse", "UnknownCursor", "open_database",
+           "sqlalchemy_url"]

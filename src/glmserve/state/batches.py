@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from glmserve.state.tables import BATCH_LINES, BATCHES, db_now, dumps
+from glmserve.state.tables import BATCH_LINES, BATCHES, db_now, dumps, keyset_page
 
 RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (cancelling: none new)
 
@@ -81,12 +81,16 @@ class BatchStore:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(BATCHES.c.owner).where(BATCHES.c.id == batch_id)).scalar_one_or_none()
 
-    def list(self, owner: str, api: str) -> list[dict[str, Any]]:
-        """The owner's batches of ``api``, newest first."""
-        query = sa.select(BATCHES.c.body).where(BATCHES.c.owner == owner, BATCHES.c.api == api).order_by(
-            BATCHES.c.created_at.desc(), BATCHES.c.id.desc())
+    def page(self, owner: str, api: str, after: str | None, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit + 1`` of the owner's batches of ``api`` after the batch ``after``,
+        newest first. Raises ``tables.UnknownCursor``."""
+        mine = (BATCHES.c.owner == owner, BATCHES.c.api == api)
+        cursor = None if after is None else sa.select(BATCHES.c.created_at, BATCHES.c.id).where(
+            *mine, BATCHES.c.id == after)
         with self.engine.connect() as conn:
-            return [json.loads(row.body) for row in conn.execute(query)]
+            rows = keyset_page(conn, sa.select(BATCHES.c.body).where(*mine), (BATCHES.c.created_at, BATCHES.c.id),
+                               cursor, limit, True)
+        return [json.loads(row.body) for row in rows]
 
     def update(self, batch_id: str, body: dict[str, Any], when_status: tuple[str, ...] | None = None) -> bool:
         """Replace the batch's object (and status); ``when_status``: only if its status is one

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from glmserve.state.responses import ResponseStore
-from glmserve.state.tables import CONVERSATIONS, FILES, ITEMS, dumps, table_bytes
+from glmserve.state.tables import CONVERSATIONS, FILES, ITEMS, dumps, keyset_page, table_bytes
 
 class StoreFull(Exception):
     """A write that would take the stored bytes past the bound."""
@@ -97,6 +97,29 @@ class ConversationStore:
             rows = conn.execute(sa.select(ITEMS.c.body).where(ITEMS.c.conversation_id == conversation_id)
                                 .order_by(ITEMS.c.seq))
             return [json.loads(row.body) for row in rows]
+
+    def page_items(self, owner: str, conversation_id: str, after: str | None, limit: int,
+                   descending: bool) -> list[dict[str, Any]] | None:
+        """Up to ``limit + 1`` items after the item ``after`` in the conversation's order (or its
+        reverse); None when ``owner`` has no such conversation. Raises ``UnknownCursor``."""
+        mine = ITEMS.c.conversation_id == conversation_id
+        with self.engine.connect() as conn:
+            if self._mine(conn, owner, conversation_id) is None:
+                return None
+            cursor = None if after is None else sa.select(ITEMS.c.seq).where(mine, ITEMS.c.item_id == after).limit(1)
+            rows = keyset_page(conn, sa.select(ITEMS.c.body).where(mine), (ITEMS.c.seq,), cursor, limit, descending)
+        return [json.loads(row.body) for row in rows]
+
+    def item(self, owner: str, conversation_id: str, item_id: str) -> dict[str, Any] | bool | None:
+        """The item ``item_id``; False when the conversation has none, None when ``owner`` has
+        no such conversation."""
+        with self.engine.connect() as conn:
+            if self._mine(conn, owner, conversation_id) is None:
+                return None
+            body = conn.execute(sa.select(ITEMS.c.body).where(ITEMS.c.conversation_id == conversation_id,
+                                                              ITEMS.c.item_id == item_id)
+                                .order_by(ITEMS.c.seq).limit(1)).scalar_one_or_none()
+        return False if body is None else json.loads(body)
 
     def delete_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
         with self.engine.begin() as conn:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from glmserve.state.conversations import StoreFull
 from glmserve.state.responses import ResponseStore
-from glmserve.state.tables import FILES, ITEMS, table_bytes
+from glmserve.state.tables import FILES, ITEMS, keyset_page, table_bytes
 
 
 class FileStore:
@@ -55,13 +55,16 @@ class FileStore:
             row = conn.execute(sa.select(FILES.c.content).where(FILES.c.id == file_id, FILES.c.owner == owner)).first()
         return None if row is None else bytes(row.content)
 
-    def list(self, owner: str, purpose: str | None) -> list[dict[str, Any]]:
-        """The owner's files, oldest first (``purpose``: only those)."""
-        query = sa.select(*self._COLUMNS).where(FILES.c.owner == owner).order_by(FILES.c.created_at, FILES.c.id)
-        if purpose is not None:
-            query = query.where(FILES.c.purpose == purpose)
+    def page(self, owner: str, purpose: str | None, after: str | None, limit: int,
+             descending: bool) -> list[dict[str, Any]]:
+        """Up to ``limit + 1`` of the owner's files (``purpose``: only those) after the file
+        ``after``, oldest first (or newest). Raises ``tables.UnknownCursor``."""
+        mine = [FILES.c.owner == owner] + ([] if purpose is None else [FILES.c.purpose == purpose])
+        cursor = None if after is None else sa.select(FILES.c.created_at, FILES.c.id).where(*mine, FILES.c.id == after)
         with self.engine.connect() as conn:
-            return [self._object(row) for row in conn.execute(query)]
+            rows = keyset_page(conn, sa.select(*self._COLUMNS).where(*mine), (FILES.c.created_at, FILES.c.id),
+                               cursor, limit, descending)
+        return [self._object(row) for row in rows]
 
     def delete(self, owner: str, file_id: str) -> bool:
         with self.engine.begin() as conn:

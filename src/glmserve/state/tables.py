@@ -93,6 +93,25 @@ def db_now(conn: Connection) -> float:
     return time.time()
 
 
+class UnknownCursor(Exception):
+    """A list's ``after`` that is not one of the listed objects."""
+
+
+def keyset_page(conn: Connection, query: sa.Select, columns: tuple[sa.ColumnElement, ...],
+                after: sa.Select | None, limit: int, descending: bool) -> list:
+    """Up to ``limit + 1`` rows of ``query`` (one more than a page: whether there are more)
+    ordered by ``columns`` (a unique key), after the row whose key ``after`` selects (keyset
+    paging: no row before it is read). Raises ``UnknownCursor`` when ``after`` selects none."""
+    if after is not None:
+        key = conn.execute(after).first()
+        if key is None:
+            raise UnknownCursor()
+        row, mark = sa.tuple_(*columns), sa.tuple_(*(sa.literal(v) for v in key))
+        query = query.where(row < mark if descending else row > mark)
+    return list(conn.execute(query.order_by(*(c.desc() if descending else c.asc() for c in columns))
+                             .limit(limit + 1)))
+
+
 def table_bytes(conn: Connection, table: sa.Table) -> int:
     """Bytes stored in ``table`` (its ``size`` or ``bytes`` column), all owners together."""
     size = table.c.bytes if "bytes" in table.c else table.c.size

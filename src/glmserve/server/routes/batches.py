@@ -26,8 +26,8 @@ def _service(request: Request) -> BatchService:
 @router.post("/v1/files", responses=error_responses(400, 413))
 async def upload_file(request: Request, file: UploadFile = File(...),  # noqa: B008 (FastAPI's form fields)
                       purpose: str = Form(...)) -> JSONResponse:  # noqa: B008
-    content = await file.read()
-    return JSONResponse(await _service(request).upload(owner(request), purpose, file.filename or "", content))
+    # the spooled upload is read, checked and stored in a worker thread (serving/batches.py)
+    return JSONResponse(await _service(request).upload(owner(request), purpose, file.filename or "", file.file))
 
 
 @router.get("/v1/files", responses=error_responses(400))
