@@ -32,7 +32,7 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     be opened), before any engine starts."""
     ttl_s = settings.store_ttl_s()
     database = open_database(settings.state_database_url())
-    store = ResponseStore(database, ttl_s, settings.store_max_bytes)
+    store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key)
     runtime = start_runtime(settings)
     served: Runtime | ServedModels = runtime
     if settings.many_models:
@@ -47,4 +47,4 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
                       runtime_lora=settings.allow_runtime_lora_updating, storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
                       purge_interval_s=min(3600.0, ttl_s / 10),
-                      batch_service=BatchService(BatchStore(database), FileStore(store)))
+                      batch_service=BatchService(BatchStore(database, store.quota), FileStore(store)))

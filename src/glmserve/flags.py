@@ -22,8 +22,8 @@ from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
 # engine settings class's fields, and "scale-out" DeploySettings' own
 SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("server", "Where it listens and who may call it.",
-     ("host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "state_dir", "database_url", "store_ttl", "store_max_bytes",
-      "log_level", "shutdown_timeout")),
+     ("host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "state_dir", "database_url", "store_ttl",
+      "store_max_bytes", "store_max_bytes_per_key", "log_level", "shutdown_timeout")),
     ("model", "What is served and how prompts are rendered and answered.",
      ("model", "served_model_name", "n_ctx", "chat_template", "default_chat_template_kwargs",
       "override_generation_config", "reasoning_budget", "tool_call_parser", "lora", "max_loras",
@@ -47,6 +47,7 @@ DEFAULT_SHOWN: dict[str, str] = {
     "admin_api_key": "none: every --api-key key is an admin",
     "database_url": "none: SQLite in --state-dir",
     "store_max_bytes": "1073741824 (1 GiB)",
+    "store_max_bytes_per_key": "none: only --store-max-bytes",
     "state_dir": "$XDG_DATA_HOME/glmserve, else ~/.local/share/glmserve",
     "chat_template": "the model's own",
     "config": "none",

@@ -205,8 +205,11 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
     )
     store_ttl: str = Field("30d", description="How long a stored response is kept (a number of seconds, or a "
                                               "duration such as 30d or 12h).")
-    store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes of stored responses kept in all; past it the "
-                                                            "oldest are deleted.")
+    store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes the state keeps in all (responses, conversations, "
+                                                            "files, batches); past it the oldest responses go.")
+    store_max_bytes_per_key: int | None = Field(
+        None, ge=1, description="Bytes the state keeps for one API key; past it that key's oldest responses go, "
+                                "then its uploads are refused.")
 
     @field_validator("api_key", "admin_api_key", mode="before")
     @classmethod

@@ -280,3 +280,42 @@ def test_lists_are_paged_and_items_found_in_the_database(tmp_path, monkeypatch):
     rest = asyncio.run(files.list_files("k", "batch", first["last_id"], 10, "desc"))
     assert [f["id"] for f in rest["data"]] == ids[::-1][3:] and not rest["has_more"]
     assert asyncio.run(files.list_files("other", None, None, 10, "asc"))["data"] == []
+
+
+def test_the_bounds_count_everything_and_one_key_never_evicts_another(tmp_path):
+    """``--store-max-bytes`` counts responses, conversation items, files and batch lines; with
+    ``--store-max-bytes-per-key`` each key's share too. An upload, items or a batch that do not
+    fit take the room of the same key's oldest responses, never another key's, and are refused
+    past that; an OpenAI batch that ended keeps its results in its files, not twice."""
+    from glmserve.state import BatchStore, ConversationStore, FileStore, StoreFull
+    from glmserve.state.quota import owner_bytes
+
+    store = ResponseStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"), 100.0, 60_000, 30_000)
+    files, batches = FileStore(store), BatchStore(store.engine, store.quota)
+    conversations = ConversationStore(store)
+    for i in range(4):  # key b: 4 responses of ~2 kB
+        store.put("b", {"id": f"resp_b{i}", "status": "completed", "text": "x" * 2000}, [])
+    for i in range(3):
+        store.put("a", {"id": f"resp_a{i}", "status": "completed", "text": "y" * 2000}, [])
+    files.create("a", "file-a1", "batch", "a.jsonl", b"z" * 25_000)  # fits a's 30 kB: its oldest response goes
+    assert [store.get("a", f"resp_a{i}") is not None for i in range(3)] == [False, True, True]
+    with pytest.raises(StoreFull, match="per-key"):  # a's responses cannot make room for 10 kB more
+        files.create("a", "file-a2", "batch", "a.jsonl", b"z" * 10_000)
+    with pytest.raises(StoreFull):
+        batches.create("a", "batch_a", "openai", {"status": "in_progress"}, [("l", {"text": "w" * 10_000})])
+    with pytest.raises(StoreFull):
+        conversations.create("a", "conv_a", {}, [{"id": "msg_1", "text": "v" * 10_000}])
+    assert all(store.get("b", f"resp_b{i}") is not None for i in range(4))  # b lost nothing to a
+    assert files.get("a", "file-a2") is None and batches.get("a", "batch_a", "openai") is None
+    # batch lines count, with their results
+    before = owner_bytes(store.engine.connect(), "b")
+    batches.create("b", "batch_b", "openai", {"status": "in_progress"}, [("l1", {"text": "u" * 1000})])
+    [line] = batches.claim("r", 1, 30.0)
+    batches.complete(line.id, 200, {"answer": "t" * 3000})
+    with store.engine.connect() as conn:
+        assert owner_bytes(conn, "b") - before > 4000
+    # the total bound: c's responses may push out the oldest of anyone's responses (a cache with
+    # a TTL), never a file
+    for i in range(40):
+        store.put("c", {"id": f"resp_c{i}", "status": "completed", "text": "s" * 2000}, [])
+    assert store.total_bytes() <= 60_000 and files.get("a", "file-a1") is not None

@@ -35,7 +35,7 @@ SERVER_FIELDS = frozenset({
     "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
     "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
     "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas", "state_dir",
-    "database_url", "store_ttl", "store_max_bytes",
+    "database_url", "store_ttl", "store_max_bytes", "store_max_bytes_per_key",
 })
 # settings that belong to one model: given as flags they are --model's own, and a --config entry
 # gives its own (a LoRA adapter, a draft model, a projector or a chat template made for one model

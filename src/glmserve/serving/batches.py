@@ -268,6 +268,12 @@ class BatchService:
             ended.update(status=status, finalizing_at=int(now), **{f"{status}_at": int(now)})
         if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
             log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
+            if body.get("type") != "message_batch":  # its files hold the results now
+                await self._call(self.batches, "drop_lines", batch_id)
+        else:  # another server ended it first: these files are nobody's
+            for key in ("output_file_id", "error_file_id"):
+                if ended.get(key) and ended[key] != body.get(key):
+                    await self._call(self.files, "delete", owner, ended[key])
 
     def _openai_files(self, body: dict, owner: str, results: list, expired: bool) -> dict:
         """Blocking (a worker thread: a batch of 50,000 lines makes files of many MiB): the

@@ -5,12 +5,13 @@ migrations (``state/migrations``), run to the newest at start-up. Nothing here k
 protocol: objects are stored as the JSON dicts the serving layer gives."""
 
 from glmserve.state.batches import BatchStore, ClaimedLine, LineResult
-from glmserve.state.conversations import ConversationStore, StoreFull
+from glmserve.state.conversations import ConversationStore
 from glmserve.state.database import DatabaseError, open_database, sqlalchemy_url
 from glmserve.state.files import FileStore
+from glmserve.state.quota import Quota, StoreFull
 from glmserve.state.responses import ResponseStore, StoredResponse
 from glmserve.state.tables import UnknownCursor
 
-__all__ = ["BatchStore", "ClaimedLine", "ConversationStore", "DatabaseError", "FileStore", "LineResult",
+__all__ = ["BatchStore", "ClaimedLine", "ConversationStore", "DatabaseError", "FileStore", "LineResult", "Quota",
            "ResponseStore", "StoreFull", "StoredResponse", "UnknownCursor", "open_database",
            "sqlalchemy_url"]

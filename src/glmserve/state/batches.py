@@ -25,6 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from glmserve.state.quota import Quota
 from glmserve.state.tables import BATCH_LINES, BATCHES, db_now, dumps, keyset_page
 
 RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (cancelling: none new)
@@ -54,22 +55,29 @@ class LineResult:
 
 
 class BatchStore:
-    def __init__(self, engine: sa.engine.Engine) -> None:
+    """Batches in ``engine``; ``quota``: the size bounds a new batch's lines must fit (the
+    database's ``ResponseStore.quota``; None: unbounded), their results counted as they come."""
+
+    def __init__(self, engine: sa.engine.Engine, quota: Quota | None = None) -> None:
         self.engine = engine
+        self.quota = quota
 
     def create(self, owner: str, batch_id: str, api: str, body: dict[str, Any],
                lines: list[tuple[str, dict[str, Any]]], expires_at: float | None = None) -> None:
         """A new batch (``body``: its object, ``body["status"]`` its status) of ``lines``
-        (``(custom_id, request)`` in order), expiring at ``expires_at`` (epoch seconds)."""
+        (``(custom_id, request)`` in order), expiring at ``expires_at`` (epoch seconds). Raises
+        ``StoreFull`` when the lines do not fit the owner's room."""
+        rows = [{"batch_id": batch_id, "line_no": i, "custom_id": custom_id, "request": (text := dumps(request)),
+                 "size": len(text) + len(custom_id.encode()), "done": False, "attempts": 0, "retries": 0,
+                 "model": model if isinstance(model := request.get("model"), str) else None}
+                for i, (custom_id, request) in enumerate(lines)]
         with self.engine.begin() as conn:
+            if self.quota is not None:
+                self.quota.reserve(conn, owner, sum(row["size"] for row in rows))
             conn.execute(sa.insert(BATCHES).values(id=batch_id, owner=owner, created_at=time.time(), api=api,
                                                    status=body["status"], body=dumps(body), expires_at=expires_at))
-            if lines:
-                conn.execute(sa.insert(BATCH_LINES), [
-                    {"batch_id": batch_id, "line_no": i, "custom_id": custom_id, "request": dumps(request),
-                     "done": False, "attempts": 0, "retries": 0,
-                     "model": model if isinstance(model := request.get("model"), str) else None}
-                    for i, (custom_id, request) in enumerate(lines)])
+            if rows:
+                conn.execute(sa.insert(BATCH_LINES), rows)
 
     def get(self, owner: str, batch_id: str, api: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -173,11 +181,18 @@ class BatchStore:
 
     def complete(self, line_id: int, status_code: int, result: Any) -> bool:
         """Record a line's result, unless it is done already; whether it was recorded."""
+        text = dumps(result)
         with self.engine.begin() as conn:
             done = conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id == line_id,
                                                              BATCH_LINES.c.done.is_(False))
-                                .values(done=True, status_code=status_code, result=dumps(result)))
+                                .values(done=True, status_code=status_code, result=text,
+                                        size=BATCH_LINES.c.size + len(text)))
         return done.rowcount > 0
+
+    def drop_lines(self, batch_id: str) -> None:
+        """Delete the batch's lines (an OpenAI batch that ended: its files hold the results)."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(BATCH_LINES).where(BATCH_LINES.c.batch_id == batch_id))
 
     def counts(self, batch_id: str) -> tuple[int, int, int, int]:
         """``(total, done, failed, in flight)`` lines of the batch (failed: done with a status

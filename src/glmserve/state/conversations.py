@@ -1,8 +1,8 @@
 """``ConversationStore``: OpenAI's conversations, each an ordered list of items (the JSON dicts
 the serving layer gives, each with an ``id``) and ``metadata``, scoped to an owner. Unlike
 responses they do not expire (as on OpenAI's API); their items count against the store's
-size bound (``ResponseStore.max_bytes``): a write that would pass it is refused. Blocking
-calls, run in a thread by the serving layer."""
+size bounds (``quota.Quota``: the owner's oldest stored responses go first, then a write that
+would pass a bound is refused). Blocking calls, run in a thread by the serving layer."""
 
 from __future__ import annotations
 
@@ -14,15 +14,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from glmserve.state.responses import ResponseStore
-from glmserve.state.tables import CONVERSATIONS, FILES, ITEMS, dumps, keyset_page, table_bytes
-
-class StoreFull(Exception):
-    """A write that would take the stored bytes past the bound."""
+from glmserve.state.tables import CONVERSATIONS, ITEMS, dumps, keyset_page
 
 
 class ConversationStore:
     """Conversations in the database of ``responses`` (a ``ResponseStore``, whose size bound
-    they share: responses are evicted first, and past the bound a write raises ``StoreFull``)."""
+    they share: ``quota.Quota.reserve``, which raises ``StoreFull``)."""
 
     def __init__(self, responses: ResponseStore) -> None:
         self.responses = responses
@@ -37,15 +34,12 @@ class ConversationStore:
         return conn.execute(sa.select(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id,
                                                            CONVERSATIONS.c.owner == owner)).first()
 
-    def _append(self, conn: Connection, conversation_id: str, items: list[dict[str, Any]]) -> None:
+    def _append(self, conn: Connection, owner: str, conversation_id: str, items: list[dict[str, Any]]) -> None:
         rows = [{"conversation_id": conversation_id, "item_id": item["id"], "body": (body := dumps(item)),
                  "size": len(body.encode())} for item in items]
         if not rows:
             return
-        size = sum(r["size"] for r in rows)
-        if table_bytes(conn, ITEMS) + table_bytes(conn, FILES) + size > self.responses.max_bytes:  # responses go
-            raise StoreFull(f"the server's store is full (--store-max-bytes {self.responses.max_bytes}): delete "
-                            "conversations to make room")
+        self.responses.quota.reserve(conn, owner, sum(r["size"] for r in rows))
         conn.execute(sa.insert(ITEMS), rows)
 
     def create(self, owner: str, conversation_id: str, metadata: dict[str, str],
@@ -54,9 +48,8 @@ class ConversationStore:
         with self.engine.begin() as conn:
             conn.execute(sa.insert(CONVERSATIONS).values(id=conversation_id, owner=owner, created_at=time.time(),
                                                          metadata=dumps(metadata)))
-            self._append(conn, conversation_id, items)
+            self._append(conn, owner, conversation_id, items)
             row = self._mine(conn, owner, conversation_id)
-        self.responses.make_room()
         return self._object(row)
 
     def get(self, owner: str, conversation_id: str) -> dict[str, Any] | None:
@@ -85,8 +78,7 @@ class ConversationStore:
         with self.engine.begin() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return False
-            self._append(conn, conversation_id, items)
-        self.responses.make_room()
+            self._append(conn, owner, conversation_id, items)
         return True
 
     def items(self, owner: str, conversation_id: str) -> list[dict[str, Any]] | None:

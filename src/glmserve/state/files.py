@@ -1,7 +1,8 @@
 """``FileStore``: uploaded files (``/v1/files``) and the batch output and error files made
-here, their bytes in the state database, scoped to an owner. Uploads count against the store's
-size bound (``ResponseStore.max_bytes``: responses are deleted first to make room, then an upload
-that does not fit raises ``StoreFull``); files do not expire. Blocking calls."""
+here, their bytes in the state database, scoped to an owner. Every file counts against the
+store's size bounds (``quota.Quota``); an upload must fit (the owner's oldest stored responses
+are deleted first to make room, then one that does not fit raises ``StoreFull``), the server's
+own output files are counted, never refused. Files do not expire. Blocking calls."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from glmserve.state.conversations import StoreFull
 from glmserve.state.responses import ResponseStore
-from glmserve.state.tables import FILES, ITEMS, keyset_page, table_bytes
+from glmserve.state.tables import FILES, keyset_page
 
 
 class FileStore:
@@ -35,14 +35,11 @@ class FileStore:
         """Store ``content`` as a new file; ``bounded``: an upload, refused with ``StoreFull``
         when it does not fit (the server's own output files are not)."""
         with self.engine.begin() as conn:
-            if bounded and table_bytes(conn, FILES) + table_bytes(conn, ITEMS) + len(content) \
-                    > self.responses.max_bytes:
-                raise StoreFull(f"the server's store is full (--store-max-bytes {self.responses.max_bytes}): "
-                                "delete files to make room")
+            if bounded:
+                self.responses.quota.reserve(conn, owner, len(content))
             conn.execute(sa.insert(FILES).values(id=file_id, owner=owner, created_at=time.time(), purpose=purpose,
                                                  filename=filename, bytes=len(content), content=content))
             row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id)).first()
-        self.responses.make_room()
         return self._object(row)
 
     def get(self, owner: str, file_id: str) -> dict[str, Any] | None:

@@ -15,7 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from glmserve.state.tables import RESPONSES, db_now, dumps, stored_bytes
+from glmserve.state.quota import Quota, stored_bytes
+from glmserve.state.tables import RESPONSES, db_now, dumps
 
 RUNNING = ("queued", "in_progress")  # the statuses of a background run not yet ended
 
@@ -38,15 +39,17 @@ class StoredResponse:
 class ResponseStore:
     """Responses in the state database ``engine`` (``state.open_database``): ``ttl_s`` seconds
     after it was made a response is gone (unreadable at once, deleted by ``purge``); past
-    ``max_bytes`` of stored JSON in all, the oldest are deleted to make room."""
+    ``max_bytes`` stored in all (or ``max_bytes_per_key`` by one owner), the oldest are deleted
+    to make room (``quota.Quota``, which the other stores of the database share)."""
 
-    def __init__(self, engine: Engine, ttl_s: float, max_bytes: int) -> None:
-        self.engine, self.ttl_s, self.max_bytes = engine, ttl_s, max_bytes
+    def __init__(self, engine: Engine, ttl_s: float, max_bytes: int, max_bytes_per_key: int | None = None) -> None:
+        self.engine, self.ttl_s = engine, ttl_s
+        self.quota = Quota(max_bytes, max_bytes_per_key)
 
     def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]],
             unless_cancelled: bool = False) -> bool:
         """Insert the response ``body`` (``body["id"]`` its key) or replace the one stored under
-        its id (a background run's later states), then keep the total within ``max_bytes``;
+        its id (a background run's later states), then keep the bounds (``Quota.trim``);
         ``unless_cancelled``: leave a stored ``cancelled`` response as it is (a run cancelled
         from another replica). Whether it was written."""
         text, items = dumps(body), dumps(input_items)
@@ -66,7 +69,7 @@ class ResponseStore:
                     return False  # cancelled meanwhile
                 conn.execute(sa.insert(RESPONSES).values(id=body["id"], created_at=now, expires_at=now + self.ttl_s,
                                                          **row))
-        self.make_room()
+            self.quota.trim(conn, owner, body["id"])
         return True
 
     def status(self, owner: str, response_id: str) -> str | None:
@@ -132,22 +135,6 @@ class ResponseStore:
         return gone.rowcount
 
     def total_bytes(self) -> int:
-        """Bytes of stored JSON (responses and conversation items), all owners together."""
+        """Bytes stored (``quota.stored_bytes``), all owners together."""
         with self.engine.connect() as conn:
             return stored_bytes(conn)
-
-    def make_room(self) -> None:
-        """Delete the oldest responses until the stored bytes are within ``max_bytes`` (or no
-        response is left)."""
-        excess = self.total_bytes() - self.max_bytes
-        if excess <= 0:
-            return
-        oldest = sa.select(RESPONSES.c.id, RESPONSES.c.size).order_by(RESPONSES.c.created_at).limit(1000)
-        doomed: list[str] = []
-        with self.engine.begin() as conn:
-            for row in conn.execute(oldest):
-                if excess <= 0:
-                    break
-                doomed.append(row.id)
-                excess -= row.size
-            conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id.in_(doomed)))

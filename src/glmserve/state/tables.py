@@ -75,6 +75,7 @@ BATCH_LINES = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),  # times claimed
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),  # claims that ended in a 429/503
     sa.Column("not_before", sa.Float, nullable=True),  # a retried line's back-off
+    sa.Column("size", sa.BigInteger, nullable=False, server_default="0"),  # bytes of its request and result
 )
 
 
@@ -118,6 +119,3 @@ def table_bytes(conn: Connection, table: sa.Table) -> int:
     return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(size), 0))).scalar_one())
 
 
-def stored_bytes(conn: Connection) -> int:
-    """Bytes stored (responses, conversation items, files), all owners together."""
-    return table_bytes(conn, RESPONSES) + table_bytes(conn, ITEMS) + table_bytes(conn, FILES)
