@@ -134,3 +134,31 @@ def test_concurrent_restores_and_evictions_give_each_request_its_own_answer():
 def test_cache_ram_needs_the_split_layout():
     with pytest.raises(RuntimeError, match="--cache-ram needs --kv-layout split"):
         RemoteServer("--kv-layout", "unified", "--cache-ram", "64")
+
+
+def test_one_keys_prompts_are_not_cached_for_another():
+    """A server of several keys caches each key's prompts apart: key B's ``cached_tokens`` for
+    a prefix key A sent is 0 (it cannot learn what A sent), while A's own repeat reuses it; a
+    client's ``cache_salt`` (vLLM's field) keeps prompts apart the same way within one key."""
+    server = RemoteServer("--api-key", "key-a", "--api-key", "key-b")
+    try:
+        a, b = server.client(api_key="key-a"), server.client(api_key="key-b")
+        doc = _doc(7, 20)
+
+        def cached(client: openai.OpenAI, messages: list[dict], **extra) -> int:
+            reply = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages, temperature=0,
+                                                   max_tokens=2, **extra)
+            return reply.usage.prompt_tokens_details.cached_tokens
+
+        assert cached(a, doc) == 0
+        assert cached(a, doc + [{"role": "assistant", "content": "Sure."}]) > 100  # A's own prefix
+        assert cached(b, doc) == 0  # B: nothing of A's
+        assert cached(b, doc + [{"role": "user", "content": "Again."}]) > 100  # B's own prefix now
+        salted = {"extra_body": {"cache_salt": "project-1"}}
+        assert cached(a, doc + [{"role": "user", "content": "Once more."}], **salted) == 0
+        assert cached(a, doc + [{"role": "user", "content": "And again."}], **salted) > 100
+        too_long = a.chat.completions.with_raw_response  # a salt is bounded
+        with pytest.raises(openai.BadRequestError):
+            too_long.create(model=DEFAULT_MODEL, messages=OTHER, max_tokens=1, extra_body={"cache_salt": "x" * 300})
+    finally:
+        server.stop()

@@ -250,7 +250,7 @@ def test_a_handler_that_raises_answers_a_500_body(tmp_path):
             raise RuntimeError("the database went away")
 
     app = FastAPI()
-    app.state.models = Broken()
+    app.state.models, app.state.api_keys = Broken(), ()
     dispatch = dispatcher(app)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     status, error = asyncio.run(dispatch("", "/v1/chat/completions", body))

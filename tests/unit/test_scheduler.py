@@ -269,6 +269,29 @@ def test_prefix_cache_is_reused_only_within_its_group():
     assert same.num_cached == 20
 
 
+def test_prefix_cache_is_reused_only_within_its_cache_salt():
+    """Another API key's (another salt's) prompt is not matched against a slot's or the host
+    cache's cells, nor waited for while it prefills: its ``num_cached`` is 0."""
+    from glmserve.engine.prompt_cache import HostPromptCache
+
+    s = Scheduler(max_num_seqs=4, n_ctx=1000, max_num_batched_tokens=50)  # a free slot for each
+    first = Sequence("first", list(range(20)), salt="key-a")
+    s.add(first)
+    run_step(s)
+    s.finish(first)
+    for name, salt, cached in [("b", "key-b", 0), ("none", None, 0), ("a", "key-a", 20)]:
+        other = Sequence(name, list(range(20)) + [99], salt=salt)
+        s.add(other)
+        run_step(s)
+        assert other.num_cached == cached, name
+        s.finish(other)
+    cache = HostPromptCache(1000)
+    assert cache.put(tuple(range(10)), None, b"x", salt="key-a")
+    assert cache.best(list(range(12)), None, 11, "key-b") == (None, 0)
+    assert cache.best(list(range(12)), None, 11, "key-a")[1] == 10
+    assert not cache.covers(tuple(range(5)), None, "key-b") and cache.covers(tuple(range(5)), None, "key-a")
+
+
 # ---- split layout: one stream of n_ctx cells per slot ---------------------------------------
 
 

@@ -4,7 +4,8 @@ is reused, and a later prompt sharing a longer prefix with a saved one loads it 
 recomputing it).
 
 Engine-neutral: an entry holds the tokens whose KV it stores, the group (LoRA adapter) they were
-computed under and an opaque ``data`` blob the engine wrote (llama.cpp: its per-sequence state,
+computed under, the cache salt of the request that computed them (an entry serves only prompts
+of the same group and salt) and an opaque ``data`` blob the engine wrote (llama.cpp: its per-sequence state,
 ``llama_state_seq_get_data``). The scheduler asks ``best`` when it admits a request and ``covers``
 before it asks the engine to save a sequence; the engine fills entries with ``put``. Bounded in
 bytes, least recently used first out. Not thread-safe: the engine thread owns it.
@@ -35,12 +36,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 @dataclass(slots=True, eq=False)
 class CachedPrompt:
     """The state of a sequence holding ``tokens`` (positions 0..len-1), computed under
-    ``group`` (None: the base model)."""
+    ``group`` (None: the base model) for a request of cache salt ``salt``."""
 
     tokens: tuple[int, ...]
     group: str | None
     data: bytes | bytearray
     last_used: int = 0
+    salt: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -63,21 +65,23 @@ class HostPromptCache:
         """(bytes held, entries, restores since start); safe to call from any thread."""
         return self.nbytes, len(self.entries), self.restores
 
-    def best(self, tokens: Sequence[int], group: str | None, limit: int) -> tuple[CachedPrompt | None, int]:
-        """The entry of ``group`` sharing the longest prefix with ``tokens`` (at most ``limit``
-        tokens), and that length; ``(None, 0)`` when none shares any."""
+    def best(self, tokens: Sequence[int], group: str | None, limit: int,
+             salt: str | None = None) -> tuple[CachedPrompt | None, int]:
+        """The entry of ``group`` and ``salt`` sharing the longest prefix with ``tokens`` (at
+        most ``limit`` tokens), and that length; ``(None, 0)`` when none shares any."""
         found, longest = None, 0
         for entry in self.entries:
-            if entry.group == group:
+            if entry.group == group and entry.salt == salt:
                 n = common_prefix(entry.tokens, tokens, limit)
                 if n > longest:
                     found, longest = entry, n
         return found, longest
 
-    def covers(self, tokens: Sequence[int], group: str | None) -> bool:
-        """Some entry of ``group`` starts with all of ``tokens``: saving them adds nothing."""
+    def covers(self, tokens: Sequence[int], group: str | None, salt: str | None = None) -> bool:
+        """Some entry of ``group`` and ``salt`` starts with all of ``tokens``: saving them adds
+        nothing."""
         n = len(tokens)
-        return any(entry.group == group and len(entry.tokens) >= n and common_prefix(entry.tokens, tokens, n) == n
+        return any(entry.group == group and entry.salt == salt and len(entry.tokens) >= n and common_prefix(entry.tokens, tokens, n) == n
                    for entry in self.entries)
 
     def touch(self, entry: CachedPrompt) -> None:
@@ -86,8 +90,9 @@ class HostPromptCache:
         entry.last_used = self._clock
         self.restores += 1
 
-    def put(self, tokens: Sequence[int], group: str | None, data: bytes | bytearray) -> bool:
-        """Keep ``data`` as the state of ``tokens``; entries of ``group`` whose tokens are a
+    def put(self, tokens: Sequence[int], group: str | None, data: bytes | bytearray,
+            salt: str | None = None) -> bool:
+        """Keep ``data`` as the state of ``tokens``; entries of ``group`` and ``salt`` whose tokens are a
         prefix of ``tokens`` are dropped (the new one serves every prompt they served), then the
         least recently used go until everything fits. False (nothing kept) when ``data`` alone
         is larger than the capacity."""
@@ -96,13 +101,14 @@ class HostPromptCache:
         tokens = tuple(tokens)
         n = len(tokens)
         kept = [e for e in self.entries
-                if not (e.group == group and len(e.tokens) <= n and tokens[:len(e.tokens)] == e.tokens)]
+                if not (e.group == group and e.salt == salt and len(e.tokens) <= n
+                        and tokens[:len(e.tokens)] == e.tokens)]
         kept.sort(key=lambda e: e.last_used)
         nbytes = sum(e.nbytes for e in kept)
         while kept and nbytes + len(data) > self.capacity:
             nbytes -= kept.pop(0).nbytes
         self._clock += 1
-        kept.append(CachedPrompt(tokens, group, data, self._clock))
+        kept.append(CachedPrompt(tokens, group, data, self._clock, salt))
         self.entries, self.nbytes = kept, nbytes + len(data)
         return True
 

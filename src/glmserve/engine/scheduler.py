@@ -53,7 +53,8 @@ background work (a value above 0) computes at most ``BACKGROUND_PROMPT_TOKENS`` 
 Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
 sequences of one group only (``SchedulerOutput.group``; None is the base model). When several
 groups have work, steps take turns among them, round robin. A cached prefix is reused only
-within its group: the same tokens under another adapter have other KV values.
+within its group (the same tokens under another adapter have other KV values) and its cache
+salt (``Sequence.salt``: the prompts of one API key are not matched against another's).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ class Scheduler:
         limit = len(seq.tokens) - 1
         for r in self.running:
             done = self._committed[r.slot]  # decoded by earlier steps: what ``seq`` could reuse now
-            if (r.group == seq.group and done < r.num_prompt
+            if (r.group == seq.group and r.salt == seq.salt and done < r.num_prompt
                     and common_prefix(r.tokens[:r.num_prompt], seq.tokens, limit) >= done + SPLIT_COPY_MIN_TOKENS):
                 return True
         return False
@@ -292,7 +293,7 @@ class Scheduler:
         limit = len(seq.tokens) - 1  # the last known token is always decoded, for its logits
         matches = {
             s.id: common_prefix(s.tokens[: min(s.n_kv, self._committed[s.id])], seq.tokens, limit)
-            if s.group == seq.group else 0
+            if s.group == seq.group and s.salt == seq.salt else 0
             for s in self.slots
         }
         free = [s for s in self.slots if s.seq is None]
@@ -306,7 +307,7 @@ class Scheduler:
             src = own
         n_reuse = matches[src.id]
         # a state in the host prompt cache (split layout) that gives a longer prefix than any slot
-        entry, n_host = self.host_cache.best(seq.tokens, seq.group, limit) if self.host_cache else (None, 0)
+        entry, n_host = self.host_cache.best(seq.tokens, seq.group, limit, seq.salt) if self.host_cache else (None, 0)
         restore = entry is not None and n_host >= n_reuse + HOST_RESTORE_MIN_TOKENS
         if restore:
             src, n_reuse = own, n_host
@@ -334,6 +335,7 @@ class Scheduler:
                 out.kv_ops.append(KVOp("rm", own.id, 0))
             out.kv_ops.append(KVOp("cp", own.id, 0, n_reuse, src=src.id))
         own.tokens, own.n_kv, own.seq, own.last_used, own.group = seq.tokens, n_reuse, seq, self._step, seq.group
+        own.salt = seq.salt
         self._committed[own.id] = n_reuse  # its other cells are gone or not decoded yet
         seq.slot, seq.num_computed, seq.status = own.id, n_reuse, SeqStatus.RUNNING
         if seq.num_cached < 0:
@@ -349,8 +351,8 @@ class Scheduler:
         if self.host_cache is None or n - keep < HOST_SAVE_MIN_TOKENS:
             return
         tokens = tuple(slot.tokens[:n])
-        if not self.host_cache.covers(tokens, slot.group):
-            out.kv_ops.append(KVOp("save", slot.id, p1=n, tokens=tokens, group=slot.group))
+        if not self.host_cache.covers(tokens, slot.group, slot.salt):
+            out.kv_ops.append(KVOp("save", slot.id, p1=n, tokens=tokens, group=slot.group, salt=slot.salt))
 
     def drop_group(self, group: str) -> list[int]:
         """Forget the idle prefix caches of ``group`` (its LoRA adapter is being unloaded; a later
@@ -361,7 +363,7 @@ class Scheduler:
         dropped = []
         for slot in self.slots:
             if slot.seq is None and slot.group == group and slot.n_kv:
-                slot.tokens, slot.n_kv, slot.group = [], 0, None
+                slot.tokens, slot.n_kv, slot.group, slot.salt = [], 0, None, None
                 self._committed[slot.id] = 0
                 dropped.append(slot.id)
         return dropped

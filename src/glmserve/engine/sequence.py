@@ -50,6 +50,7 @@ class Sequence:
     slot: int = -1
     status: SeqStatus = SeqStatus.WAITING
     group: str | None = None  # LoRA adapter name; None: the base model
+    salt: str | None = None  # its KV is reused only for sequences of the same salt (GenerationRequest.cache_salt)
     priority: int = 0  # lower first (GenerationRequest.priority)
     media: tuple[MediaSpan, ...] = ()
 
@@ -88,6 +89,7 @@ class Slot:
     seq: Sequence | None = None
     last_used: int = 0
     group: str | None = None  # the group whose KV the cells hold
+    salt: str | None = None  # the cache salt of the sequence that computed them
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,6 +107,7 @@ class KVOp:
     src: int = -1
     tokens: tuple[int, ...] = ()
     group: str | None = None
+    salt: str | None = None
     entry: CachedPrompt | None = None
 
 

@@ -85,6 +85,9 @@ class GenerationRequest:
     ``priority``: vLLM's meaning, lower first: 0 for interactive requests, ``BATCH_PRIORITY``
     for batch work; the llama_cpp engine pauses and, for a slot, preempts sequences of a
     higher value while one of a lower value has work (``engine/scheduler.py``).
+    ``cache_salt``: prefix caching reuses only KV computed for requests of the same salt (vLLM's
+    ``cache_salt``): the serving layer sets it per API key when there are several, so that one
+    key's ``cached_tokens`` says nothing of another's prompts (None: shared with other None).
     ``shown_special_ids``: special tokens whose text the engine's detokenizer writes into
     ``GenerationOutput.text`` (every other special token gives none): the reasoning and tool-call
     tags the serving layer parses, where the vocabulary marks them special (a GGUF may make
@@ -97,6 +100,7 @@ class GenerationRequest:
     multimodal: Any = None
     priority: int = 0
     shown_special_ids: frozenset[int] = frozenset()
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 
 from glmserve.protocol.errors import APIError
 
@@ -72,6 +72,12 @@ async def require_anthropic_key(request: Request) -> None:
     if request.app.state.api_keys and _matching_key(request, _tokens(request)) is None:
         raise APIError(401, "invalid x-api-key: send the server's --api-key as 'x-api-key: <key>'",
                        "authentication_error", None, "invalid_api_key")
+
+
+def cache_owner(app: FastAPI, owner_digest: str) -> str | None:
+    """Whose prefix caches a request of ``owner_digest`` may share (``serving/cache_salt.py``):
+    that owner's on a server of several keys, everyone's (None) on a server of one key or none."""
+    return owner_digest if len(app.state.api_keys) > 1 else None
 
 
 def owner(request: Request) -> str:

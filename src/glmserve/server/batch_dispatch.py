@@ -20,8 +20,10 @@ from glmserve.protocol.completions import CompletionRequest
 from glmserve.protocol.embeddings import EmbeddingRequest
 from glmserve.protocol.errors import APIError
 from glmserve.protocol.responses import ResponsesRequest
+from glmserve.server.auth import cache_owner
 from glmserve.server.errors import error_content, validation_error
 from glmserve.serving.batch_runner import Dispatch
+from glmserve.serving.cache_salt import CACHE_SALT, cache_salt
 from glmserve.serving.priority import BATCH_PRIORITY, REQUEST_PRIORITY
 
 log = logging.getLogger("glmserve.batches")
@@ -42,6 +44,8 @@ def dispatcher(app: FastAPI) -> Dispatch:
                 req = _MODELS[url].model_validate_json(json.dumps(body))
             except ValidationError as exc:
                 raise validation_error(RequestValidationError(exc.errors())) from None
+            # the engine's cache salt, as the route's (server/model_lease.py)
+            CACHE_SALT.set(cache_salt(cache_owner(app, owner), getattr(req, "cache_salt", None)))
             generation = url != "/v1/embeddings"
             async with await app.state.models.acquire(req.model, getattr(req, "keep_alive", None),
                                                       generation=generation) as lease:

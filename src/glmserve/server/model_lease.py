@@ -9,17 +9,24 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request, Response
 
+from glmserve.server.auth import cache_owner, owner
 from glmserve.server.sse import OPENAI, SSEDialect, respond
+from glmserve.serving.cache_salt import CACHE_SALT
+from glmserve.serving.cache_salt import cache_salt as salt_for
 
 if TYPE_CHECKING:
     from glmserve.serving.runtime import Runtime
 
 
 async def respond_with_model(request: Request, model: str | None, call: Callable[[Runtime], Awaitable[Any]],
-                             dialect: SSEDialect = OPENAI, keep_alive: float | None = None) -> Response:
+                             dialect: SSEDialect = OPENAI, keep_alive: float | None = None,
+                             cache_salt: str | None = None) -> Response:
     """``respond(call(runtime))`` on the runtime serving ``model``, released when the response
-    no longer needs it: the routes that generate text. Raises ``APIError`` when the model is
-    unknown, cannot be loaded, or is served for embeddings only."""
+    no longer needs it: the routes that generate text. ``cache_salt``: the client's (its
+    request's field); the engine's salt also keeps keys apart (``serving/cache_salt.py``).
+    Raises ``APIError`` when the model is unknown, cannot be loaded, or is served for
+    embeddings only."""
+    scope_cache(request, cache_salt)
     lease = await request.app.state.models.acquire(model, keep_alive, generation=True)
     leave = request.app.state.activity.enter()  # batch work yields while it is in flight
 
@@ -33,6 +40,12 @@ async def respond_with_model(request: Request, model: str | None, call: Callable
         release()
         raise
     return await respond(result, request, dialect, release=release)
+
+
+def scope_cache(request: Request, client_salt: str | None) -> None:
+    """Set the engine's cache salt (``serving/cache_salt.py``) for this request's task, and the
+    tasks it starts (a background response)."""
+    CACHE_SALT.set(salt_for(cache_owner(request.app, owner(request)), client_salt))
 
 
 @asynccontextmanager

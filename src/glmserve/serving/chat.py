@@ -34,6 +34,7 @@ from glmserve.protocol.chat import (
     TopLogprob,
 )
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.serving.cache_salt import CACHE_SALT
 from glmserve.serving.priority import REQUEST_PRIORITY
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chunks import ChunkStream, StreamItem
@@ -199,6 +200,7 @@ class ChatService:
                 multimodal=prompt.multimodal,
                 priority=REQUEST_PRIORITY.get(),
                 shown_special_ids=self.shown_special_ids,
+                cache_salt=CACHE_SALT.get(),
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
                             output_parser(calls, plan.functions, self.reasoning, prompt.text),

@@ -18,6 +18,7 @@ from contextlib import aclosing
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
+from glmserve.serving.cache_salt import CACHE_SALT
 from glmserve.serving.priority import REQUEST_PRIORITY
 from glmserve.serving.chat import ChatService
 from glmserve.serving.chunks import ChunkStream
@@ -74,7 +75,8 @@ class CompletionService:
             for j in range(req.n):  # choice p * n + j
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
-                    lora=req.model if req.model in self.chat.adapters else None, priority=REQUEST_PRIORITY.get())
+                    lora=req.model if req.model in self.chat.adapters else None, priority=REQUEST_PRIORITY.get(),
+                    cache_salt=CACHE_SALT.get())
                 runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
         await self.chat.admit_all(runs)
         if not req.echo:

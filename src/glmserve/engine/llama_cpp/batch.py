@@ -51,7 +51,7 @@ class BatchDecoder:
                 if follower is not None:
                     follower.copy(op.src, op.slot, op.p0, op.p1)
             elif op.kind == "save":
-                host_cache.put(op.tokens, op.group, self._state(op.slot))
+                host_cache.put(op.tokens, op.group, self._state(op.slot), op.salt)
             else:
                 data = op.entry.data
                 buf = (ctypes.c_uint8 * len(data)).from_buffer(data)

@@ -271,7 +271,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
-                                 priority=request.priority, media=media))
+                                 salt=request.cache_salt, priority=request.priority, media=media))
         return RequestStream(request.request_id, stream, self.abort)
 
     async def embed(self, token_ids: list[int]) -> list[float]:

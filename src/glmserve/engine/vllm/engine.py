@@ -303,6 +303,8 @@ class VllmEngine:
         error: str | None = None
         sent = False  # the output with the finish reason went out
         engine_prompt = TokensPrompt(prompt_token_ids=prompt)
+        if request.cache_salt is not None:
+            engine_prompt["cache_salt"] = request.cache_salt  # vLLM's prefix caching keeps salts apart
         if request.multimodal is not None:
             engine_prompt["multi_modal_data"] = request.multimodal
         invalid = False

@@ -17,4 +17,4 @@ router = APIRouter()
 })
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     return await respond_with_model(request, body.model, lambda runtime: runtime.chat.create(body),
-                                    keep_alive=body.keep_alive)
+                                    keep_alive=body.keep_alive, cache_salt=body.cache_salt)

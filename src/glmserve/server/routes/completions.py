@@ -18,4 +18,4 @@ router = APIRouter()
 })
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     return await respond_with_model(request, body.model, lambda runtime: runtime.completions.create(body),
-                                    keep_alive=body.keep_alive)
+                                    keep_alive=body.keep_alive, cache_salt=body.cache_salt)
