@@ -2,7 +2,8 @@
 GGUF converted to a Hugging Face folder, answers and streams, sampling fields, the shared
 bad-input table, constrained tool calls and response formats (hermes fixture template), a PEFT
 LoRA adapter per request (equal to the merged weights; batched equal to alone),
-overload 429s, and start-up errors. Disconnect aborts: tests/e2e/test_disconnect.py."""
+overload 429s, start-up errors, and batch lines at vLLM's lower priority (``--scheduling-policy
+priority``, which the module's server runs with). Disconnect aborts: tests/e2e/test_disconnect.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import jsonschema
@@ -48,7 +50,7 @@ def srv(smollm2_hf, folders):
     server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--lora", f"tuned={folders['adapter']}",
                          "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
                          "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--n-ctx", "2048",
-                         "--allow-runtime-lora-updating")
+                         "--allow-runtime-lora-updating", "--scheduling-policy", "priority")
     yield server
     server.stop()
 
@@ -220,6 +222,27 @@ def test_batched_adapter_requests_equal_each_alone(srv):
         return await asyncio.gather(*(ask(p) for p in PROMPTS))
 
     assert asyncio.run(together()) == alone
+
+
+def test_batch_lines_run_at_a_lower_priority_beside_interactive_requests(srv, client):
+    """Batch lines go to vLLM at ``BATCH_PRIORITY`` (its priority scheduler puts them behind
+    interactive requests): a batch and interactive requests sent meanwhile all complete, and a
+    line's greedy answer is the request's answer outside the batch."""
+    lines = [{"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": NAME, "max_tokens": 12, "temperature": 0,
+                       "messages": [SYSTEM, {"role": "user", "content": p}]}} for i, p in enumerate(PROMPTS)]
+    upload = client.files.create(file=("b.jsonl", "\n".join(json.dumps(x) for x in lines).encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    alone = [_ask(client, p, max_tokens=12).choices[0].message.content for p in PROMPTS[:2]]
+    for _ in range(600):
+        batch = client.batches.retrieve(batch.id)
+        if batch.status in ("completed", "failed"):
+            break
+        time.sleep(0.5)
+    assert (batch.status, batch.request_counts.completed) == ("completed", len(PROMPTS))
+    output = {json.loads(x)["custom_id"]: json.loads(x)
+              for x in client.files.content(batch.output_file_id).text.splitlines()}
+    assert [output[f"l{i}"]["response"]["body"]["choices"][0]["message"]["content"] for i in range(2)] == alone
 
 
 def test_overload_gives_429_and_admitted_requests_complete(srv):

@@ -21,7 +21,7 @@ BEFORE = {
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
-             "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant"},
+             "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "scheduling_policy"},
 }
 
 

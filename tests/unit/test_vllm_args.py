@@ -26,14 +26,19 @@ def test_flags_map_to_vllm_names():
     config = EngineConfig.from_settings(_settings(n_ctx=2048, max_num_seqs=4, tensor_parallel_size=2,
                                                   pipeline_parallel_size=3, distributed_executor_backend="ray",
                                                   gpu_memory_utilization=0.5, kv_cache_memory=1 << 30,
-                                                  enforce_eager=True, dtype="float32",
+                                                  enforce_eager=True, dtype="float32", scheduling_policy="priority",
                                                   engine_arg=["block_size=32", "kv_cache_dtype=auto"]))
     args = engine_args(Path("/models/x"), config)
     assert (args.model, args.max_model_len, args.max_num_seqs, args.dtype) == ("/models/x", 2048, 4, "float32")
     assert (args.tensor_parallel_size, args.pipeline_parallel_size, args.distributed_executor_backend) == (2, 3, "ray")
     assert (args.gpu_memory_utilization, args.kv_cache_memory_bytes, args.enforce_eager) == (0.5, 1 << 30, True)
     assert (args.block_size, args.kv_cache_dtype, args.enable_prefix_caching) == (32, "auto", True)
+    assert args.scheduling_policy == "priority" and _vllm_default("scheduling_policy") == "fcfs"
     assert not args.enable_lora
+
+
+def _vllm_default(name: str):
+    return engine_args(Path("/models/x"), EngineConfig.from_settings(_settings())).__getattribute__(name)
 
 
 def test_unset_n_ctx_max_num_seqs_and_batched_tokens_are_vllms_defaults():

@@ -41,6 +41,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     enforce_eager: bool = False
+    scheduling_policy: str = "fcfs"  # vLLM's; "priority": GenerationRequest.priority orders requests
     lora: dict[str, Path] = field(default_factory=dict)
     speculative: dict[str, Any] | None = None  # vLLM's speculative_config (--speculative)
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +64,7 @@ class EngineConfig:
             gpu_memory_utilization=settings.gpu_memory_utilization,
             kv_cache_memory=settings.kv_cache_memory,
             enforce_eager=settings.enforce_eager,
+            scheduling_policy=settings.scheduling_policy,
             lora=settings.lora_adapters(),
             speculative=speculative_config(settings),
             engine_args=parse_engine_args(settings.engine_arg),
@@ -114,6 +116,7 @@ def engine_args(model: Path, config: EngineConfig) -> AsyncEngineArgs:
         "pipeline_parallel_size": config.pipeline_parallel_size,
         "gpu_memory_utilization": config.gpu_memory_utilization,
         "enforce_eager": config.enforce_eager,
+        "scheduling_policy": config.scheduling_policy,
     }
     flag_backed = set(args)
     optional = {"max_model_len": config.n_ctx or None, "max_num_seqs": config.max_num_seqs,

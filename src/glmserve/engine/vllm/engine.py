@@ -309,8 +309,8 @@ class VllmEngine:
             engine_prompt["multi_modal_data"] = request.multimodal
         invalid = False
         try:
-            async for out in self._llm.generate(engine_prompt, params, request_id,
-                                                lora_request=lora_request):
+            async for out in self._llm.generate(engine_prompt, params, request_id, lora_request=lora_request,
+                                                priority=request.priority):  # used under --scheduling-policy priority
                 n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids else n_prompt
                 completion = out.outputs[0]
                 n_cached = out.num_cached_tokens or n_cached

@@ -34,6 +34,10 @@ class VllmSettings(SpeculativeSettings):
         None, ge=1, description="vllm: KV cache bytes per GPU, instead of --gpu-memory-utilization (CPU: "
                                 "VLLM_CPU_KVCACHE_SPACE, GiB).",
     )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description="vllm: fcfs (arrival order) or priority (batch lines wait behind interactive "
+                            "requests and yield their KV cache to them).",
+    )
     enforce_eager: bool = Field(
         False, description="vllm: no torch.compile or CUDA graphs (faster start, slower steps).",
     )
