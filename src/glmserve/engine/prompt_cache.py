@@ -81,8 +81,8 @@ class HostPromptCache:
         """Some entry of ``group`` and ``salt`` starts with all of ``tokens``: saving them adds
         nothing."""
         n = len(tokens)
-        return any(entry.group == group and entry.salt == salt and len(entry.tokens) >= n and common_prefix(entry.tokens, tokens, n) == n
-                   for entry in self.entries)
+        return any(entry.group == group and entry.salt == salt and len(entry.tokens) >= n
+                   and common_prefix(entry.tokens, tokens, n) == n for entry in self.entries)
 
     def touch(self, entry: CachedPrompt) -> None:
         """Mark ``entry`` used (a restore): it is evicted last."""

@@ -31,8 +31,8 @@ from glmserve.models.resolve import gguf_name
 
 # settings that belong to the server, never to one model of it
 SERVER_FIELDS = frozenset({
-    "host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "log_level", "shutdown_timeout", "max_request_bytes",
-    "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
+    "host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "log_level", "shutdown_timeout",
+    "max_request_bytes", "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
     "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
     "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas", "state_dir",
     "database_url", "store_ttl", "store_max_bytes", "store_max_bytes_per_key",

@@ -10,8 +10,9 @@ truncated or edited token fails to open: a 400.
 
 The key is a file under ``--state-dir`` (``encrypted_content.key``, created with mode 0600 the
 first time a reasoning item is sealed, whole: written elsewhere, then linked into place), so a
-token stays valid across restarts and for every replica that shares the directory. A token sealed under another key (the file deleted, another
-machine) cannot be told from a forged one: also a 400.
+token stays valid across restarts and for every replica that shares the directory. A token
+sealed under another key (the file deleted, another machine) cannot be told from a forged one:
+also a 400.
 """
 
 from __future__ import annotations
