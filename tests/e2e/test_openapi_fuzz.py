@@ -35,7 +35,7 @@ STORED = ["GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}
           "DELETE /v1/conversations/{conversation_id}/items/{item_id}",
           "POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}", "DELETE /v1/files/{file_id}",
           "GET /v1/files/{file_id}/content", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
-          "POST /v1/batches/{batch_id}/cancel", "POST /v1/messages/batches", "GET /v1/messages/batches",
+          "POST /v1/batches/{batch_id}/cancel", "DELETE /v1/batches/{batch_id}", "POST /v1/messages/batches", "GET /v1/messages/batches",
           "GET /v1/messages/batches/{batch_id}", "DELETE /v1/messages/batches/{batch_id}",
           "POST /v1/messages/batches/{batch_id}/cancel", "GET /v1/messages/batches/{batch_id}/results"]
 OPERATIONS = ["GET /health", "GET /v1/models", "GET /v1/models/{model_id}", "POST /v1/chat/completions",
