@@ -159,7 +159,7 @@ class ChatCompletionRequest(_Lenient):
     parallel_tool_calls: bool | None = None
     user: str | None = None
     # extensions
-    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (cache_salt.py)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (request_scope.py)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)

@@ -79,7 +79,7 @@ class ResponsesRequest(_Lenient):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
     user: str | None = None
-    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (cache_salt.py)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (request_scope.py)
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     client_metadata: dict[str, Any] | None = None

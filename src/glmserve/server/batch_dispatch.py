@@ -23,8 +23,7 @@ from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.auth import cache_owner
 from glmserve.server.errors import error_content, validation_error
 from glmserve.serving.batch_runner import Dispatch
-from glmserve.serving.cache_salt import CACHE_SALT, cache_salt
-from glmserve.serving.priority import BATCH_PRIORITY, REQUEST_PRIORITY
+from glmserve.serving.request_scope import BATCH_PRIORITY, CACHE_SALT, REQUEST_PRIORITY, cache_salt
 
 log = logging.getLogger("glmserve.batches")
 

@@ -34,8 +34,7 @@ from glmserve.protocol.chat import (
     TopLogprob,
 )
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
-from glmserve.serving.cache_salt import CACHE_SALT
-from glmserve.serving.priority import REQUEST_PRIORITY
+from glmserve.serving.request_scope import CACHE_SALT, REQUEST_PRIORITY
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chunks import ChunkStream, StreamItem
 from glmserve.serving.run import Run, usage

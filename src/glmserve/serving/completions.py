@@ -18,8 +18,7 @@ from contextlib import aclosing
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
-from glmserve.serving.cache_salt import CACHE_SALT
-from glmserve.serving.priority import REQUEST_PRIORITY
+from glmserve.serving.request_scope import CACHE_SALT, REQUEST_PRIORITY
 from glmserve.serving.chat import ChatService
 from glmserve.serving.chunks import ChunkStream
 from glmserve.serving.run import Run, usage
