@@ -79,11 +79,15 @@ class BatchService:
         self.batches, self.files = batches, files
         self.wake: Callable[[], None] = lambda: None
 
-    async def _call(self, store: Any, method: str, *args: Any) -> Any:
-        if store is None:
+    async def _call(self, store: Any, method: str, *args: Any, bulk: bool = False) -> Any:
+        """``store.method(*args)`` in a worker thread (``bulk``: a bulk worker, ``_bulk``); a 404
+        on a stateless server, a 400 ``store_full`` for ``StoreFull``."""
+        if store is None or self.files is None:
             raise APIError(404, "files and batches are not stored on this server", "invalid_request_error", None,
                            None)
         try:
+            if bulk:
+                return await _bulk(getattr(store, method), *args)
             return await asyncio.to_thread(getattr(store, method), *args)
         except StoreFull as exc:
             raise invalid_request(str(exc), None, "store_full") from None
@@ -96,12 +100,8 @@ class BatchService:
         loop. Raises 400 for another purpose or a file that is not UTF-8 text."""
         if purpose != "batch":
             raise invalid_request(f"purpose {purpose!r} is not served here: only 'batch' files are", "purpose")
-        if self.files is None:
-            await self._call(None, "create")  # the stateless server's 404
-        try:
-            return await _bulk(self._store_upload, owner, purpose, filename[:255] or "upload.jsonl", content)
-        except StoreFull as exc:
-            raise invalid_request(str(exc), None, "store_full") from None
+        return await self._call(self, "_store_upload", owner, purpose, filename[:255] or "upload.jsonl", content,
+                                bulk=True)
 
     def _store_upload(self, owner: str, purpose: str, filename: str, content: bytes | BinaryIO) -> dict:
         """Blocking: ``upload``'s reading, UTF-8 check (in 1 MiB pieces, no decoded copy kept)
@@ -284,7 +284,7 @@ class BatchService:
             ended.update(status="ended" if status != "expired" else status, processing_status="ended",
                          ended_at=_rfc3339(now))
         else:
-            ended = await _bulk(self._openai_files, body, owner, results, expire)
+            ended = await self._call(self, "_openai_files", body, owner, results, expire, bulk=True)
             ended = _with_counts(ended, total, done, failed)
             ended.update(status=status, finalizing_at=int(now), **{f"{status}_at": int(now)})
         if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
