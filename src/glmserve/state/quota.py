@@ -31,17 +31,16 @@ def stored_bytes(conn: Connection) -> int:
 
 def owner_bytes(conn: Connection, owner: str) -> int:
     """Bytes stored for ``owner`` (the items of its conversations, the lines of its batches)."""
-    total = 0
-    for size, source in (
-            (RESPONSES.c.size, sa.select(RESPONSES.c.size).where(RESPONSES.c.owner == owner)),
-            (FILES.c.bytes, sa.select(FILES.c.bytes).where(FILES.c.owner == owner)),
-            (ITEMS.c.size, sa.select(ITEMS.c.size).join(CONVERSATIONS, CONVERSATIONS.c.id == ITEMS.c.conversation_id)
-             .where(CONVERSATIONS.c.owner == owner)),
-            (BATCH_LINES.c.size, sa.select(BATCH_LINES.c.size).join(BATCHES, BATCHES.c.id == BATCH_LINES.c.batch_id)
-             .where(BATCHES.c.owner == owner))):
-        rows = source.subquery()
-        total += int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(rows.c[size.name]), 0))).scalar_one())
-    return total
+    def total(size: sa.Column, source: sa.FromClause, mine: sa.ColumnElement) -> int:
+        query = sa.select(sa.func.coalesce(sa.func.sum(size), 0)).select_from(source).where(mine)
+        return int(conn.execute(query).scalar_one())
+
+    return (total(RESPONSES.c.size, RESPONSES, RESPONSES.c.owner == owner)
+            + total(FILES.c.bytes, FILES, FILES.c.owner == owner)
+            + total(ITEMS.c.size, ITEMS.join(CONVERSATIONS, CONVERSATIONS.c.id == ITEMS.c.conversation_id),
+                    CONVERSATIONS.c.owner == owner)
+            + total(BATCH_LINES.c.size, BATCH_LINES.join(BATCHES, BATCHES.c.id == BATCH_LINES.c.batch_id),
+                    BATCHES.c.owner == owner))
 
 
 @dataclass(frozen=True, slots=True)
