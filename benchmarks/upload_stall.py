@@ -9,7 +9,7 @@ upload started at the stream's first chunk, from another process (``curl``, so t
 times only the stream). The file's lines are requests for another endpoint,
 so the batch fails after parsing every line, and no line runs beside the stream.
 
-    python benchmarks/upload_stall.py [--rounds 5] [--upload-mib 64]
+    python benchmarks/upload_stall.py [--rounds 5] [--upload-mib 64] [--n-threads 2]
 """
 
 from __future__ import annotations
@@ -88,11 +88,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--upload-mib", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--n-threads", type=int, default=2, help="the engine's threads (2: every core here)")
     args = parser.parse_args()
     content = batch_file(args.upload_mib)
     path = Path(tempfile.mkdtemp(prefix="glmserve-upload-")) / "big.jsonl"
     path.write_bytes(content)
-    server = RemoteServer("--max-request-bytes", str(len(content) + (1 << 20)), n_threads=2)
+    server = RemoteServer("--max-request-bytes", str(len(content) + (1 << 20)), n_threads=args.n_threads)
     modes = {"alone": None, f"during a {args.upload_mib} MiB upload and batch parse": str(path)}
     gaps: dict[str, list[float]] = {name: [] for name in modes}
     uploads: list[float] = []
@@ -109,7 +110,7 @@ def main() -> int:
     finally:
         server.stop()
         shutil.rmtree(path.parent, ignore_errors=True)
-    lines = [f"{hardware()}; SmolLM2-135M-Instruct Q4_1 (llama_cpp, 2 threads); one stream of {args.output_len} "
+    lines = [f"{hardware()}; SmolLM2-135M-Instruct Q4_1 (llama_cpp, {args.n_threads} threads); one stream of {args.output_len} "
              f"tokens; medians over {args.rounds} alternating rounds", "",
              "| stream | largest gap between chunks, ms (median) | per round |", "|---|---:|---|"]
     stats = {}
@@ -119,7 +120,9 @@ def main() -> int:
     stats["upload_and_parse_s"] = statistics.median(uploads)
     lines += ["", f"upload, store and parse of the {len(content) >> 20} MiB file: {stats['upload_and_parse_s']:.1f} s "
               "(median)"]
-    save("upload_stall", "Streams during a big upload", "\n".join(lines), stats)
+    name = "upload_stall" if args.n_threads == 2 else f"upload_stall_{args.n_threads}_threads"
+    save(name, "Streams during a big upload", "\n".join(lines), stats,
+         command=" ".join(["python benchmarks/upload_stall.py", *sys.argv[1:]]))
     return 0
 
 

@@ -7,6 +7,7 @@ test_import_graph.py`` keeps it so)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
@@ -41,10 +42,17 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
         except BaseException:
             runtime.shutdown()
             raise
-    return create_app(served, api_key=settings.api_key, admin_api_key=settings.admin_api_key,
+    app = create_app(served, api_key=settings.api_key, admin_api_key=settings.admin_api_key,
                       shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
                       client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
                       replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
-                      runtime_lora=settings.allow_runtime_lora_updating, storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
+                      runtime_lora=settings.allow_runtime_lora_updating,
+                      storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
                       purge_interval_s=min(3600.0, ttl_s / 10),
                       batch_service=BatchService(BatchStore(database, store.quota), FileStore(store)))
+    # What start-up made (the imports, the models' tables) lives as long as the process: frozen,
+    # out of the collector's full passes, each of which held the event loop, and so every
+    # stream, for ~85 ms (benchmarks/upload_stall.py). vLLM's server does the same.
+    gc.collect()
+    gc.freeze()
+    return app

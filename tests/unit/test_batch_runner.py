@@ -61,7 +61,8 @@ async def _run(runners: list[BatchRunner], predicate, timeout: float = 30.0) -> 
 async def _records(service: BatchService, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
-    return [json.loads(x) for x in (await service.file_content("", file_id)).decode().splitlines()]
+    _, pieces = await service.file_content("", file_id)
+    return [json.loads(x) for x in b"".join([piece async for piece in pieces]).decode().splitlines()]
 
 
 def _answering(served: str, calls: Counter):
@@ -269,7 +270,7 @@ def test_uploads_and_batch_files_are_handled_off_the_event_loop(tmp_path, monkey
 
     service = _service(tmp_path)
     threads: list[str] = []
-    real_parse, real_create = batches_module._parse_lines, FileStore.create
+    real_parse, real_create = batches_module.parse_lines, FileStore.create
 
     def parse(*args):
         threads.append(threading.current_thread().name)
@@ -279,7 +280,7 @@ def test_uploads_and_batch_files_are_handled_off_the_event_loop(tmp_path, monkey
         threads.append(threading.current_thread().name)
         return real_create(self, *args)
 
-    monkeypatch.setattr(batches_module, "_parse_lines", parse)
+    monkeypatch.setattr(batches_module, "parse_lines", parse)
     monkeypatch.setattr(FileStore, "create", create)
 
     async def scenario() -> tuple[str, dict]:

@@ -319,3 +319,67 @@ def test_the_bounds_count_everything_and_one_key_never_evicts_another(tmp_path):
     for i in range(40):
         store.put("c", {"id": f"resp_c{i}", "status": "completed", "text": "s" * 2000}, [])
     assert store.total_bytes() <= 60_000 and files.get("a", "file-a1") is not None
+
+
+def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tmp_path):
+    """A file is written and read a piece (``files.CHUNK_BYTES``) at a time: an upload of
+    several pieces comes back byte for byte, a request line across two pieces is parsed whole,
+    and an upload refused in its last piece (not UTF-8) leaves no piece behind."""
+    from glmserve.serving.batches import BatchService
+    from glmserve.state import BatchStore, FileStore
+    from glmserve.state.files import CHUNK_BYTES
+    from glmserve.state.tables import FILE_CHUNKS
+
+    store = ResponseStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"), 100.0, 1 << 30)
+    service = BatchService(BatchStore(store.engine, store.quota), FileStore(store))
+    rows, size = [], 0
+    while size < 2.5 * CHUNK_BYTES:  # lines of ~3 kB of two-byte characters: some split between pieces
+        row = json.dumps({"custom_id": f"r{len(rows)}", "method": "POST", "url": "/v1/chat/completions",
+                          "body": {"model": "m", "messages": [{"role": "user", "content": "\u00e9" * 1500}]}},
+                         ensure_ascii=False).encode() + b"\n"
+        rows.append(row)
+        size += len(row)
+    content = b"".join(rows)
+
+    async def scenario() -> tuple[dict, bytes, dict]:
+        file = await service.upload("k", "batch", "big.jsonl", content)
+        _, pieces = await service.file_content("k", file["id"])
+        back = b"".join([piece async for piece in pieces])
+        batch = await service.create("k", file["id"], "/v1/chat/completions", "24h", None)
+        return file, back, batch
+
+    file, back, batch = asyncio.run(scenario())
+    assert file["bytes"] == len(content) and back == content
+    assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == len(rows)
+
+    def pieces_stored() -> int:
+        with store.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(FILE_CHUNKS)).scalar_one()
+
+    assert pieces_stored() == 3
+    with pytest.raises(Exception) as refused:
+        asyncio.run(service.upload("k", "batch", "bad.jsonl", content + b"\xff"))
+    assert refused.value.status_code == 400 and pieces_stored() == 3
+    assert [f["id"] for f in asyncio.run(service.list_files("k", None, None, 10, "asc"))["data"]] == [file["id"]]
+
+
+def test_a_file_stored_before_pieces_is_kept_by_the_migration(tmp_path):
+    """Revision 0006 moves each file's bytes (``files.content``) into ``file_chunks``."""
+    from alembic import command
+    from alembic.config import Config
+
+    from glmserve.state import FileStore
+    from glmserve.state.database import MIGRATIONS
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    engine = sa.create_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0005")
+        conn.execute(sa.text("INSERT INTO files (id, owner, created_at, purpose, filename, bytes, content) "
+                             "VALUES ('file-old', 'k', 1.0, 'batch', 'old.jsonl', 5, :c)"), {"c": b"{}\n{}"})
+    engine.dispose()
+    files = FileStore(ResponseStore(open_database(url), 100.0, 1 << 20))
+    assert files.get("k", "file-old")["bytes"] == 5 and b"".join(files.pieces("file-old")) == b"{}\n{}"

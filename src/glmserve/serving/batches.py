@@ -19,7 +19,6 @@ Anthropic's message batch and result lines (``succeeded``/``errored``/``canceled
 from __future__ import annotations
 
 import asyncio
-import codecs
 import concurrent.futures
 import contextlib
 import datetime
@@ -31,17 +30,17 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO
 
 from glmserve.protocol.errors import APIError, invalid_request
+from glmserve.serving.batch_files import checked_utf8, jsonl, lines_of, parse_lines
 from glmserve.serving.items import is_stored_id, list_object, unknown_cursor
 from glmserve.state import BatchStore, FileStore, StoreFull, UnknownCursor
 
 log = logging.getLogger("glmserve.batches")
 
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
-MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
 COMPLETION_WINDOW_S = 24 * 3600
 BULK_NICE = 10  # the bulk workers' niceness: below the engine's threads on a busy CPU
 
@@ -104,17 +103,9 @@ class BatchService:
                                 bulk=True)
 
     def _store_upload(self, owner: str, purpose: str, filename: str, content: bytes | BinaryIO) -> dict:
-        """Blocking: ``upload``'s reading, UTF-8 check (in 1 MiB pieces, no decoded copy kept)
-        and store."""
-        data = content if isinstance(content, bytes) else content.read()
-        check = codecs.getincrementaldecoder("utf-8")()
-        try:
-            for start in range(0, len(data), 1 << 20):
-                check.decode(data[start:start + (1 << 20)])
-            check.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise invalid_request("a batch file must be UTF-8 JSONL text", "file") from None
-        return self.files.create(owner, f"file-{uuid.uuid4().hex}", purpose, filename, data)
+        """Blocking: ``upload``'s store, a UTF-8-checked piece at a time (``batch_files``)."""
+        source = io.BytesIO(content) if isinstance(content, bytes) else content
+        return self.files.create(owner, f"file-{uuid.uuid4().hex}", purpose, filename, checked_utf8(source))
 
     async def file(self, owner: str, file_id: str) -> dict:
         found = await self._call(self.files, "get", owner, file_id) if is_stored_id(file_id) else None
@@ -122,9 +113,17 @@ class BatchService:
             raise _not_found("file", file_id)
         return found
 
-    async def file_content(self, owner: str, file_id: str) -> bytes:
-        await self.file(owner, file_id)
-        return await self._call(self.files, "content", owner, file_id)
+    async def file_content(self, owner: str, file_id: str) -> tuple[dict, AsyncIterator[bytes]]:
+        """The file object and its bytes, read a piece at a time as they are taken (a file
+        deleted meanwhile ends short of its ``bytes``). Raises 404."""
+        found = await self.file(owner, file_id)
+
+        async def pieces() -> AsyncIterator[bytes]:
+            seq = 0
+            while (piece := await self._call(self.files, "piece", file_id, seq)) is not None:
+                yield piece
+                seq += 1
+        return found, pieces()
 
     async def list_files(self, owner: str, purpose: str | None, after: str | None, limit: int, order: str) -> dict:
         try:
@@ -150,8 +149,8 @@ class BatchService:
                                   f"{', '.join(OPENAI_ENDPOINTS)})", "endpoint")
         if completion_window != "24h":
             raise invalid_request("completion_window must be '24h'", "completion_window")
-        content = await self.file_content(owner, input_file_id)
-        lines, errors = await _bulk(_parse_lines, content, endpoint)  # ~0.1 s per 8 MiB: off the loop
+        await self.file(owner, input_file_id)
+        lines, errors = await _bulk(self._parse_file, input_file_id, endpoint)  # ~0.1 s per 8 MiB: off the loop
         now = time.time()
         body = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": endpoint, "errors": None,
                 "input_file_id": input_file_id, "completion_window": completion_window,
@@ -212,6 +211,10 @@ class BatchService:
         if api == "anthropic":
             return {"id": batch_id, "type": "message_batch_deleted"}
         return {"id": batch_id, "object": "batch", "deleted": True}
+
+    def _parse_file(self, file_id: str, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:
+        """Blocking: the batch file's requests and error objects, parsed as its pieces are read."""
+        return parse_lines(lines_of(self.files.pieces(file_id)), endpoint)
 
     # --- Anthropic message batches --------------------------------------------------------
 
@@ -298,26 +301,25 @@ class BatchService:
 
     def _openai_files(self, body: dict, owner: str, results: list, expired: bool) -> dict:
         """Blocking (a worker thread: a batch of 50,000 lines makes files of many MiB): the
-        ended batch's output and error files stored; ``body`` with their ids."""
-        output, errors = [], []
-        for line in results:
-            if line.status_code is None:
-                if expired:
-                    errors.append(json.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-                                              "response": None, "error": {
-                                                  "code": "batch_expired", "message": "This request could not be "
-                                                  "executed before the completion window expired."}}))
-                continue
-            record = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-                      "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
-                                   "body": line.result}, "error": None}
-            (output if line.status_code == 200 else errors).append(json.dumps(record))
+        ended batch's output and error files stored as their lines are made; ``body`` with
+        their ids."""
+        def record(line) -> dict:
+            if line.status_code is None:  # not run before the batch expired
+                return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
+                        "error": {"code": "batch_expired", "message": "This request could not be executed "
+                                  "before the completion window expired."}}
+            return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+                    "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
+                                 "body": line.result}, "error": None}
+
+        kept = {"output_file_id": lambda line: line.status_code == 200,  # the rest: the error file
+                "error_file_id": lambda line: line.status_code != 200 and (expired or line.status_code is not None)}
         ended = dict(body)
-        for key, lines in (("output_file_id", output), ("error_file_id", errors)):
-            if lines:
+        for key, keep in kept.items():
+            if any(keep(line) for line in results):
                 file = self.files.create(owner, f"file-{uuid.uuid4().hex}", "batch_output",
-                                         f"{body['id']}_{key.split('_')[0]}.jsonl", ("\n".join(lines) + "\n").encode(),
-                                         False)
+                                         f"{body['id']}_{key.split('_')[0]}.jsonl",
+                                         jsonl(record(line) for line in results if keep(line)), False)
                 ended[key] = file["id"]
         return ended
 
@@ -346,49 +348,3 @@ def _with_counts(body: dict, total: int, done: int, failed: int) -> dict:
             "processing": 0 if ended else total - done, "succeeded": done - failed, "errored": failed,
             "canceled": total - done if ended and not expired else 0, "expired": total - done if expired else 0}}
     return {**body, "request_counts": {"total": total, "completed": done - failed, "failed": failed}}
-
-
-def _parse_lines(content: bytes, endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:
-    """Blocking (a worker thread): the requests of a batch file (UTF-8 JSONL bytes) as
-    ``(custom_id, body)``, and OpenAI's error objects for the lines that are not one (``line``
-    from 1). Line by line, so that no single step holds the GIL for long (a whole 64 MiB file
-    decoded or split at once would stall the event loop's streams)."""
-    lines, errors, seen = [], [], set()
-
-    def error(code: str, message: str, line: int, param: str | None = None) -> None:
-        errors.append({"code": code, "message": message, "param": param, "line": line})
-
-    # JSONL's lines end at LF (CRLF too: JSON allows the CR); str.splitlines would also split
-    # inside a JSON string at U+2028 and the like
-    rows = [(n, row) for n, row in enumerate(io.BytesIO(content), 1) if row.strip()]
-    if not rows:
-        error("empty_file", "the input file holds no request", 0)
-    if len(rows) > MAX_LINES:
-        error("too_many_requests", f"a batch holds at most {MAX_LINES} requests, this file {len(rows)}", 0)
-        return [], errors
-    for n, row in rows:
-        try:
-            item = json.loads(row)
-        except ValueError:
-            error("invalid_json_line", "This line is not parseable as valid JSON.", n)
-            continue
-        if not isinstance(item, dict):
-            error("invalid_request", "a line must be a JSON object", n)
-            continue
-        custom_id = item.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            error("missing_required_parameter", "custom_id must be a non-empty string", n, "custom_id")
-        elif custom_id in seen:
-            error("duplicate_custom_id", f"custom_id {custom_id!r} is used twice", n, "custom_id")
-        elif item.get("method") != "POST":
-            error("invalid_method", "method must be 'POST'", n, "method")
-        elif item.get("url") != endpoint:
-            error("mismatched_url", f"url must be the batch's endpoint {endpoint}", n, "url")
-        elif not isinstance(item.get("body"), dict):
-            error("missing_required_parameter", "body must be a request object", n, "body")
-        elif item["body"].get("stream"):
-            error("invalid_request", "stream is not served in a batch", n, "body.stream")
-        else:
-            seen.add(custom_id)
-            lines.append((custom_id, item["body"]))
-    return lines, errors

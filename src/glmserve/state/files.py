@@ -1,18 +1,43 @@
 """``FileStore``: uploaded files (``/v1/files``) and the batch output and error files made
-here, their bytes in the state database, scoped to an owner. Every file counts against the
-store's size bounds (``quota.Quota``); an upload must fit (the owner's oldest stored responses
-are deleted first to make room, then one that does not fit raises ``StoreFull``), the server's
-own output files are counted, never refused. Files do not expire. Blocking calls."""
+here, scoped to an owner, their bytes in the state database in pieces of at most
+``CHUNK_BYTES`` (``file_chunks``): written and read a piece at a time, so that no step holds a
+whole file (a 64 MiB upload was one value, copied whole while holding the interpreter's lock).
+
+Every file counts against the store's size bounds (``quota.Quota``); an upload must fit (the
+owner's oldest stored responses are deleted first to make room, then one that does not fit
+raises ``StoreFull``), the server's own output files are counted, never refused. Files do not
+expire. Blocking calls."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
 
 from glmserve.state.responses import ResponseStore
-from glmserve.state.tables import FILES, keyset_page
+from glmserve.state.tables import FILE_CHUNKS, FILES, keyset_page
+
+CHUNK_BYTES = 1 << 20  # a stored piece of a file
+
+
+def rechunk(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` (bytes of any lengths, in order) as pieces of ``CHUNK_BYTES``, the last one
+    shorter; nothing for no bytes."""
+    held, size = [], 0
+    for piece in pieces:
+        view = memoryview(piece)
+        while view:
+            take = view[:CHUNK_BYTES - size]
+            held.append(take)
+            size += len(take)
+            view = view[len(take):]
+            if size == CHUNK_BYTES:
+                yield b"".join(held)
+                held, size = [], 0
+    if size:
+        yield b"".join(held)
 
 
 class FileStore:
@@ -30,15 +55,21 @@ class FileStore:
 
     _COLUMNS = (FILES.c.id, FILES.c.bytes, FILES.c.created_at, FILES.c.filename, FILES.c.purpose)
 
-    def create(self, owner: str, file_id: str, purpose: str, filename: str, content: bytes,
+    def create(self, owner: str, file_id: str, purpose: str, filename: str, content: bytes | Iterable[bytes],
                bounded: bool = True) -> dict[str, Any]:
-        """Store ``content`` as a new file; ``bounded``: an upload, refused with ``StoreFull``
-        when it does not fit (the server's own output files are not)."""
+        """Store ``content`` (its bytes, or its bytes in pieces, read as they are stored: an
+        exception from the iterable stores nothing) as a new file; ``bounded``: an upload,
+        refused with ``StoreFull`` when it does not fit (the server's own output files are
+        not). One transaction: nobody sees the file before all of it is stored."""
+        size = 0
         with self.engine.begin() as conn:
-            if bounded:
-                self.responses.quota.reserve(conn, owner, len(content))
+            for seq, piece in enumerate(rechunk([content] if isinstance(content, bytes) else content)):
+                conn.execute(sa.insert(FILE_CHUNKS).values(file_id=file_id, seq=seq, data=piece))
+                size += len(piece)
+            if bounded:  # the pieces are not counted before the file's row is written
+                self.responses.quota.reserve(conn, owner, size)
             conn.execute(sa.insert(FILES).values(id=file_id, owner=owner, created_at=time.time(), purpose=purpose,
-                                                 filename=filename, bytes=len(content), content=content))
+                                                 filename=filename, bytes=size))
             row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id)).first()
         return self._object(row)
 
@@ -47,10 +78,20 @@ class FileStore:
             row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id, FILES.c.owner == owner)).first()
         return None if row is None else self._object(row)
 
-    def content(self, owner: str, file_id: str) -> bytes | None:
+    def piece(self, file_id: str, seq: int) -> bytes | None:
+        """The file's ``seq``-th piece (from 0) of its bytes; None past its last (or for a file
+        that is not there: the caller checks the owner's file with ``get`` first)."""
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(FILES.c.content).where(FILES.c.id == file_id, FILES.c.owner == owner)).first()
-        return None if row is None else bytes(row.content)
+            data = conn.execute(sa.select(FILE_CHUNKS.c.data).where(FILE_CHUNKS.c.file_id == file_id,
+                                                                   FILE_CHUNKS.c.seq == seq)).scalar()
+        return None if data is None else bytes(data)
+
+    def pieces(self, file_id: str) -> Iterator[bytes]:
+        """The file's bytes, a piece at a time, in order (nothing for a file that is not there)."""
+        seq = 0
+        while (data := self.piece(file_id, seq)) is not None:
+            yield data
+            seq += 1
 
     def page(self, owner: str, purpose: str | None, after: str | None, limit: int,
              descending: bool) -> list[dict[str, Any]]:
@@ -65,5 +106,7 @@ class FileStore:
 
     def delete(self, owner: str, file_id: str) -> bool:
         with self.engine.begin() as conn:
-            gone = conn.execute(sa.delete(FILES).where(FILES.c.id == file_id, FILES.c.owner == owner))
-        return gone.rowcount > 0
+            gone = conn.execute(sa.delete(FILES).where(FILES.c.id == file_id, FILES.c.owner == owner)).rowcount > 0
+            if gone:
+                conn.execute(sa.delete(FILE_CHUNKS).where(FILE_CHUNKS.c.file_id == file_id))
+        return gone

@@ -47,7 +47,12 @@ FILES = sa.Table(
     sa.Column("purpose", sa.String(32), nullable=False),
     sa.Column("filename", sa.Text, nullable=False),
     sa.Column("bytes", sa.BigInteger, nullable=False),
-    sa.Column("content", sa.LargeBinary, nullable=False),
+)
+FILE_CHUNKS = sa.Table(  # a file's bytes, in pieces of at most files.CHUNK_BYTES, in order of seq
+    "file_chunks", METADATA,
+    sa.Column("file_id", sa.String(80), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
 )
 BATCHES = sa.Table(
     "batches", METADATA,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from glmserve.protocol.batches import BatchCreateRequest, MessageBatchCreateRequest
 from glmserve.server.auth import owner
@@ -49,8 +49,10 @@ async def delete_file(file_id: str, request: Request) -> JSONResponse:
 @router.get("/v1/files/{file_id}/content", responses={
     200: {"description": "The file's bytes", "content": {"application/octet-stream": {}}}, **error_responses(404)})
 async def file_content(file_id: str, request: Request) -> Response:
-    return Response(await _service(request).file_content(owner(request), file_id),
-                    media_type="application/octet-stream")
+    # streamed a stored piece at a time, its length declared: a file deleted meanwhile ends short
+    file, pieces = await _service(request).file_content(owner(request), file_id)
+    return StreamingResponse(pieces, media_type="application/octet-stream",
+                             headers={"content-length": str(file["bytes"])})
 
 
 @router.post("/v1/batches", responses=error_responses(400, 404))

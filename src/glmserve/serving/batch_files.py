@@ -1,0 +1,102 @@
+"""A batch's files, a piece at a time (blocking: the bulk workers of ``serving/batches.py``
+run these): an upload's bytes checked as UTF-8 as they are stored, a batch file's request lines
+parsed as they are read, and the output and error files' lines made as they are stored. No step
+holds a whole file, or the interpreter's lock for long (a whole 64 MiB file decoded or split at
+once stalled the event loop's streams).
+
+Shapes follow OpenAI's Batch API: input lines ``{"custom_id", "method": "POST", "url", "body"}``,
+error objects ``{"code", "message", "param", "line"}`` (lines counted from 1)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+from glmserve.protocol.errors import invalid_request
+from glmserve.state.files import CHUNK_BYTES
+
+MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
+
+
+def checked_utf8(source: BinaryIO) -> Iterator[bytes]:
+    """``source``'s bytes in pieces of ``CHUNK_BYTES``, each checked as UTF-8 before it is
+    given (a character split between two pieces is fine). Raises a 400 ``APIError`` at the
+    first piece that is not UTF-8 text (or when the text ends inside a character)."""
+    check = codecs.getincrementaldecoder("utf-8")()
+    try:
+        while piece := source.read(CHUNK_BYTES):
+            check.decode(piece)
+            yield piece
+        check.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise invalid_request("a batch file must be UTF-8 JSONL text", "file") from None
+
+
+def lines_of(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of the bytes given in ``pieces``, without their LF (JSONL's lines end at LF;
+    a CRLF line keeps its CR, which JSON takes as space; a raw U+2028 inside a JSON string does
+    not end a line, as ``str.splitlines`` would)."""
+    head: list[bytes] = []  # the start of a line that runs on into the next piece
+    for piece in pieces:
+        start = 0
+        while (end := piece.find(b"\n", start)) >= 0:
+            yield b"".join((*head, piece[start:end])) if head else piece[start:end]
+            head, start = [], end + 1
+        if start < len(piece):
+            head.append(piece[start:])
+    if head:
+        yield b"".join(head)
+
+
+def parse_lines(lines: Iterable[bytes], endpoint: str) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """The requests of a batch file (its UTF-8 JSONL ``lines``) as ``(custom_id, body)``, and
+    OpenAI's error objects for the lines that are not one, ``too_many_requests`` (no requests)
+    past ``MAX_LINES`` or ``empty_file`` for none."""
+    requests, errors, seen, count = [], [], set(), 0
+
+    def error(code: str, message: str, line: int, param: str | None = None) -> None:
+        errors.append({"code": code, "message": message, "param": param, "line": line})
+
+    for n, row in enumerate(lines, 1):
+        if not row.strip():
+            continue
+        count += 1
+        if count > MAX_LINES:
+            error("too_many_requests", f"a batch holds at most {MAX_LINES} requests, this file more", 0)
+            return [], errors
+        try:
+            item = json.loads(row)
+        except ValueError:
+            error("invalid_json_line", "This line is not parseable as valid JSON.", n)
+            continue
+        if not isinstance(item, dict):
+            error("invalid_request", "a line must be a JSON object", n)
+            continue
+        custom_id = item.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            error("missing_required_parameter", "custom_id must be a non-empty string", n, "custom_id")
+        elif custom_id in seen:
+            error("duplicate_custom_id", f"custom_id {custom_id!r} is used twice", n, "custom_id")
+        elif item.get("method") != "POST":
+            error("invalid_method", "method must be 'POST'", n, "method")
+        elif item.get("url") != endpoint:
+            error("mismatched_url", f"url must be the batch's endpoint {endpoint}", n, "url")
+        elif not isinstance(item.get("body"), dict):
+            error("missing_required_parameter", "body must be a request object", n, "body")
+        elif item["body"].get("stream"):
+            error("invalid_request", "stream is not served in a batch", n, "body.stream")
+        else:
+            seen.add(custom_id)
+            requests.append((custom_id, item["body"]))
+    if not count:
+        error("empty_file", "the input file holds no request", 0)
+    return requests, errors
+
+
+def jsonl(records: Iterable[dict]) -> Iterator[bytes]:
+    """``records`` as JSONL bytes, a line each (for ``FileStore.create``, which stores them in
+    pieces as they come)."""
+    for record in records:
+        yield json.dumps(record).encode() + b"\n"
