@@ -7,12 +7,11 @@ test_import_graph.py`` keeps it so)."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
-from glmserve.runtime import serve_many, start_runtime
+from glmserve.runtime import freeze_heap, serve_many, start_runtime
 from glmserve.server import create_app
 from glmserve.serving.runtime import Runtime
 from glmserve.serving.served import ServedModels
@@ -50,9 +49,5 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
                       storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
                       purge_interval_s=min(3600.0, ttl_s / 10),
                       batch_service=BatchService(BatchStore(database, store.quota), FileStore(store)))
-    # What start-up made (the imports, the models' tables) lives as long as the process: frozen,
-    # out of the collector's full passes, each of which held the event loop, and so every
-    # stream, for ~85 ms (benchmarks/upload_stall.py). vLLM's server does the same.
-    gc.collect()
-    gc.freeze()
+    freeze_heap()  # what start-up made lives as long as the process
     return app

@@ -8,6 +8,7 @@ the in-process ``LLM``, so all behave the same. Nothing here imports the HTTP se
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from pathlib import Path
@@ -140,7 +141,7 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
         entries += read_config(Path(settings.config).expanduser())
     name = default.chat.model_name
     tables = {name: default.chat.adapter_table}
-    specs = [ModelSpec(name, load=lambda: start_runtime(settings, adapters=tables[name]), unload=Runtime.shutdown,
+    specs = [ModelSpec(name, load=lambda: start_runtime(settings, adapters=tables[name]), unload=_unload_frozen,
                        keep_alive=math.inf,
                        estimate=lambda: _memory_estimate(settings),
                        metadata={"engine": settings.engine})]
@@ -168,6 +169,25 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
         raise ConfigError(str(exc)) from None
     registry.adopt(name, default)
     return ServedModels(registry, name, tables)
+
+
+def freeze_heap() -> None:
+    """Collect, then move every object left to the collector's permanent generation
+    (``gc.freeze``, as vLLM's server does after start-up): a server's long-lived heap (imports,
+    started models) stays out of the full passes, each of which held the event loop, and so
+    every stream, for ~85 ms here (``benchmarks/upload_stall.py``). Holds the interpreter's
+    lock for a full pass (~0.1 s): at start-up, and when the model started then is unloaded."""
+    gc.collect()
+    gc.freeze()
+
+
+def _unload_frozen(runtime: Runtime) -> None:
+    """The unload of a model started before ``freeze_heap``: its objects are frozen, so the
+    collector is let see them again (else a cycle among them would never be freed), then what
+    is left is frozen again."""
+    runtime.shutdown()
+    gc.unfreeze()
+    freeze_heap()
 
 
 def _memory_estimate(settings: ServeSettings) -> int:

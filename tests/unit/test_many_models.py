@@ -258,3 +258,33 @@ def test_one_model_ignores_keep_alive():
         assert _ask(http, "fake", keep_alive=0).status_code == 200
         assert _ask(http, "fake").status_code == 200
         assert http.get("/v1/models").json()["data"][0]["status"] == "loaded"
+
+
+def test_unloading_the_model_started_before_the_freeze_frees_what_it_held():
+    """``runtime.freeze_heap`` (a server's start-up) hides the heap from the collector; the
+    unload of the model started then shuts it down and lets the collector see the heap again,
+    so that a reference cycle it left behind is freed, not kept for the life of the process."""
+    import gc
+    import weakref
+
+    from glmserve import runtime as runtime_module
+
+    class Held:
+        closed = False
+
+        def shutdown(self) -> None:
+            self.closed = True
+
+    held = Held()
+    held.cycle = held  # freed only by the collector, never by reference counts
+    gone = weakref.ref(held)
+    try:
+        runtime_module.freeze_heap()
+        del held
+        gc.collect()
+        assert gone() is not None  # frozen: a full pass does not see it
+        model = Held()
+        runtime_module._unload_frozen(model)
+        assert model.closed and gone() is None
+    finally:
+        gc.unfreeze()
