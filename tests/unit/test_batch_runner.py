@@ -221,7 +221,8 @@ def test_an_expired_message_batch_lists_its_lines_as_expired(tmp_path):
         with service.batches.engine.begin() as conn:
             conn.execute(sa.update(BATCHES).values(expires_at=0))
         await _run([_runner(service, _answering_any(), lambda: {"a"})], ended)
-        return await service.get("", batch["id"], "anthropic"), await service.message_results("", batch["id"])
+        pages = await service.message_results("", batch["id"])
+        return await service.get("", batch["id"], "anthropic"), b"".join([page async for page in pages])
 
     body, results = asyncio.run(scenario())
     assert body["request_counts"] == {"processing": 0, "succeeded": 1, "errored": 0, "canceled": 0, "expired": 1}
@@ -291,8 +292,42 @@ def test_uploads_and_batch_files_are_handled_off_the_event_loop(tmp_path, monkey
         return loop_thread, await service.upload("", "batch", "split.jsonl", split)
 
     loop_thread, split = asyncio.run(scenario())
-    assert len(threads) == 4 and loop_thread not in threads, threads  # uploads, the parse, the output file
+    # two uploads, the parse, the output file and the error file (empty: dropped)
+    assert len(threads) == 5 and loop_thread not in threads, threads
     assert split["bytes"] == (1 << 20) + 2
     with pytest.raises(Exception) as bad:
         asyncio.run(service.upload("", "batch", "bad.jsonl", b"a" * (1 << 20) + b"\xff"))
     assert bad.value.status_code == 400
+
+
+def test_a_batch_of_many_pages_ends_with_every_line_in_its_files_in_order(tmp_path):
+    """Results are read a page (1000 lines) at a time: a batch of 2,500 lines, half failed,
+    ends with every line in its output or error file, in the input's order, and Anthropic's
+    results of one as long come whole."""
+    service = _service(tmp_path)
+    lines = [(f"r{i}", {"model": "m", "messages": []}) for i in range(2500)]
+
+    def run_all(batch_id: str) -> None:
+        service.batches.create("", batch_id, "openai" if batch_id.startswith("batch") else "anthropic",
+                               {"status": "in_progress"}, lines)
+        for line in service.batches.claim("runner", len(lines), 30.0):
+            n = int(line.custom_id[1:])
+            service.batches.complete(line.id, 200 if n % 2 else 400, {"n": n})
+
+    run_all("batch_many")
+    ended = service._openai_files({"id": "batch_many"}, "", False)
+    output, errors = asyncio.run(_records(service, ended["output_file_id"])), \
+        asyncio.run(_records(service, ended["error_file_id"]))
+    assert [r["custom_id"] for r in output] == [f"r{i}" for i in range(1, 2500, 2)]
+    assert [r["response"]["body"]["n"] for r in errors] == list(range(0, 2500, 2))
+    run_all("msgbatch_many")
+    with service.batches.engine.begin() as conn:
+        conn.execute(sa.update(BATCHES).values(status="ended", body=json.dumps(
+            {"id": "msgbatch_many", "type": "message_batch", "status": "ended", "processing_status": "ended"})))
+
+    async def results() -> list[dict]:
+        pages = await service.message_results("", "msgbatch_many")
+        return [json.loads(x) for x in b"".join([page async for page in pages]).decode().splitlines()]
+
+    assert [(r["custom_id"], r["result"]["type"]) for r in asyncio.run(results())] == [
+        (f"r{i}", "succeeded" if i % 2 else "errored") for i in range(2500)]

@@ -246,22 +246,27 @@ class BatchService:
         self.wake()
         return body
 
-    async def message_results(self, owner: str, batch_id: str) -> bytes:
-        """The ended batch's results as Anthropic's JSONL. Raises 404, or 400 before it ended."""
+    async def message_results(self, owner: str, batch_id: str) -> AsyncIterator[bytes]:
+        """The ended batch's results as Anthropic's JSONL, made a page of lines at a time as
+        they are taken. Raises 404, or 400 before it ended."""
         body = await self.get(owner, batch_id, "anthropic")
         if body["processing_status"] != "ended":
             raise invalid_request(f"batch '{batch_id}' has not ended yet: its results are not ready", None)
-        lines = []
         not_run = {"type": "expired"} if body["status"] == "expired" else {"type": "canceled"}
-        for line in await self._call(self.batches, "results", batch_id):
+
+        def result(line) -> dict:
             if line.status_code is None:
-                result = not_run
-            elif line.status_code == 200:
-                result = {"type": "succeeded", "message": line.result}
-            else:
-                result = {"type": "errored", "error": line.result}
-            lines.append(json.dumps({"custom_id": line.custom_id, "result": result}))
-        return ("\n".join(lines) + "\n").encode() if lines else b""
+                return not_run
+            if line.status_code == 200:
+                return {"type": "succeeded", "message": line.result}
+            return {"type": "errored", "error": line.result}
+
+        async def pages() -> AsyncIterator[bytes]:
+            after = -1
+            while page := await self._call(self.batches, "results_page", batch_id, after):
+                yield b"".join(jsonl({"custom_id": line.custom_id, "result": result(line)} for line in page))
+                after = page[-1].line_no
+        return pages()
 
     # --- finishing ------------------------------------------------------------------------
 
@@ -278,7 +283,6 @@ class BatchService:
         if not expire and (body["status"] == "in_progress" and done < total
                            or body["status"] == "cancelling" and in_flight):
             return
-        results = await self._call(self.batches, "results", batch_id)
         owner = await self._call(self.batches, "owner_of", batch_id)
         now = time.time()
         status = "expired" if expire else "cancelled" if body["status"] == "cancelling" else "completed"
@@ -287,7 +291,7 @@ class BatchService:
             ended.update(status="ended" if status != "expired" else status, processing_status="ended",
                          ended_at=_rfc3339(now))
         else:
-            ended = await self._call(self, "_openai_files", body, owner, results, expire, bulk=True)
+            ended = await self._call(self, "_openai_files", body, owner, expire, bulk=True)
             ended = _with_counts(ended, total, done, failed)
             ended.update(status=status, finalizing_at=int(now), **{f"{status}_at": int(now)})
         if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
@@ -299,10 +303,10 @@ class BatchService:
                 if ended.get(key) and ended[key] != body.get(key):
                     await self._call(self.files, "delete", owner, ended[key])
 
-    def _openai_files(self, body: dict, owner: str, results: list, expired: bool) -> dict:
+    def _openai_files(self, body: dict, owner: str, expired: bool) -> dict:
         """Blocking (a worker thread: a batch of 50,000 lines makes files of many MiB): the
-        ended batch's output and error files stored as their lines are made; ``body`` with
-        their ids."""
+        ended batch's output and error files stored as their lines are read (a page at a time)
+        and made, none where it would be empty; ``body`` with their ids."""
         def record(line) -> dict:
             if line.status_code is None:  # not run before the batch expired
                 return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
@@ -316,11 +320,13 @@ class BatchService:
                 "error_file_id": lambda line: line.status_code != 200 and (expired or line.status_code is not None)}
         ended = dict(body)
         for key, keep in kept.items():
-            if any(keep(line) for line in results):
-                file = self.files.create(owner, f"file-{uuid.uuid4().hex}", "batch_output",
-                                         f"{body['id']}_{key.split('_')[0]}.jsonl",
-                                         jsonl(record(line) for line in results if keep(line)), False)
+            lines = (record(line) for line in self.batches.results(body["id"]) if keep(line))
+            file = self.files.create(owner, f"file-{uuid.uuid4().hex}", "batch_output",
+                                     f"{body['id']}_{key.split('_')[0]}.jsonl", jsonl(lines), False)
+            if file["bytes"]:
                 ended[key] = file["id"]
+            else:
+                self.files.delete(owner, file["id"])
         return ended
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,14 +208,23 @@ class BatchStore:
             total, n_done, failed, in_flight = conn.execute(query).one()
         return int(total), int(n_done), int(failed), int(in_flight)
 
-    def results(self, batch_id: str) -> list[LineResult]:
-        """Every line, in the input's order, with its result (None where it was not run)."""
+    def results_page(self, batch_id: str, after_line: int = -1, limit: int = 1000) -> list[LineResult]:
+        """Up to ``limit`` lines after line ``after_line`` (their number in the input, from 0),
+        in the input's order, with their results (None where not run)."""
         query = (sa.select(BATCH_LINES.c.line_no, BATCH_LINES.c.custom_id, BATCH_LINES.c.status_code,
                            BATCH_LINES.c.result, BATCH_LINES.c.done)
-                 .where(BATCH_LINES.c.batch_id == batch_id).order_by(BATCH_LINES.c.line_no))
+                 .where(BATCH_LINES.c.batch_id == batch_id, BATCH_LINES.c.line_no > after_line)
+                 .order_by(BATCH_LINES.c.line_no).limit(limit))
         with self.engine.connect() as conn:
             return [LineResult(r.line_no, r.custom_id, r.status_code if r.done else None,
                                json.loads(r.result) if r.done else None) for r in conn.execute(query)]
+
+    def results(self, batch_id: str) -> Iterator[LineResult]:
+        """Every line, in the input's order, with its result, read a page at a time."""
+        after = -1
+        while page := self.results_page(batch_id, after):
+            yield from page
+            after = page[-1].line_no
 
     def expired(self, now: float | None = None) -> list[str]:
         """Ids of the batches runners still work on whose window ended at ``now`` (default: the

@@ -126,5 +126,5 @@ async def delete_message_batch(batch_id: str, request: Request) -> JSONResponse:
     200: {"description": "The results, one JSON object a line", "content": {"application/binary": {}}},
     **error_responses(400, 404, anthropic=True)})
 async def message_batch_results(batch_id: str, request: Request) -> Response:
-    return Response(await _service(request).message_results(owner(request), batch_id),
-                    media_type="application/binary")
+    return StreamingResponse(await _service(request).message_results(owner(request), batch_id),
+                             media_type="application/binary")

@@ -1,7 +1,8 @@
 """Files stored in pieces: ``file_chunks`` (``file_id``, ``seq`` from 0, ``data`` of at most
 ``state/files.CHUNK_BYTES``) replaces ``files.content``, so that an upload is written, and a
 file read, a piece at a time (a 64 MiB file was one value, read and written whole). A file
-stored before this revision becomes its one piece.
+stored before this revision becomes its one piece. And an index on ``batch_lines (batch_id,
+line_no)``: a batch's results are read a page at a time, in the input's order.
 
 Revision ID: 0006
 Revises: 0005
@@ -23,9 +24,11 @@ def upgrade() -> None:
                     sa.Column("data", sa.LargeBinary, nullable=False))
     op.execute("INSERT INTO file_chunks (file_id, seq, data) SELECT id, 0, content FROM files")
     op.drop_column("files", "content")
+    op.create_index("batch_lines_order", "batch_lines", ["batch_id", "line_no"])
 
 
 def downgrade() -> None:
+    op.drop_index("batch_lines_order", "batch_lines")
     op.add_column("files", sa.Column("content", sa.LargeBinary, nullable=True))
     conn = op.get_bind()
     for (file_id,) in conn.execute(sa.text("SELECT id FROM files")).all():  # one file's pieces at a time
