@@ -253,4 +253,38 @@ def test_an_echoed_field_with_a_lone_surrogate_is_a_400(tmp_path, field):
     for stream in (False, True):
         body = json.dumps({"model": "glm", "input": "hi", field: value, "stream": stream}, ensure_ascii=True)
         resp = client.post("/v1/responses", content=body, headers={"content-type": "application/json"})
-        assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text
+        assert resp.status_code == 400 and resp.json()["error"]["param"].split(".")[0] == field, resp.text
+
+
+def test_a_reply_cut_by_max_output_tokens_ends_with_an_incomplete_item(tmp_path):
+    """As OpenAI's: in an ``incomplete`` response the message the limit cut is ``incomplete``
+    too, plain and streamed (its ``output_item.done``); a whole reply's message is ``completed``."""
+    from tests.unit.test_reasoning_routes import ANSWER
+
+    _, client = _client(REPLY, tmp_path)
+    body = {"model": "glm", "input": ASK, "max_output_tokens": len(REPLY) - 5}
+    plain = client.post("/v1/responses", json=body).json()
+    assert plain["status"] == "incomplete"
+    assert [(i["type"], i.get("status")) for i in plain["output"]] == [("reasoning", None), ("message", "incomplete")]
+    assert plain["output"][1]["content"][0]["text"] == ANSWER[:-5].rstrip()
+    events = _sse(client, "/v1/responses", body)
+    assert [e["item"].get("status") for e in events if e["type"] == "response.output_item.done"] == [
+        None, "incomplete"]
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["output"][1]["status"] == "incomplete"
+    whole = client.post("/v1/responses", json={**body, "max_output_tokens": 200}).json()
+    assert whole["status"] == "completed" and whole["output"][1]["status"] == "completed"
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"metadata": {"k": "v" * 513}}, "metadata"), ({"metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_schema", "name": "a b", "schema": {"type": "object"}}}}, "text.format.name"),
+])
+def test_what_openai_refuses_is_refused(tmp_path, extra, param):
+    """``metadata``: at most 16 pairs, keys of 64 characters, values of 512; a ``json_schema``
+    text format needs a ``name`` of letters, digits, ``_`` and ``-``."""
+    _, client = _client(REPLY, tmp_path)
+    resp = client.post("/v1/responses", json={"model": "glm", "input": ASK, **extra})
+    assert resp.status_code == 400 and resp.json()["error"]["param"].startswith(param), resp.text

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from glmserve.protocol.chat import _Lenient
+from glmserve.protocol.chat import Metadata, _Lenient
 
 MAX_MESSAGE_BATCH_REQUESTS = 100_000  # Anthropic's limit of requests in one message batch
 
@@ -16,7 +16,7 @@ class BatchCreateRequest(_Lenient):
     input_file_id: str
     endpoint: str
     completion_window: str = "24h"
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: Metadata | None = None
 
 
 class MessageBatchCreateRequest(_Lenient):

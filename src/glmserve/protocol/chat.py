@@ -40,6 +40,12 @@ def _keep_alive(value: Any) -> float | None:
 # stays loaded after this request on a server of several models; seconds once parsed (inf: keep)
 KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
 
+# OpenAI's ``metadata`` (responses, conversations, batches): "Set of 16 key-value pairs ...
+# Keys are strings with a maximum length of 64 characters. Values are strings with a maximum
+# length of 512 characters."
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
+
 
 # ---- request: messages -------------------------------------------------------------------
 

@@ -8,18 +8,18 @@ from typing import Any
 
 from pydantic import Field
 
-from glmserve.protocol.chat import _Lenient
+from glmserve.protocol.chat import Metadata, _Lenient
 
 MAX_ITEMS_PER_REQUEST = 20
 
 
 class ConversationCreateRequest(_Lenient):
     items: list[dict[str, Any]] | None = Field(None, max_length=MAX_ITEMS_PER_REQUEST)
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: Metadata | None = None
 
 
 class ConversationUpdateRequest(_Lenient):
-    metadata: dict[str, str] = Field(max_length=16)
+    metadata: Metadata
 
 
 class ItemsCreateRequest(_Lenient):

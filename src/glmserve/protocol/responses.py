@@ -10,7 +10,7 @@ import re
 
 from pydantic import BaseModel, Field, field_validator
 
-from glmserve.protocol.chat import KeepAlive, _Lenient
+from glmserve.protocol.chat import KeepAlive, Metadata, _Lenient
 
 MAX_INPUT_ITEMS = 4096
 # the ``include`` values served: reasoning.encrypted_content, and those of hosted tools (left out
@@ -77,7 +77,7 @@ class ResponsesRequest(_Lenient):
     include: list[str] | None = Field(None, max_length=16)
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    metadata: Metadata | None = None
     user: str | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (request_scope.py)
     safety_identifier: str | None = None

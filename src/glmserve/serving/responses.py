@@ -69,8 +69,10 @@ def _usage(usage: Usage | None) -> ResponseUsage | None:
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """An assistant ``message`` item: ``in_progress`` (its text to come), ``completed``, or
+    ``incomplete`` (cut by ``max_output_tokens``, as OpenAI marks it)."""
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+            "content": [{"type": "output_text", "text": text, "annotations": []}] if status != "in_progress" else []}
 
 
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, namespaces: dict[str, str],
@@ -198,7 +200,11 @@ class ResponsesService:
 
     @staticmethod
     def _finish(shell: Response, items: list[dict], finish_reason: str | None, usage: Usage | None) -> Response:
+        """The response of ``items``: ``incomplete`` when the reply was cut by the token limit,
+        its last message or call then ``incomplete`` too."""
         incomplete = finish_reason == "length"
+        if incomplete and items and items[-1]["type"] in ("message", "function_call"):
+            items = [*items[:-1], {**items[-1], "status": "incomplete"}]
         return shell.model_copy(update={
             "status": "incomplete" if incomplete else "completed", "output": items, "usage": _usage(usage),
             "completed_at": None if incomplete else int(time.time()),
@@ -216,13 +222,15 @@ class ResponsesService:
             seq += 1
             return ResponseEvent(type=kind, sequence_number=seq - 1, **fields)
 
-        def close() -> list[ResponseEvent]:
+        def close(status: str = "completed") -> list[ResponseEvent]:
+            """The open item's done events; ``status``: ``incomplete`` for the last one of a
+            reply cut by the token limit."""
             nonlocal open_item
             if open_item is None:
                 return []
             item, index, open_item = open_item, len(items), None
             if item["kind"] == "message":
-                done = _message_item(item["id"], item["text"])
+                done = _message_item(item["id"], item["text"], status)
                 part = done["content"][0]
                 out = [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
                              text=item["text"], logprobs=[]),
@@ -233,7 +241,7 @@ class ResponsesService:
                 out = [event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                              content_index=0, text=item["text"])]
             else:
-                done = _call_item(item["id"], item["call_id"], item["name"], item["text"], namespaces)
+                done = _call_item(item["id"], item["call_id"], item["name"], item["text"], namespaces, status)
                 out = [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                              name=item["name"], arguments=item["text"])]
             items.append(done)
@@ -290,7 +298,7 @@ class ResponsesService:
                         open_item["text"] += call.function.arguments
                         yield event("response.function_call_arguments.delta", item_id=open_item["id"],
                                     output_index=len(items), delta=call.function.arguments)
-        for e in close():
+        for e in close("incomplete" if finish_reason == "length" else "completed"):
             yield e
         final = self._finish(shell, items, finish_reason, usage)
         yield event("response.incomplete" if final.status == "incomplete" else "response.completed",

@@ -21,6 +21,7 @@ Raises a 400 naming the item, tool or field it cannot map.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -190,8 +191,12 @@ def to_chat_request(req: ResponsesRequest, tools: list[dict], open_reasoning: Op
     if fmt is not None and fmt.type == "json_object":
         body["response_format"] = {"type": "json_object"}
     elif fmt is not None and fmt.type == "json_schema":
+        if fmt.name is None:  # required, as on OpenAI's API
+            raise invalid_request("Missing required parameter: 'text.format.name'.", "text.format.name",
+                                  "missing_required_parameter")
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", fmt.name):
+            raise invalid_request("text.format.name must be 1 to 64 letters, digits, '_' or '-'", "text.format.name")
         if fmt.schema_ is None:
             raise invalid_request("text.format json_schema needs a schema", "text.format.schema")
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name or "output",
-                                                                          "schema": fmt.schema_}}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_}}
     return chat_request(body, "input")
