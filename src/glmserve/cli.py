@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.config
 import signal
 import sys
 
@@ -110,12 +111,12 @@ def chat(args: list[str]) -> int:
 
 def serve(args: list[str]) -> int:
     settings = _parse(DeploySettings, args)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if settings.on_ray:
         try:
             from glmserve.deploy.ray import DeployError, serve_on_ray
         except ImportError as exc:
             return _fail(f"{exc.name} is needed for Ray Serve replicas (pip install 'glmserve[ray]')")
+        logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         try:
             serve_on_ray(settings)
         except DeployError as exc:
@@ -127,6 +128,9 @@ def serve(args: list[str]) -> int:
     from glmserve.composition import build_app
     from glmserve.runtime import STARTUP_ERRORS
     from glmserve.server.http_protocol import protocol_with_header_timeout
+    from glmserve.server.logs import log_config
+
+    logging.config.dictConfig(log_config(settings.log_level))
 
     try:
         app = build_app(settings)
@@ -143,7 +147,7 @@ def serve(args: list[str]) -> int:
     # that was installed before it: this one, so that a graceful stop exits with status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=log_config(settings.log_level),
                 timeout_graceful_shutdown=settings.shutdown_timeout + 1,
                 http=protocol_with_header_timeout(settings.client_header_timeout),
                 timeout_keep_alive=settings.timeout_keep_alive)

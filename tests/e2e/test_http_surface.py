@@ -67,6 +67,22 @@ def test_request_id_on_streams(server):
         assert "[DONE]" in resp.read().decode()
 
 
+def test_the_log_names_each_request_by_its_id(server, client):
+    """A failure a client reports is found in the log by the id its response carried: the
+    access line of each request ends with its ``x-request-id`` (given or made), streamed too."""
+    refused = httpx.post(f"{server.url}/v1/chat/completions", json={"model": DEFAULT_MODEL, "messages": []},
+                         headers={"X-Request-Id": "log-trace-1"})
+    assert refused.status_code == 400
+    made = client.chat.completions.with_raw_response.create(model=DEFAULT_MODEL, messages=HI, max_tokens=2)
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=60, headers={"X-Request-Id": "log-trace-2"},
+                      json={"model": DEFAULT_MODEL, "messages": HI, "max_tokens": 2, "stream": True}) as resp:
+        resp.read()
+    lines = server.log().splitlines()
+    for request_id, status in (("log-trace-1", 400), (made.headers["x-request-id"], 200), ("log-trace-2", 200)):
+        assert any(line.endswith(f" {request_id}") and f'"POST /v1/chat/completions HTTP/1.1" {status}' in line
+                   for line in lines), (request_id, lines[-20:])
+
+
 def test_cors(keyed):
     preflight = httpx.options(f"{keyed.url}/v1/chat/completions", headers={
         "Origin": "http://app.example", "Access-Control-Request-Method": "POST",

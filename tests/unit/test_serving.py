@@ -209,3 +209,31 @@ def test_streams_escape_the_line_breaks_that_json_leaves_raw():
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == reply
     deltas = [json.loads(line[len("data: "):]) for line in lines]
     assert "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta") == reply
+
+
+def test_a_log_line_written_for_a_request_names_its_id():
+    """``server/logs.py``: what is logged while a request is handled (here the engine's
+    failure, whole and in a stream) carries the ``x-request-id`` its response carries."""
+    import logging
+
+    from glmserve.server.logs import RequestIdFilter
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.addFilter(RequestIdFilter())
+    handler.emit = lambda record: lines.append(f"{record.getMessage()}|{record.request_tag}")
+    logging.getLogger().addHandler(handler)
+    try:
+        with TestClient(create_app(ChatService(FakeEngine(embedding_size=4), "fake", ChatTemplate(CHATML_TEMPLATE))),
+                        raise_server_exceptions=False) as client:
+            resp = client.post("/v1/embeddings", json={"model": "fake", "input": "boom!"},
+                               headers={"X-Request-Id": "trace-9"})
+            streamed = client.post("/v1/chat/completions", headers={"X-Request-Id": "trace-10"}, json={
+                "model": "fake", "stream": True, "messages": [{"role": "user", "content": "FAIL"}]})
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert resp.status_code == 500 and resp.headers["x-request-id"] == "trace-9"
+    assert '"error"' in streamed.text
+    assert any(line.endswith("| trace-9") for line in lines), lines
+    assert any("a stream ended with an error" in line and line.endswith("| trace-10") for line in lines), lines
+    assert all(line.endswith(("| trace-9", "| trace-10", "|")) for line in lines), lines

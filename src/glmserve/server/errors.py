@@ -100,6 +100,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if exc.status_code >= 500:  # the server's failure (or a busy one: a warning), with its request id
+            log.log(logging.WARNING if exc.status_code in (503, 529) else logging.ERROR, "%d %s on %s %s: %s",
+                    exc.status_code, exc.code or exc.type, request.method, request.url.path, exc.message)
         return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
@@ -117,10 +120,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        response = error_response(server_error(f"internal error: {type(exc).__name__}"), request.url.path)
-        # this handler runs outside the app's middleware, so the request id is added here
+        # this handler runs outside the app's middleware, so the request id is added here (and
+        # to its log line: server/logs.py)
         request_id = request.scope.get("state", {}).get("request_id")
+        log.exception("unhandled error on %s %s", request.method, request.url.path, extra={"request_id": request_id})
+        response = error_response(server_error(f"internal error: {type(exc).__name__}"), request.url.path)
         if request_id:
             response.headers["x-request-id"] = request_id
         return response

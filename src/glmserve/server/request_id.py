@@ -3,7 +3,8 @@ SDK exposes it as ``_request_id``).
 
 The client's own ``X-Request-Id`` is echoed when it is a sane token (1-128 visible ASCII
 characters); otherwise the server makes one, ``req_<32 hex digits>``. The id is in
-``scope["state"]["request_id"]`` for the app and its logs. A Ray Serve replica also names
+``scope["state"]["request_id"]`` for the app, and in ``REQUEST_ID`` while the request is
+handled, for its log lines (``server/logs.py``). A Ray Serve replica also names
 itself in ``x-glmserve-replica`` (the header says which replica served the response).
 """
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from contextvars import ContextVar
 
 HEADER = b"x-request-id"
 REPLICA_HEADER = b"x-glmserve-replica"
 _SANE = re.compile(rb"^[\x21-\x7e]{1,128}$")
+REQUEST_ID: ContextVar[str | None] = ContextVar("glmserve_request_id", default=None)  # the request handled
 
 
 def new_request_id() -> str:
@@ -39,4 +42,8 @@ class RequestId:
                 message = {**message, "headers": [*headers, (HEADER, rid), *self.extra]}
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        token = REQUEST_ID.set(rid.decode())
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ from glmserve.protocol import anthropic
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.server.cancellation import with_cancellation
 from glmserve.serving.chunks import StreamItem
+
+log = logging.getLogger("glmserve.stream")
 
 PING_INTERVAL_S = 15
 DONE = "[DONE]"
@@ -122,6 +125,7 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
                 deadline = loop.time() + grace_s
                 done, _ = await asyncio.wait({step}, timeout=grace_s)
             if step not in done:
+                log.warning("a stream was ended by the server's shutdown")
                 yield one_line(dialect.error(SHUTTING_DOWN))
                 return
             try:
@@ -130,8 +134,10 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
                 if dialect.done is not None:
                     yield dialect.done
                 return
-            yield one_line(dialect.payload(item))
-            if dialect.ends(item):
+            payload = dialect.payload(item)
+            yield one_line(payload)
+            if dialect.ends(item):  # logged with the request's id (server/logs.py)
+                log.warning("a stream ended with an error: %s", str(payload)[:500])
                 return
     finally:
         with anyio.CancelScope(shield=True):
