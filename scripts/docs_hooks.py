@@ -1,5 +1,9 @@
-"""MkDocs hooks (``mkdocs.yml``, ``hooks:``): the reference pages' generated parts, filled in at
-build time so that they cannot drift from the code.
+"""The reference pages' generated parts, kept in the pages themselves (so that they read on the
+code host too) between ``<!-- glmserve:NAME [ARG] -->`` and ``<!-- /glmserve:NAME -->``:
+``python scripts/docs_hooks.py`` writes them anew (``--check``: exits 1, naming the pages, when
+one is not what the code renders; ``tests/e2e/test_docs.py`` runs it), and as a MkDocs hook
+(``mkdocs.yml``, ``hooks:``) it renders them again at build time, so the site cannot drift from
+the code.
 
 - ``<!-- glmserve:flags serve|chat|bench -->``: that command's flags, group by group, rendered from
   ``glmserve.flags.flag_groups`` as ``glmserve COMMAND --help`` prints them (one line of help each,
@@ -21,7 +25,8 @@ import re
 import tempfile
 from pathlib import Path
 
-MARK = re.compile(r"<!-- glmserve:(\w+)(?: (\w+))? -->")
+BLOCK = re.compile(r"<!-- glmserve:(\w+)(?: (\w+))? -->\n.*?<!-- /glmserve:\1 -->", re.S)
+PAGES = ("flags.md", "routes.md", "metrics.md")  # under docs/reference
 
 # each route's page in these docs, by path prefix (first match wins)
 ROUTE_PAGES = (
@@ -117,6 +122,41 @@ def render_metrics(_: str | None = None) -> str:
 RENDER = {"flags": render_flags, "routes": render_routes, "metrics": render_metrics}
 
 
+def fill(markdown: str, marks: bool = True) -> str:
+    """``markdown`` with each generated block rendered anew from the code (``marks``: between
+    its marks, as the pages keep it; else alone, as the site shows it)."""
+    def block(m: re.Match) -> str:
+        name, arg = m.group(1), m.group(2)
+        table = RENDER[name](arg).strip()
+        if not marks:
+            return table
+        return f"<!-- glmserve:{name}{' ' + arg if arg else ''} -->\n\n{table}\n\n<!-- /glmserve:{name} -->"
+
+    return BLOCK.sub(block, markdown)
+
+
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
-    """MkDocs event: replace each ``<!-- glmserve:... -->`` mark with what it names."""
-    return MARK.sub(lambda m: RENDER[m.group(1)](m.group(2)), markdown)
+    """MkDocs event: each generated block rendered anew."""
+    return fill(markdown, marks=False)
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name in PAGES:
+        page = Path(__file__).parent.parent / "docs" / "reference" / name
+        text = page.read_text()
+        if fill(text) != text:
+            stale.append(str(page))
+            if "--check" not in argv:
+                page.write_text(fill(text))
+    if stale and "--check" in argv:
+        print("not what the code renders (run python scripts/docs_hooks.py):", *stale, sep="\n  ")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent))  # scripts/ as a package, as the tests import it
+    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 ends in its default.
 
 ``glmserve serve --help`` (``cli.py``) and the docs' flag reference (``docs/reference/flags.md``,
-filled in at build time by ``docs/hooks.py``) are both rendered from ``flag_groups``, so the two
+kept up to date by ``scripts/docs_hooks.py``) are both rendered from ``flag_groups``, so the two
 cannot drift apart. The flags themselves, their types, bounds and help sentences are the settings
 classes' fields (``settings.py`` and each engine's ``settings.py``); this module only orders them
 and spells their defaults.

@@ -97,7 +97,8 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         None, description="Model id that clients send as model."
     )
     api_key: Annotated[list[str], NoDecode] = Field(
-        [], description="Require 'Authorization: Bearer KEY' (or x-api-key) but on /health; "
+        [], description="Require 'Authorization: Bearer KEY' (Anthropic's routes: x-api-key too) but on "
+                        "/health, / and /ui; "
                         "repeat it (or KEY1,KEY2) for keys owning separate stored responses."
     )
     admin_api_key: Annotated[list[str], NoDecode] = Field(

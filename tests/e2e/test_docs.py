@@ -153,3 +153,11 @@ def test_the_readme_is_short_and_its_links_resolve():
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in pages()[1:]:
         assert str(page.relative_to(ROOT / "docs")) in nav, page
+
+
+def test_the_reference_pages_hold_what_the_code_renders():
+    """The flag, route and metric tables are kept in the pages (they read on the code host too):
+    ``python scripts/docs_hooks.py --check`` renders them from the code and compares."""
+    proc = subprocess.run([sys.executable, "scripts/docs_hooks.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
