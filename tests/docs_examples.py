@@ -66,7 +66,8 @@ def examples() -> list[Example]:
 
 def cli_commands() -> list[tuple[str, str, list[str]]]:
     """Each ``glmserve serve|chat|bench`` command of a shell block: (where, the command, its
-    flags), continuation lines joined, a pipe's left side and a trailing ``#`` comment dropped."""
+    flags), continuation lines joined, a pipe's left side, redirections and a trailing ``#``
+    comment dropped."""
     commands = []
     for example in examples():
         if example.language not in {"sh", "bash"}:
@@ -74,8 +75,22 @@ def cli_commands() -> list[tuple[str, str, list[str]]]:
         for line in example.code.replace("\\\n", " ").splitlines():
             match = re.search(r"(?:^|\|)\s*(?:\S*/)?glmserve (serve|chat|bench)\b(.*)$", line)
             if match:
-                commands.append((example.id, match.group(1), shlex.split(match.group(2), comments=True)))
+                commands.append((example.id, match.group(1), _without_redirections(
+                    shlex.split(match.group(2), comments=True))))
     return commands
+
+
+def _without_redirections(words: list[str]) -> list[str]:
+    """A command's words without its shell redirections (``> out.log``, ``2> err.log``, ``&``)."""
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif re.fullmatch(r"\d*>>?|&", word):
+            skip = word != "&"
+        elif not re.match(r"\d*>>?\S", word):
+            kept.append(word)
+    return kept
 
 
 def yaml_blocks() -> list[Example]:

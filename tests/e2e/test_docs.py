@@ -161,3 +161,18 @@ def test_the_reference_pages_hold_what_the_code_renders():
     proc = subprocess.run([sys.executable, "scripts/docs_hooks.py", "--check"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_troubleshooting_statuses_and_codes_are_the_servers():
+    """Each status of the troubleshooting table is one a route declares (502: Ray Serve's
+    proxy, outside the app's document), and each error code it names is one the code sends."""
+    page = (ROOT / "docs" / "guides" / "troubleshooting.md").read_text()
+    rows = [line.split("|")[1:3] for line in page.splitlines() if re.match(r"\| \d{3} \|", line)]
+    declared = {int(s) for line in (ROOT / "docs" / "reference" / "routes.md").read_text().splitlines()
+                if line.startswith("| ") and line.count("|") == 6 for s in re.findall(r"\b\d{3}\b", line.split("|")[4])}
+    source = "\n".join(p.read_text() for p in (ROOT / "src" / "glmserve").rglob("*.py"))
+    assert len(rows) == 11
+    for status, codes in rows:
+        assert int(status) in declared | {502}, status
+        for code in re.findall(r"`([a-z_]+)`", codes):
+            assert f'"{code}"' in source, code
