@@ -25,6 +25,7 @@ commands:
   serve   start the OpenAI-compatible server (glmserve serve --help for flags)
   chat    chat in the terminal: in-process, or with any server via --url (--help for flags)
   bench   load-test any OpenAI-compatible server: TTFT, TPOT, ITL, throughput (--help for flags)
+  pull    fetch a model by name into the Hugging Face cache, without serving it (--help)
 """
 
 
@@ -109,6 +110,31 @@ def chat(args: list[str]) -> int:
     return run_chat(settings)
 
 
+def pull(args: list[str]) -> int:
+    """``glmserve pull ORG/NAME[:QUANT] [--engine E]``: what ``serve --model`` would fetch."""
+    parser = argparse.ArgumentParser(prog="glmserve pull", description="Fetch a model by name from the Hugging "
+                                     "Face Hub (HF_ENDPOINT, HF_TOKEN) into its cache, as glmserve serve --model "
+                                     "would, without serving it.")
+    parser.add_argument("model", metavar="ORG/NAME[:QUANT]", help="a repository; :QUANT picks a GGUF's quantization")
+    parser.add_argument("--engine", choices=["llama_cpp", "transformers", "vllm"], default=None,
+                        help="the engine it is for (default: llama_cpp for NAME:QUANT or a name ending in GGUF, "
+                             "else transformers)")
+    parsed = parser.parse_args(args)
+    logging.basicConfig(level="INFO", format="%(message)s")
+    from glmserve.models import ModelNotFoundError, hub
+
+    engine = parsed.engine or ("llama_cpp" if ":" in parsed.model or parsed.model.upper().endswith("GGUF")
+                               else "transformers")
+    try:
+        found = hub.fetch(parsed.model, engine)
+    except ModelNotFoundError as exc:
+        return _fail(str(exc))
+    if found is None:
+        return _fail(f"{parsed.model}: not a Hub name (ORG/NAME or ORG/NAME:QUANT), or a local path already")
+    print(found[0])
+    return 0
+
+
 def serve(args: list[str]) -> int:
     settings = _parse(DeploySettings, args)
     if settings.on_ray:
@@ -166,4 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         return bench(rest)
     if command == "chat":
         return chat(rest)
+    if command == "pull":
+        return pull(rest)
     return _fail(f"unknown command {command!r}\n{USAGE}", 2)

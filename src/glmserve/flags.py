@@ -25,7 +25,7 @@ SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "state_dir", "database_url", "store_ttl",
       "store_max_bytes", "store_max_bytes_per_key", "log_level", "shutdown_timeout")),
     ("model", "What is served and how prompts are rendered and answered.",
-     ("model", "served_model_name", "n_ctx", "chat_template", "default_chat_template_kwargs",
+     ("model", "offline", "served_model_name", "n_ctx", "chat_template", "default_chat_template_kwargs",
       "override_generation_config", "reasoning_budget", "tool_call_parser", "lora", "max_loras",
       "allow_runtime_lora_updating", "models_dir", "config", "max_loaded_models", "memory_budget", "keep_alive")),
     ("engine", "The engine and its flags; each engine flag's help starts with the engines that read it, and "
@@ -73,7 +73,7 @@ DEFAULT_SHOWN: dict[str, str] = {
 
 # the value's placeholder in usage, where its type says too little
 METAVARS: dict[str, str] = {
-    "model": "PATH", "draft_model": "PATH", "mmproj": "FILE", "lora": "NAME=PATH", "models_dir": "DIR",
+    "model": "MODEL", "draft_model": "PATH", "mmproj": "FILE", "lora": "NAME=PATH", "models_dir": "DIR",
     "state_dir": "DIR", "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "admin_api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
     "served_model_name": "NAME", "allowed_origins": "ORIGIN", "allowed_media_domains": "HOST",
     "default_chat_template_kwargs": "JSON", "override_generation_config": "JSON", "engine_arg": "KEY=VALUE",

@@ -25,7 +25,7 @@ from glmserve.engine import (
     engine_settings,
     memory_estimate,
 )
-from glmserve.models import ModelNotFoundError
+from glmserve.models import ModelNotFoundError, hub
 from glmserve.models.catalog import (
     MODEL_FIELDS,
     SERVER_FIELDS,
@@ -81,6 +81,7 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
 
     Raises one of ``STARTUP_ERRORS`` with a one-line message when the model cannot be found or
     loaded; the engine is shut down again if a later step fails."""
+    settings = fetched(settings)
     engine = create_engine(settings)
     engine.start()
     try:
@@ -102,6 +103,18 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
     except BaseException:
         engine.shutdown()
         raise
+
+
+def fetched(settings: ServeSettings) -> ServeSettings:
+    """``settings`` with a ``--model`` that names a Hugging Face Hub repository (``models/hub.py``)
+    replaced by its local copy, fetched into the Hugging Face cache unless it is there, and
+    served under the repository's name unless ``--served-model-name`` gives one. Raises
+    ``ModelNotFoundError``."""
+    found = hub.fetch(settings.model, settings.engine, settings.offline)
+    if found is None:
+        return settings
+    path, repo = found
+    return settings.model_copy(update={"model": str(path), "served_model_name": settings.served_model_name or repo})
 
 
 def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:

@@ -44,8 +44,12 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
 
     model: str | None = Field(
         None,
-        description="Model to serve: a .gguf file or a folder holding one; transformers, vllm: also a Hugging Face "
-                    "model folder or cached repository name.",
+        description="A .gguf file or its folder, or a Hub name fetched into the HF cache (ORG/NAME-GGUF:QUANT; "
+                    "transformers, vllm: ORG/NAME, a folder).",
+    )
+    offline: bool = Field(
+        False, description="Never reach the Hugging Face Hub: a --model by name must be in its cache (as "
+                           "HF_HUB_OFFLINE=1).",
     )
     engine: Literal["llama_cpp", "transformers", "vllm"] = Field(
         "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU), transformers (Hugging Face models, "
@@ -97,9 +101,8 @@ class ServeSettings(BaseSettings, LlamaCppSettings, TransformersSettings, VllmSe
         None, description="Model id that clients send as model."
     )
     api_key: Annotated[list[str], NoDecode] = Field(
-        [], description="Require 'Authorization: Bearer KEY' (Anthropic's routes: x-api-key too) but on "
-                        "/health, / and /ui; "
-                        "repeat it (or KEY1,KEY2) for keys owning separate stored responses."
+        [], description="Require 'Authorization: Bearer KEY' (Anthropic's: or x-api-key) but on /health, / "
+                        "and /ui; repeatable: each key owns its stored objects."
     )
     admin_api_key: Annotated[list[str], NoDecode] = Field(
         [], description="Keys for model load/unload, LoRA load/unload and /metrics (--api-key's keys get a "

@@ -1,4 +1,5 @@
-"""Resolve ``--model`` to something loadable; never downloads."""
+"""Resolve ``--model`` to something loadable (``resolve``); a model named by its Hugging Face Hub
+repository is fetched into the Hugging Face cache first (``hub``)."""
 
 from glmserve.models.resolve import (
     DEFAULT_MODEL_NAME,

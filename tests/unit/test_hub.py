@@ -1,0 +1,106 @@
+"""Models by name (``models/hub.py``): which names are Hub names, which GGUF files a name and
+quantization pick, fetching from a local server of the Hub's API (``tests/hub_site.py``) into a
+cache of the test's own, and the one-line errors. End to end (a server started by name, then
+offline): ``tests/e2e/test_hub_models.py``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from glmserve.models import ModelNotFoundError, hub
+from tests.hub_site import Hub, hub_site
+
+SPLIT = ["Q8_0/m-Q8_0-00002-of-00002.gguf", "Q8_0/m-Q8_0-00001-of-00002.gguf"]
+REPO_FILES = ["README.md", "m-Q4_K_M.gguf", "m-IQ2_XXS.gguf", "m-BF16.gguf", "mmproj-m-F16.gguf", *SPLIT]
+
+
+@pytest.mark.parametrize(("model", "named"), [
+    ("unsloth/GLM-4.7-Flash-GGUF:Q4_K_M", ("unsloth/GLM-4.7-Flash-GGUF", "Q4_K_M")),
+    ("zai-org/GLM-4.5-Air", ("zai-org/GLM-4.5-Air", None)),
+    ("model.gguf", None), ("./org/name", None), ("~/models/x", None), ("a/b/c", None), (None, None),
+])
+def test_which_names_are_hub_names(model, named):
+    assert hub.hub_name(model) == named
+
+
+def test_a_name_and_quant_pick_their_files():
+    assert hub.pick_gguf(REPO_FILES, "o/m", None) == ["m-Q4_K_M.gguf"]  # llama-server's default
+    assert hub.pick_gguf(REPO_FILES, "o/m", "iq2_xxs") == ["m-IQ2_XXS.gguf"]
+    assert hub.pick_gguf(REPO_FILES, "o/m", "Q8_0") == [SPLIT[1], SPLIT[0]]  # every shard, the first first
+    assert hub.pick_gguf(["only-Q6_K.gguf", "mmproj-F16.gguf"], "o/m", None) == ["only-Q6_K.gguf"]
+    with pytest.raises(ModelNotFoundError, match=r"o/m has no Q5_K_S GGUF; it has: BF16, IQ2_XXS, Q4_K_M, Q8_0$"):
+        hub.pick_gguf(REPO_FILES, "o/m", "Q5_K_S")
+    with pytest.raises(ModelNotFoundError, match=r"several GGUFs: name one as o/m:QUANT \(one of Q5_K_S, Q6_K\)"):
+        hub.pick_gguf(["a-Q6_K.gguf", "a-Q5_K_S.gguf"], "o/m", None)
+    with pytest.raises(ModelNotFoundError, match="no .gguf file"):
+        hub.pick_gguf(["config.json", "model.safetensors"], "o/m", None)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """huggingface_hub pointed at the test's hub (set per test) and a cache of its own."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path / "hub"
+
+
+def _at(monkeypatch, url: str) -> None:
+    """As ``HF_ENDPOINT=url`` does at huggingface_hub's import."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+
+
+def test_a_gguf_is_fetched_once_then_found_offline(cache, monkeypatch, caplog):
+    files = {"m-Q4_K_M.gguf": b"GGUF" + b"a" * 300_000, "m-Q8_0.gguf": b"GGUF" + b"b" * 10, "README.md": b"hi"}
+    site = Hub({"o/m-GGUF": files}, cut_after=100_000)
+    with hub_site(site) as url, caplog.at_level(logging.INFO, "glmserve.hub"):
+        _at(monkeypatch, url)
+        path, repo = hub.fetch("o/m-GGUF", "llama_cpp")
+    assert repo == "o/m-GGUF" and path.read_bytes() == files["m-Q4_K_M.gguf"] and str(path).startswith(str(cache))
+    assert site.gets[0] == "o/m-GGUF/m-Q4_K_M.gguf" and "o/m-GGUF/m-Q4_K_M.gguf" in site.cut  # cut, then resumed
+    assert set(site.gets) == {"o/m-GGUF/m-Q4_K_M.gguf"}
+    assert any("downloading" in r.getMessage() and "(100%)" in r.getMessage() for r in caplog.records)
+    _at(monkeypatch, "http://127.0.0.1:9")  # nothing listens: the cache alone answers
+    assert hub.fetch("o/m-GGUF", "llama_cpp", offline=True) == (path, repo)
+    with pytest.raises(ModelNotFoundError, match=r"o/m-GGUF:Q8_0 is not in the Hugging Face cache \(.*\) and --off"):
+        hub.fetch("o/m-GGUF:Q8_0", "llama_cpp", offline=True)
+
+
+def test_a_folder_is_fetched_without_what_it_does_not_need(cache, monkeypatch):
+    files = {"config.json": b"{}", "model.safetensors": b"w", "tokenizer.json": b"{}", "pytorch_model.bin": b"old",
+             "model.gguf": b"GGUF"}
+    site = Hub({"o/m": files})
+    with hub_site(site) as url:
+        _at(monkeypatch, url)
+        path, _ = hub.fetch("o/m", "transformers")
+        assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+        with pytest.raises(ModelNotFoundError, match="picks a GGUF, which the vllm engine does not load"):
+            hub.fetch("o/m:Q4_K_M", "vllm")
+
+
+@pytest.mark.parametrize(("model", "engine", "message"), [
+    ("o/gated", "transformers", r"^o/gated is gated: accept its terms on the Hub, then set HF_TOKEN"),
+    ("o/missing", "transformers", r"^o/missing: no such repository on the Hub \(a private one needs HF_TOKEN\)$"),
+    ("o/m-GGUF:Q2_K", "llama_cpp", r"^o/m-GGUF has no Q2_K GGUF; it has: Q4_K_M$"),
+    ("o/m-GGUF", "transformers", r"^o/m-GGUF has no config.json"),
+])
+def test_what_cannot_be_fetched_is_said_in_one_line(cache, monkeypatch, model, engine, message):
+    site = Hub({"o/m-GGUF": {"m-Q4_K_M.gguf": b"GGUF"}, "o/gated": {"config.json": b"{}"}},
+               gated=frozenset({"o/gated"}))
+    with hub_site(site) as url:
+        _at(monkeypatch, url)
+        with pytest.raises(ModelNotFoundError, match=message) as err:
+            hub.fetch(model, engine)
+    assert "\n" not in str(err.value)
+
+
+def test_an_unreachable_hub_is_said_so(cache, monkeypatch):
+    _at(monkeypatch, "http://127.0.0.1:9")
+    with pytest.raises(ModelNotFoundError, match=r"^o/m is not in the Hugging Face cache \(.*\) and the Hub "
+                                                  r"\(http://127.0.0.1:9\) cannot be reached$"):
+        hub.fetch("o/m", "transformers")
