@@ -26,6 +26,8 @@ commands:
   chat    chat in the terminal: in-process, or with any server via --url (--help for flags)
   bench   load-test any OpenAI-compatible server: TTFT, TPOT, ITL, throughput (--help for flags)
   pull    fetch a model by name into the Hugging Face cache, without serving it (--help)
+  launch  run a coding agent against glmserve: glmserve launch claude|codex|opencode
+          [SERVE FLAGS | --url URL] [-- AGENT ARGS]
 """
 
 
@@ -194,4 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         return chat(rest)
     if command == "pull":
         return pull(rest)
+    if command == "launch":
+        from glmserve.launch import LaunchError, launch
+
+        try:
+            return launch(rest)
+        except LaunchError as exc:
+            return _fail(str(exc))
     return _fail(f"unknown command {command!r}\n{USAGE}", 2)
