@@ -12,6 +12,7 @@ import logging
 import logging.config
 import signal
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsError
@@ -26,6 +27,7 @@ commands:
   chat    chat in the terminal: in-process, or with any server via --url (--help for flags)
   bench   load-test any OpenAI-compatible server: TTFT, TPOT, ITL, throughput (--help for flags)
   pull    fetch a model by name into the Hugging Face cache, without serving it (--help)
+  models  list the models here: the Hugging Face cache's and --models-dir's, with their sizes
   launch  run a coding agent against glmserve: glmserve launch claude|codex|opencode
           [SERVE FLAGS | --url URL] [-- AGENT ARGS]
 """
@@ -133,7 +135,36 @@ def pull(args: list[str]) -> int:
         return _fail(str(exc))
     if found is None:
         return _fail(f"{parsed.model}: not a Hub name (ORG/NAME or ORG/NAME:QUANT), or a local path already")
-    print(found[0])
+    print(found.path)
+    return 0
+
+
+def models(args: list[str]) -> int:
+    """``glmserve models [--models-dir DIR]...``: what ``serve --model`` finds here without a download."""
+    parser = argparse.ArgumentParser(prog="glmserve models", description="List the models here: those in the "
+                                     "Hugging Face cache (servable by name) and under each --models-dir, with sizes.")
+    parser.add_argument("--models-dir", action="append", default=[], metavar="DIR", help="a folder of models")
+    parsed = parser.parse_args(args)
+    from glmserve.models import hub
+    from glmserve.models.catalog import ConfigError, scan_models_dir
+
+    rows = [(name, kind, size, "Hugging Face cache") for name, kind, size in hub.cached_models()]
+    for folder in parsed.models_dir:
+        try:
+            entries = scan_models_dir(Path(folder).expanduser())
+        except ConfigError as exc:
+            return _fail(str(exc))
+        for entry in entries:
+            path = Path(entry.fields["model"])
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+            rows.append((entry.name, "gguf" if path.is_file() else "folder", sum(p.stat().st_size for p in files),
+                         folder))
+    if not rows:
+        print("no models here: glmserve pull ORG/NAME fetches one (the embedded default needs none)")
+        return 0
+    width = max(len(name) for name, *_ in rows)
+    for name, kind, size, where in rows:
+        print(f"{name:<{width}}  {kind:<6}  {size / 2**20:>10.1f} MiB  {where}")
     return 0
 
 
@@ -196,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return chat(rest)
     if command == "pull":
         return pull(rest)
+    if command == "models":
+        return models(rest)
     if command == "launch":
         from glmserve.launch import LaunchError, launch
 

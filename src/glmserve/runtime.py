@@ -107,14 +107,16 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
 
 def fetched(settings: ServeSettings) -> ServeSettings:
     """``settings`` with a ``--model`` that names a Hugging Face Hub repository (``models/hub.py``)
-    replaced by its local copy, fetched into the Hugging Face cache unless it is there, and
-    served under the repository's name unless ``--served-model-name`` gives one. Raises
-    ``ModelNotFoundError``."""
+    replaced by its local copy, fetched into the Hugging Face cache unless it is there (with a
+    GGUF's vision projector, as ``--mmproj`` unless that is given), and served under the
+    repository's name unless ``--served-model-name`` gives one. Raises ``ModelNotFoundError``."""
     found = hub.fetch(settings.model, settings.engine, settings.offline)
     if found is None:
         return settings
-    path, repo = found
-    return settings.model_copy(update={"model": str(path), "served_model_name": settings.served_model_name or repo})
+    update = {"model": str(found.path), "served_model_name": settings.served_model_name or found.repo}
+    if found.mmproj is not None and getattr(settings, "mmproj", None) is None:  # the vision projector beside it
+        update["mmproj"] = str(found.mmproj)
+    return settings.model_copy(update=update)
 
 
 def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:

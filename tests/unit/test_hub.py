@@ -60,13 +60,14 @@ def test_a_gguf_is_fetched_once_then_found_offline(cache, monkeypatch, caplog):
     site = Hub({"o/m-GGUF": files}, cut_after=100_000)
     with hub_site(site) as url, caplog.at_level(logging.INFO, "glmserve.hub"):
         _at(monkeypatch, url)
-        path, repo = hub.fetch("o/m-GGUF", "llama_cpp")
-    assert repo == "o/m-GGUF" and path.read_bytes() == files["m-Q4_K_M.gguf"] and str(path).startswith(str(cache))
+        found = hub.fetch("o/m-GGUF", "llama_cpp")
+    path, repo = found.path, found.repo
+    assert found.mmproj is None and repo == "o/m-GGUF" and path.read_bytes() == files["m-Q4_K_M.gguf"] and str(path).startswith(str(cache))
     assert site.gets[0] == "o/m-GGUF/m-Q4_K_M.gguf" and "o/m-GGUF/m-Q4_K_M.gguf" in site.cut  # cut, then resumed
     assert set(site.gets) == {"o/m-GGUF/m-Q4_K_M.gguf"}
     assert any("downloading" in r.getMessage() and "(100%)" in r.getMessage() for r in caplog.records)
     _at(monkeypatch, "http://127.0.0.1:9")  # nothing listens: the cache alone answers
-    assert hub.fetch("o/m-GGUF", "llama_cpp", offline=True) == (path, repo)
+    assert hub.fetch("o/m-GGUF", "llama_cpp", offline=True) == found
     with pytest.raises(ModelNotFoundError, match=r"o/m-GGUF:Q8_0 is not in the Hugging Face cache \(.*\) and --off"):
         hub.fetch("o/m-GGUF:Q8_0", "llama_cpp", offline=True)
 
@@ -77,10 +78,20 @@ def test_a_folder_is_fetched_without_what_it_does_not_need(cache, monkeypatch):
     site = Hub({"o/m": files})
     with hub_site(site) as url:
         _at(monkeypatch, url)
-        path, _ = hub.fetch("o/m", "transformers")
+        path = hub.fetch("o/m", "transformers").path
         assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
         with pytest.raises(ModelNotFoundError, match="picks a GGUF, which the vllm engine does not load"):
             hub.fetch("o/m:Q4_K_M", "vllm")
+
+
+def test_a_vision_gguf_comes_with_its_projector(cache, monkeypatch):
+    files = {"v-Q4_K_M.gguf": b"GGUF-model", "mmproj-v-BF16.gguf": b"GGUF-bf16", "mmproj-v-F16.gguf": b"GGUF-f16"}
+    with hub_site(Hub({"o/v-GGUF": files})) as url:
+        _at(monkeypatch, url)
+        found = hub.fetch("o/v-GGUF:Q4_K_M", "llama_cpp")
+    assert found.path.read_bytes() == b"GGUF-model" and found.mmproj.read_bytes() == b"GGUF-f16"
+    _at(monkeypatch, "http://127.0.0.1:9")
+    assert hub.fetch("o/v-GGUF:Q4_K_M", "llama_cpp", offline=True) == found
 
 
 @pytest.mark.parametrize(("model", "engine", "message"), [
@@ -104,3 +115,20 @@ def test_an_unreachable_hub_is_said_so(cache, monkeypatch):
     with pytest.raises(ModelNotFoundError, match=r"^o/m is not in the Hugging Face cache \(.*\) and the Hub "
                                                   r"\(http://127.0.0.1:9\) cannot be reached$"):
         hub.fetch("o/m", "transformers")
+
+
+def test_glmserve_models_lists_the_cache_and_the_models_dirs(cache, monkeypatch, tmp_path, capsys):
+    from glmserve import cli
+
+    with hub_site(Hub({"o/m-GGUF": {"m-Q4_K_M.gguf": b"G" * (3 << 20)}, "o/f": {"config.json": b"{}"}})) as url:
+        _at(monkeypatch, url)
+        hub.fetch("o/m-GGUF", "llama_cpp")
+        hub.fetch("o/f", "vllm")
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    (models_dir / "local.gguf").write_bytes(b"G" * (1 << 20))
+    assert cli.main(["models", "--models-dir", str(models_dir)]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [line[:3] for line in lines] == [["o/f", "folder", "0.0"], ["o/m-GGUF", "gguf", "3.0"],
+                                            ["local", "gguf", "1.0"]]
+    assert lines[0][-3:] == ["Hugging", "Face", "cache"] and lines[2][-1] == str(models_dir)

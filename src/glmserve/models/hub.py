@@ -8,7 +8,8 @@ The names, as the servers glmserve's users know spell them:
   transformers and vllm engines), its configuration, tokenizer and ``*.safetensors`` files;
 - ``ORG/NAME-GGUF:QUANT``: llama-server's ``-hf ORG/NAME-GGUF:QUANT`` (the llama_cpp engine):
   the GGUF of that quantization (every shard of a split one); without ``:QUANT``, ``Q4_K_M``
-  where the repository has it, else its one GGUF.
+  where the repository has it, else its one GGUF; and the repository's vision projector
+  (``mmproj-*.gguf``) when it has one.
 
 A cut download resumes where it stopped (``huggingface_hub`` keeps the ``.incomplete`` file);
 ``HF_TOKEN`` opens gated and private repositories. On a terminal ``huggingface_hub`` draws its
@@ -22,6 +23,7 @@ import logging
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from glmserve.models.resolve import ModelNotFoundError, gguf_name
@@ -46,22 +48,33 @@ def hub_name(model: str | None) -> tuple[str, str | None] | None:
     return repo, quant or None
 
 
-def fetch(model: str | None, engine: str, offline: bool = False) -> tuple[Path, str] | None:
-    """``(local path, repository)`` of the Hub model ``model`` names (see ``hub_name``), fetched
-    into the Hugging Face cache unless it is there: a GGUF file for ``llama_cpp``, a model folder
-    for the other engines. None when ``model`` is not a Hub name. ``offline``: the cache only.
-    Raises ``ModelNotFoundError``."""
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A model fetched by name: ``path`` (a GGUF file, the first shard of a split one, or a
+    model folder), its ``repo``, and ``mmproj``: the vision projector GGUF beside a GGUF
+    (``mmproj-*.gguf``, F16 where there are several), or None."""
+
+    path: Path
+    repo: str
+    mmproj: Path | None = None
+
+
+def fetch(model: str | None, engine: str, offline: bool = False) -> Fetched | None:
+    """The Hub model ``model`` names (see ``hub_name``), fetched into the Hugging Face cache
+    unless it is there: a GGUF file (and its projector) for ``llama_cpp``, a model folder for the
+    other engines. None when ``model`` is not a Hub name. ``offline``: the cache only. Raises
+    ``ModelNotFoundError``."""
     named = hub_name(model)
     if named is None:
         return None
     repo, quant = named
     try:
         if engine == "llama_cpp":
-            return _fetch_gguf(repo, quant, offline), repo
+            return _fetch_gguf(repo, quant, offline)
         if quant is not None:
             raise ModelNotFoundError(f"{model}: ':{quant}' picks a GGUF, which the {engine} engine does not load "
                                      "(serve it with --engine llama_cpp)")
-        return _fetch_folder(repo, offline), repo
+        return Fetched(_fetch_folder(repo, offline), repo)
     except ModelNotFoundError:
         raise
     except Exception as exc:  # huggingface_hub's and the network's errors, each said in one line
@@ -79,6 +92,20 @@ def _explain(repo: str, exc: Exception, offline: bool) -> str:
         return _not_cached(repo, offline)
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return f"{repo}: the Hub cannot serve it ({first_line}); a model fetched before is served with --offline"
+
+
+def cached_models() -> list[tuple[str, str, int]]:
+    """The models in the Hugging Face cache: ``(repository, "gguf" or "folder", bytes on disk)``
+    each, by name; none when there is no cache."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        repos = scan_cache_dir().repos
+    except CacheNotFound:
+        return []
+    return sorted((repo.repo_id, "gguf" if any(f.file_name.endswith(".gguf") for r in repo.revisions for f in r.files)
+                   else "folder", repo.size_on_disk) for repo in repos if repo.repo_type == "model")
 
 
 def _not_cached(model: str, offline: bool) -> str:
@@ -128,31 +155,45 @@ def _model_of(file: str) -> str:
     return str(path.parent / stem)
 
 
-def _fetch_gguf(repo: str, quant: str | None, offline: bool) -> Path:
+def pick_mmproj(files: list[str]) -> str | None:
+    """The vision projector of a GGUF repository's files: its ``mmproj-*.gguf``, the F16 one
+    where there are several (llama-server's choice), else the first by name; None without one."""
+    projectors = sorted(f for f in files if PurePosixPath(f).name.lower().startswith("mmproj")
+                        and f.lower().endswith(".gguf"))
+    return next((f for f in projectors if "f16" in f.lower() and "bf16" not in f.lower()), projectors[0] if projectors
+                else None)
+
+
+def _fetch_gguf(repo: str, quant: str | None, offline: bool) -> Fetched:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
 
-    chosen = None
+    chosen, projector = None, None
     if not offline:
         try:
-            chosen = pick_gguf(HfApi().list_repo_files(repo), repo, quant)
+            listed = HfApi().list_repo_files(repo)
+            chosen, projector = pick_gguf(listed, repo, quant), pick_mmproj(listed)
         except (HfHubHTTPError, ModelNotFoundError):  # the Hub answered: gated, missing, no such quant
             raise
         except Exception as exc:  # it did not (the network's errors): the cache, as snapshot_download does
             log.warning("the Hub cannot be reached (%s): looking in the Hugging Face cache", exc)
-    paths = [Path(hf_hub_download(repo, f, local_files_only=chosen is None, tqdm_class=_progress_class()))
-             for f in chosen or _cached_gguf(repo, quant, offline)]
-    return paths[0]
+    local = chosen is None
+    if local:
+        chosen, projector = _cached_gguf(repo, quant, offline)
+    paths = [Path(hf_hub_download(repo, f, local_files_only=local, tqdm_class=_progress_class()))
+             for f in [*chosen, *([projector] if projector else [])]]
+    return Fetched(paths[0], repo, paths[-1] if projector else None)
 
 
-def _cached_gguf(repo: str, quant: str | None, offline: bool) -> list[str]:
-    """The GGUF files of ``repo`` and ``quant`` in the cache (``offline``: by request, else
-    for want of the Hub). Raises ``ModelNotFoundError``."""
+def _cached_gguf(repo: str, quant: str | None, offline: bool) -> tuple[list[str], str | None]:
+    """The GGUF files of ``repo`` and ``quant`` in the cache, and its projector there
+    (``offline``: by request, else for want of the Hub). Raises ``ModelNotFoundError``."""
     from huggingface_hub import snapshot_download
 
     cached = Path(snapshot_download(repo, local_files_only=True, allow_patterns=["*.gguf"]))
+    files = [str(p.relative_to(cached)) for p in cached.rglob("*.gguf")]
     try:
-        return pick_gguf([str(p.relative_to(cached)) for p in cached.rglob("*.gguf")], repo, quant)
+        return pick_gguf(files, repo, quant), pick_mmproj(files)
     except ModelNotFoundError:
         raise ModelNotFoundError(_not_cached(f"{repo}:{quant}" if quant else repo, offline)) from None
 
