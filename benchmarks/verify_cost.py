@@ -11,7 +11,8 @@ output can differ from plain decoding after a few hundred tokens.
    ``ggml-cpu/ops.cpp``) and reduces the partial sums; a row among others is summed in one pass.
    Rows computed among 2 to 63 others are bit-identical whatever their number.
 
-Alternating repetitions, medians. Prints a table.
+Alternating repetitions, medians. Prints the tables and keeps them in
+``results/verify_cost.md``.
 
     python benchmarks/verify_cost.py [--context 600] [--repeats 5]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import llama_cpp
@@ -28,6 +30,7 @@ from llama_cpp._internals import LlamaModel
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
+from rounds import save  # benchmarks/rounds.py
 
 ROWS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 63]
 
@@ -87,17 +90,17 @@ def main() -> None:
             times[k].append((time.perf_counter() - start) * 1000)
             seq.trim(args.context)
     one = statistics.median(times[1])
-    print(f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
-          f"context {args.context} tokens | {args.repeats} alternating repetitions, medians\n")
-    print("| rows (last token + draft) | ms per decode | x one row | ms per extra row |")
-    print("|---:|---:|---:|---:|")
+    lines = [f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads "
+             f"{args.threads} | context {args.context} tokens | {args.repeats} alternating repetitions, medians", "",
+             "| rows (last token + draft) | ms per decode | x one row | ms per extra row |", "|---:|---:|---:|---:|"]
+    stats: dict = {"ms_per_decode": {}}
     for k in ROWS:
         ms = statistics.median(times[k])
+        stats["ms_per_decode"][k] = ms
         extra = "-" if k == 1 else f"{(ms - one) / (k - 1):.2f}"
-        print(f"| {k} | {ms:.2f} | {ms / one:.2f} | {extra} |")
-    print("\n| context (tokens) | max abs logit difference, row alone vs among 2 / 16 / 63 rows | "
-          "among 2 vs among 63 |")
-    print("|---:|---|---:|")
+        lines.append(f"| {k} | {ms:.2f} | {ms / one:.2f} | {extra} |")
+    lines += ["", "| context (tokens) | max abs logit difference, row alone vs among 2 / 16 / 63 rows | "
+              "among 2 vs among 63 |", "|---:|---|---:|"]
     for context in (200, 300, 600):
         seq.prefill(tokens[:context])
         alone = seq.decode([tokens[context]], context)[0]
@@ -107,8 +110,9 @@ def main() -> None:
             among[k] = seq.decode(tokens[context:context + k], context)[0]
             seq.trim(context)
         diffs = " / ".join(f"{float(np.abs(alone - among[k]).max()):.3g}" for k in (2, 16, 63))
-        print(f"| {context} | {diffs} | {float(np.abs(among[2] - among[63]).max()):.3g} |")
-
+        lines.append(f"| {context} | {diffs} | {float(np.abs(among[2] - among[63]).max()):.3g} |")
+    save("verify_cost", "What a verification step costs", "\n".join(lines), stats,
+         command=" ".join(["python benchmarks/verify_cost.py", *sys.argv[1:]]))
 
 if __name__ == "__main__":
     main()
