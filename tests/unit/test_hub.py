@@ -19,7 +19,7 @@ REPO_FILES = ["README.md", "m-Q4_K_M.gguf", "m-IQ2_XXS.gguf", "m-BF16.gguf", "mm
 @pytest.mark.parametrize(("model", "named"), [
     ("unsloth/GLM-4.7-Flash-GGUF:Q4_K_M", ("unsloth/GLM-4.7-Flash-GGUF", "Q4_K_M")),
     ("zai-org/GLM-4.5-Air", ("zai-org/GLM-4.5-Air", None)),
-    ("model.gguf", None), ("./org/name", None), ("~/models/x", None), ("a/b/c", None), (None, None),
+    ("model.gguf", None), ("models/glm.gguf", None), ("./org/name", None), ("~/models/x", None), ("a/b/c", None), (None, None),
 ])
 def test_which_names_are_hub_names(model, named):
     assert hub.hub_name(model) == named
@@ -97,7 +97,8 @@ def test_a_vision_gguf_comes_with_its_projector(cache, monkeypatch):
 
 @pytest.mark.parametrize(("model", "engine", "message"), [
     ("o/gated", "transformers", r"^o/gated is gated: accept its terms on the Hub, then set HF_TOKEN"),
-    ("o/missing", "transformers", r"^o/missing: no such repository on the Hub \(a private one needs HF_TOKEN\)$"),
+    ("o/missing", "transformers", r"^o/missing: no such local folder, nor repository on the Hub \(a private one "
+                                  r"needs HF_TOKEN\)$"),
     ("o/m-GGUF:Q2_K", "llama_cpp", r"^o/m-GGUF has no Q2_K GGUF; it has: Q4_K_M$"),
     ("o/m-GGUF", "transformers", r"^o/m-GGUF has no config.json"),
 ])

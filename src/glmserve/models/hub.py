@@ -41,8 +41,10 @@ FOLDER_FILES = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.
 
 def hub_name(model: str | None) -> tuple[str, str | None] | None:
     """``(repository, quant)`` when ``model`` names a Hub repository (``ORG/NAME`` or
-    ``ORG/NAME:QUANT``, and no file or folder of that path exists); else None."""
-    if not model or not _NAME.fullmatch(model) or Path(model).expanduser().exists():
+    ``ORG/NAME:QUANT``, and no file or folder of that path exists, nor is it a ``.gguf`` path);
+    else None."""
+    if not model or not _NAME.fullmatch(model) or model.lower().endswith(".gguf") \
+            or Path(model).expanduser().exists():
         return None
     repo, _, quant = model.partition(":")
     return repo, quant or None
@@ -87,7 +89,7 @@ def _explain(repo: str, exc: Exception, offline: bool) -> str:
     if isinstance(exc, GatedRepoError):
         return f"{repo} is gated: accept its terms on the Hub, then set HF_TOKEN to a token of that account"
     if isinstance(exc, RepositoryNotFoundError):
-        return f"{repo}: no such repository on the Hub (a private one needs HF_TOKEN)"
+        return f"{repo}: no such local folder, nor repository on the Hub (a private one needs HF_TOKEN)"
     if isinstance(exc, LocalEntryNotFoundError) or offline:
         return _not_cached(repo, offline)
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
