@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from glmserve.models.resolve import ModelNotFoundError, gguf_name
+from glmserve.models.resolve import ModelNotFoundError, gguf_name, gguf_stem
 
 log = logging.getLogger("glmserve.hub")
 
@@ -143,7 +143,7 @@ def pick_gguf(files: list[str], repo: str, quant: str | None) -> list[str]:
         chosen = by_quant[quant.upper()]
     else:
         raise ModelNotFoundError(f"{repo} has no {quant} GGUF; it has: {', '.join(named) or ', '.join(ggufs)}")
-    first = [f for f in chosen if gguf_name(Path(f)) is not None]
+    first = [f for f in chosen if gguf_name(PurePosixPath(f)) is not None]
     if len({_model_of(f) for f in chosen}) != 1 or len(first) != 1:
         raise ModelNotFoundError(f"{repo}: several {quant or DEFAULT_QUANT} GGUFs ({', '.join(chosen)}); "
                                  "fetch one with huggingface-cli and give its path")
@@ -153,8 +153,7 @@ def pick_gguf(files: list[str], repo: str, quant: str | None) -> list[str]:
 def _model_of(file: str) -> str:
     """A GGUF file's model (its shards' one name), with its folder."""
     path = PurePosixPath(file)
-    stem = re.sub(r"-\d{5}-of-\d{5}$", "", path.stem)
-    return str(path.parent / stem)
+    return str(path.parent / gguf_stem(path))
 
 
 def pick_mmproj(files: list[str]) -> str | None:

