@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from glmserve.testing import free_port
 
 AGENT_CONTEXT = 32768
 START_TIMEOUT_S = 1800.0  # a model fetched by name at its first start can take this long
@@ -92,12 +93,6 @@ def agent_setup(name: str, url: str, model: str, key: str, work: Path) -> tuple[
     return {"OPENCODE_CONFIG": str(config)}, []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _flag(args: list[str], name: str) -> str | None:
     for i, word in enumerate(args):
         if word == name and i + 1 < len(args):
@@ -110,7 +105,7 @@ def _flag(args: list[str], name: str) -> str | None:
 def _start(serve: list[str], state_dir: Path) -> tuple[subprocess.Popen, str, Path]:
     """``glmserve serve SERVE`` on a free port, healthy; (process, URL, log file). Raises
     ``LaunchError`` with the log's last line when it stops first."""
-    port = _free_port()
+    port = free_port()
     if _flag(serve, "--n-ctx") is None:
         serve = [*serve, "--n-ctx", str(AGENT_CONTEXT)]
     state_dir.mkdir(parents=True, exist_ok=True)
