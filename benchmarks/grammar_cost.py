@@ -1,6 +1,6 @@
 """What a client's output constraint costs, at glmserve's schema limits and unconstrained.
 
-For each case: the grammar glmserve builds (``serving/grammar.py``) and its size, the time
+For each case: the grammar glmserve builds (``serving/structured/grammar.py``) and its size, the time
 llama.cpp takes to load it (``llama_sampler_init_grammar``), and the decode time per token of a
 greedy run of ``--tokens`` tokens with the grammar, on the default model. Every constraint
 asks for a long output (``minLength``/``minItems``), and the prompt's evaluation is left out. Cases alternate over ``--rounds`` rounds in
@@ -19,8 +19,8 @@ from llama_cpp import Llama, LlamaGrammar, llama_cpp
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
-from glmserve.serving.grammar import json_grammar
-from glmserve.serving.schema_check import SchemaLimits, check_enforceable, check_schema
+from glmserve.serving.structured.grammar import json_grammar
+from glmserve.serving.structured.schema_check import SchemaLimits, check_enforceable, check_schema
 
 LIMITS = SchemaLimits()
 CASES = {

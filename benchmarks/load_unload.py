@@ -2,7 +2,7 @@
 cost a request's time to first token compared with a warm one?
 
 Each cycle does what a server serving many models does for one of them: build and start the
-runtime (``glmserve.runtime.start_runtime``: engine, chat template, chat service), answer a
+runtime (``glmserve.runtime.start.start_runtime``: engine, chat template, chat service), answer a
 streamed chat request (cold: the clock starts before the load), answer the same kind of request
 again (warm), embed one text (the llama_cpp engine's embedding context is made and freed with
 it), then shut the engine down. After each cycle it reads the process's resident memory
@@ -36,7 +36,7 @@ from rounds import memory_mib, save  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.runtime import start_runtime
+from glmserve.runtime.start import start_runtime
 from glmserve.settings import ServeSettings
 
 QUESTIONS = ["What is the capital of France?", "Name a famous painter.", "List three fruits.", "What is 2 + 2?"]

@@ -18,9 +18,9 @@ import time
 
 from glmserve.bench.report import hardware
 from glmserve.engine.types import GenerationRequest, SamplingParams
-from glmserve.runtime import start_runtime
-from glmserve.serving.grammar import json_grammar, tool_call_grammar
-from glmserve.serving.schema_check import SchemaLimits
+from glmserve.runtime.start import start_runtime
+from glmserve.serving.structured.grammar import json_grammar, tool_call_grammar
+from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings import ServeSettings
 
 LIMITS = SchemaLimits()

@@ -185,7 +185,7 @@ def serve(args: list[str]) -> int:
     import uvicorn
 
     from glmserve.composition import build_app
-    from glmserve.runtime import STARTUP_ERRORS
+    from glmserve.runtime.start import STARTUP_ERRORS
     from glmserve.server.http_protocol import protocol_with_header_timeout
     from glmserve.server.logs import log_config
 

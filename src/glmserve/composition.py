@@ -2,7 +2,7 @@
 (``build_app``), the one app that ``glmserve serve`` and each Ray Serve replica run.
 
 The layers below it (``server`` over ``serving.runtime.Runtime`` over the engines) never import
-this module or ``glmserve.runtime``: every import arrow points down (``tests/unit/
+this module or ``glmserve.runtime.start``: every import arrow points down (``tests/unit/
 test_import_graph.py`` keeps it so)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
-from glmserve.runtime import freeze_heap, serve_many, start_runtime
+from glmserve.runtime.start import freeze_heap, serve_many, start_runtime
 from glmserve.server import create_app
-from glmserve.serving.runtime import Runtime
-from glmserve.serving.served import ServedModels
-from glmserve.serving.batches import BatchService
-from glmserve.serving.conversations import ConversationService
-from glmserve.serving.stored_responses import ResponseStorage
+from glmserve.runtime.services import Runtime
+from glmserve.runtime.served import ServedModels
+from glmserve.serving.batches.service import BatchService
+from glmserve.serving.responses.conversations import ConversationService
+from glmserve.serving.responses.stored import ResponseStorage
 from glmserve.settings import ServeSettings
 from glmserve.state import BatchStore, ConversationStore, FileStore, ResponseStore, open_database
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from glmserve.protocol.errors import APIError, ErrorResponse
-from glmserve.runtime import start_runtime
-from glmserve.serving.chunks import StreamItem
+from glmserve.runtime.start import start_runtime
+from glmserve.serving.generation.chunks import StreamItem
 from glmserve.settings import ServeSettings
 
 

@@ -19,8 +19,8 @@ from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.engine.transformers.settings import TransformersSettings
 from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.serving.sampling import GENERATION_DEFAULTS
-from glmserve.serving.schema_check import SchemaLimits
+from glmserve.serving.generation.sampling import GENERATION_DEFAULTS
+from glmserve.serving.structured.schema_check import SchemaLimits
 
 
 def _cli_config(prog: str, env_prefix: str = "GLMSERVE_") -> SettingsConfigDict:

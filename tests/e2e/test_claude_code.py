@@ -78,7 +78,7 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
     """A Messages request as the template messages and tools glmserve renders for it."""
     from glmserve.chat.messages import to_template_messages
     from glmserve.protocol.anthropic import MessagesRequest
-    from glmserve.serving.messages_request import to_chat_request
+    from glmserve.serving.messages.request import to_chat_request
 
     chat = to_chat_request(MessagesRequest.model_validate(body))
     return to_template_messages(chat.messages), chat.model_dump(exclude_none=True)["tools"]

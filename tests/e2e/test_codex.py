@@ -96,7 +96,7 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
     """A Responses request as the template messages and tools glmserve renders for it."""
     from glmserve.chat.messages import to_template_messages
     from glmserve.protocol.responses import ResponsesRequest
-    from glmserve.serving.responses_request import function_tools, to_chat_request
+    from glmserve.serving.responses.request import function_tools, to_chat_request
 
     def no_sealed_reasoning(token: str, param: str) -> str:  # Codex's first request has no history
         raise AssertionError(f"unexpected encrypted_content at {param}")

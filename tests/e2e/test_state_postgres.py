@@ -43,7 +43,7 @@ def test_a_host_whose_clock_runs_ahead_does_not_take_live_claims(database, monke
 
 
 def test_a_host_whose_clock_runs_ahead_does_not_fail_a_live_run(database, monkeypatch):
-    from glmserve.serving.stored_responses import LOST_AFTER_S, ResponseStorage
+    from glmserve.serving.responses.stored import LOST_AFTER_S, ResponseStorage
 
     store = ResponseStore(database, 3600.0, 1 << 20)
     store.put("k", {"id": "resp_live", "status": "in_progress", "background": True}, [])

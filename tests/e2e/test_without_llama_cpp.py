@@ -35,7 +35,8 @@ def blocked_env(tmp_path_factory) -> dict[str, str]:
 
 
 def test_the_block_works_and_the_core_imports(blocked_env):
-    code = ("import glmserve.cli, glmserve.server.app, glmserve.serving.grammar, glmserve.serving.messages\n"
+    code = ("import glmserve.cli, glmserve.server.app, glmserve.serving.structured.grammar\n"
+            "import glmserve.serving.messages.service\n"
             "try:\n    import llama_cpp\nexcept ImportError:\n    print('blocked')\n")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **blocked_env}, capture_output=True,
                          text=True, timeout=120)

@@ -20,10 +20,10 @@ from glmserve.engine.base import LoRAAdapterError
 from glmserve.protocol.errors import APIError
 from glmserve.server import create_app
 from glmserve.serving.adapters import AdapterTable
-from glmserve.serving.chat import ChatService
-from glmserve.serving.registry import ModelRegistry, ModelSpec
-from glmserve.serving.runtime import Runtime
-from glmserve.serving.served import ServedModels
+from glmserve.serving.chat.service import ChatService
+from glmserve.runtime.registry import ModelRegistry, ModelSpec
+from glmserve.runtime.services import Runtime
+from glmserve.runtime.served import ServedModels
 from tests.unit.fakes import FakeEngine
 
 

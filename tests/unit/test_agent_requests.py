@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
-from glmserve.serving.runtime import Runtime
+from glmserve.runtime.services import Runtime
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
-from glmserve.serving.sealed_reasoning import KEY_FILE, ReasoningSeal
+from glmserve.serving.chat.service import ChatService
+from glmserve.serving.responses.sealed_reasoning import KEY_FILE, ReasoningSeal
 from tests.unit.fakes import FakeEngine
 from tests.unit.test_reasoning_routes import ANSWER, ASK, GLM47, REPLY, THOUGHT, _sse
 

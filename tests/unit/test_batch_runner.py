@@ -1,4 +1,4 @@
-"""The batch runner over a real SQLite state (``serving/batch_runner.py``, ``state/batches.py``):
+"""The batch runner over a real SQLite state (``serving/batches/runner.py``, ``state/batches.py``):
 lines run only where their model is served, transient refusals are retried and never stored,
 a line that keeps failing is recorded once, a batch expires at the end of its window, and ended
 batches can be deleted with the files made for them. The HTTP side: ``tests/e2e/test_batches.py``."""
@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from glmserve.serving import batch_runner
-from glmserve.serving.batch_runner import Activity, BatchRunner
-from glmserve.serving.batches import BatchService
+from glmserve.serving.batches import runner as batch_runner
+from glmserve.serving.batches.runner import Activity, BatchRunner
+from glmserve.serving.batches.service import BatchService
 from glmserve.state import BatchStore, FileStore, ResponseStore, open_database
 from glmserve.state.tables import BATCH_LINES, BATCHES
 
@@ -267,7 +267,7 @@ def test_uploads_and_batch_files_are_handled_off_the_event_loop(tmp_path, monkey
     UTF-8 check works in pieces, across a character split between them."""
     import threading
 
-    from glmserve.serving import batches as batches_module
+    from glmserve.serving.batches import service as batches_module
 
     service = _service(tmp_path)
     threads: list[str] = []

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 from glmserve.serving.embeddings import encode_base64
 from tests.unit.fakes import FakeEngine
 

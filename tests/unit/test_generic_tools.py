@@ -13,9 +13,9 @@ from glmserve.chat.generic import to_generic_messages
 from glmserve.chat.messages import to_template_messages
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError
-from glmserve.serving.grammar import MAX_PARALLEL_CALLS, PLAIN_TEXT_GRAMMAR, tool_call_grammar
-from glmserve.serving.schema_check import SchemaLimits
-from glmserve.serving.tools import plan_tools
+from glmserve.serving.structured.grammar import MAX_PARALLEL_CALLS, PLAIN_TEXT_GRAMMAR, tool_call_grammar
+from glmserve.serving.structured.schema_check import SchemaLimits
+from glmserve.serving.generation.tools import plan_tools
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                  "required": ["city"]}}
@@ -128,7 +128,7 @@ def test_history_and_tools_become_plain_messages():
 
 
 def test_json_strings_admit_no_raw_control_characters():
-    from glmserve.serving.grammar import json_grammar
+    from glmserve.serving.structured.grammar import json_grammar
 
     g = json_grammar({"type": "object"}, "response_format", SchemaLimits())
     assert accepts(g, '{"a": "x\\ny"}') and not accepts(g, '{"a": "x\ny"}')

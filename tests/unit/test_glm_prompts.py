@@ -11,7 +11,7 @@ from glmserve.chat import ChatTemplate, to_template_messages
 from glmserve.chat.glm4 import to_glm4_items
 from glmserve.engine.hf_tokenizer import HFTokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.serving.prompt import end_of_turn_token_ids
+from glmserve.serving.generation.prompt import end_of_turn_token_ids
 from glmserve.toolcalls import PARSERS
 from tests.unit.glm_tokenizer import glm_tokenizer
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving import adapters
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
 
 

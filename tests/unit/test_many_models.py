@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.models import resolve_model
 from glmserve.models.catalog import ConfigError, ModelEntry, parse_keep_alive, read_config, scan_models_dir
-from glmserve.runtime import model_settings
-from glmserve.serving.runtime import Runtime
+from glmserve.runtime.start import model_settings
+from glmserve.runtime.services import Runtime
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
-from glmserve.serving.registry import ModelRegistry, ModelSpec
-from glmserve.serving.served import ServedModels
+from glmserve.serving.chat.service import ChatService
+from glmserve.runtime.registry import ModelRegistry, ModelSpec
+from glmserve.runtime.served import ServedModels
 from glmserve.settings import ServeSettings
 from tests.unit.fakes import FakeEngine
 
@@ -267,7 +267,7 @@ def test_unloading_the_model_started_before_the_freeze_frees_what_it_held():
     import gc
     import weakref
 
-    from glmserve import runtime as runtime_module
+    from glmserve.runtime import start as runtime_module
 
     class Held:
         closed = False

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
 from tests.unit.test_serving_tools import TEMPLATES
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
 from tests.unit.test_messages_mapping import _events as message_events
 from tests.unit.test_serving_tools import _stream as chat_stream

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from glmserve.serving.registry import (
+from glmserve.runtime.registry import (
     ModelLoadError,
     ModelRegistry,
     ModelSpec,

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from glmserve.engine.admission import AdmissionControl
-from glmserve.engine.scheduler import BACKGROUND_PROMPT_TOKENS, SPLIT_COPY_MIN_TOKENS, Scheduler
-from glmserve.engine.sequence import KVOp, Sequence, SeqStatus
+from glmserve.engine.llama_cpp.scheduler import BACKGROUND_PROMPT_TOKENS, SPLIT_COPY_MIN_TOKENS, Scheduler
+from glmserve.engine.llama_cpp.sequence import KVOp, Sequence, SeqStatus
 
 
 def seq(name: str, tokens) -> Sequence:
@@ -272,7 +272,7 @@ def test_prefix_cache_is_reused_only_within_its_group():
 def test_prefix_cache_is_reused_only_within_its_cache_salt():
     """Another API key's (another salt's) prompt is not matched against a slot's or the host
     cache's cells, nor waited for while it prefills: its ``num_cached`` is 0."""
-    from glmserve.engine.prompt_cache import HostPromptCache
+    from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
 
     s = Scheduler(max_num_seqs=4, n_ctx=1000, max_num_batched_tokens=50)  # a free slot for each
     first = Sequence("first", list(range(20)), salt="key-a")
@@ -449,8 +449,8 @@ def test_a_background_step_computes_few_prompt_tokens_and_every_decode():
 
 def _with_image(name: str, before: int, n_tokens: int, n_pos: int, after: int) -> Sequence:
     """``before`` text tokens, an image of ``n_tokens`` tokens at ``n_pos`` positions, ``after`` more."""
-    from glmserve.engine.prompt_cache import MEDIA_TOKEN
-    from glmserve.engine.sequence import MediaSpan
+    from glmserve.engine.llama_cpp.prompt_cache import MEDIA_TOKEN
+    from glmserve.engine.llama_cpp.sequence import MediaSpan
 
     tokens = [*range(1, before + 1), *[MEDIA_TOKEN] * n_tokens, *range(100, 100 + after)]
     return Sequence(name, tokens, media=(MediaSpan(before, n_tokens, n_pos, None),))

@@ -1,5 +1,5 @@
-"""Client schema checks (``serving/schema_check.py``) and the pattern spelling for llama.cpp
-(``serving/grammar.py``), table-driven; the same families run against a real server in
+"""Client schema checks (``serving/structured/schema_check.py``) and the pattern spelling for llama.cpp
+(``serving/structured/grammar.py``), table-driven; the same families run against a real server in
 ``tests/e2e/test_hostile.py``."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 import pytest
 
 from glmserve.protocol.errors import APIError
-from glmserve.serving.grammar import check_grammar, gbnf_pattern, json_grammar
-from glmserve.serving.schema_check import SchemaLimits, check_enforceable, check_schema
+from glmserve.serving.structured.grammar import check_grammar, gbnf_pattern, json_grammar
+from glmserve.serving.structured.schema_check import SchemaLimits, check_enforceable, check_schema
 
 LIMITS = SchemaLimits(max_depth=8, max_nodes=50, max_repeat=100, max_grammar_bytes=4096)
 

@@ -12,8 +12,8 @@ from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
-from glmserve.serving.sampling import check_supported, to_sampling_params
+from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.sampling import check_supported, to_sampling_params
 from tests.unit.fakes import FakeEngine
 
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import SPECIAL, FakeEngine
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "glm"
@@ -147,8 +147,8 @@ def test_glm47_forced_calls_are_constrained_to_its_one_line_layout():
     xgr = pytest.importorskip("xgrammar")
     from xgrammar.testing import _is_grammar_accept_string
 
-    from glmserve.serving.grammar import tool_call_grammar
-    from glmserve.serving.schema_check import SchemaLimits
+    from glmserve.serving.structured.grammar import tool_call_grammar
+    from glmserve.serving.structured.schema_check import SchemaLimits
 
     clock = {"name": "clock", "parameters": {"type": "object", "properties": {}}}
     weather = {"name": "get_weather", "parameters": {**WEATHER["function"]["parameters"], "required": ["city"]}}

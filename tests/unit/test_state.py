@@ -109,7 +109,7 @@ def test_settings(tmp_path):
 
 def test_the_server_does_not_start_on_a_database_it_cannot_open(tmp_path):
     from glmserve.composition import build_app
-    from glmserve.runtime import STARTUP_ERRORS
+    from glmserve.runtime.start import STARTUP_ERRORS
     from glmserve.settings import ServeSettings
 
     with pytest.raises(STARTUP_ERRORS) as err:
@@ -126,7 +126,7 @@ def test_the_migrations_make_the_tables_the_stores_read(tmp_path):
 def test_a_batch_file_splits_only_at_line_feeds(tmp_path):
     """JSONL lines end at LF or CRLF; a raw U+2028 or U+0085 inside a JSON string (valid JSON)
     stays in its line."""
-    from glmserve.serving.batches import BatchService
+    from glmserve.serving.batches.service import BatchService
     from glmserve.state import BatchStore, FileStore
 
     database = open_database(f"sqlite:///{tmp_path / 'state.db'}")
@@ -150,7 +150,7 @@ def test_a_background_run_whose_server_stopped_reads_as_failed(tmp_path, monkeyp
     heartbeat is LOST_AFTER_S old (the server died), reading it stores and returns it failed.
     A run with a fresh heartbeat (running on another replica) and a finished one are left as
     they are, and a run renewed between the read and the write is not failed."""
-    from glmserve.serving.stored_responses import LOST_AFTER_S, ResponseStorage
+    from glmserve.serving.responses.stored import LOST_AFTER_S, ResponseStorage
 
     store = _store(tmp_path)
     storage = ResponseStorage(store)
@@ -216,7 +216,7 @@ def test_processes_starting_together_on_a_fresh_database_all_come_up(tmp_path):
 def test_a_cancel_from_another_server_does_not_overwrite_a_run_that_ended(tmp_path, monkeypatch):
     """The cancel of a background run that runs elsewhere is a conditional write: if that run
     ended between the cancel's read and its write, the ended response stays (and is returned)."""
-    from glmserve.serving.stored_responses import ResponseStorage
+    from glmserve.serving.responses.stored import ResponseStorage
 
     store = _store(tmp_path)
     storage = ResponseStorage(store)
@@ -241,8 +241,8 @@ def test_lists_are_paged_and_items_found_in_the_database(tmp_path, monkeypatch):
     """Conversation items, files and batches are paged in SQL (keyset on their order), and an
     item is looked up by id: no route reads a whole conversation or an owner's whole table."""
     from glmserve.protocol.errors import APIError
-    from glmserve.serving.batches import BatchService
-    from glmserve.serving.conversations import ConversationService
+    from glmserve.serving.batches.service import BatchService
+    from glmserve.serving.responses.conversations import ConversationService
     from glmserve.state import BatchStore, ConversationStore, FileStore
 
     store = _store(tmp_path)
@@ -325,7 +325,7 @@ def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tm
     """A file is written and read a piece (``files.CHUNK_BYTES``) at a time: an upload of
     several pieces comes back byte for byte, a request line across two pieces is parsed whole,
     and an upload refused in its last piece (not UTF-8) leaves no piece behind."""
-    from glmserve.serving.batches import BatchService
+    from glmserve.serving.batches.service import BatchService
     from glmserve.state import BatchStore, FileStore
     from glmserve.state.files import CHUNK_BYTES
     from glmserve.state.tables import FILE_CHUNKS

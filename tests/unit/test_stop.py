@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from glmserve.serving.stop import StopStringMatcher
+from glmserve.serving.generation.stop import StopStringMatcher
 
 
 def _run(stops, deltas):

@@ -17,7 +17,7 @@ class ChatError(RuntimeError):
 class LocalBackend:
     def __init__(self, settings: ChatSettings) -> None:
         from glmserve.llm import LLM
-        from glmserve.runtime import STARTUP_ERRORS
+        from glmserve.runtime.start import STARTUP_ERRORS
 
         # the serve flags the user set (and only those: an engine refuses a flag it does not use)
         given = {k: getattr(settings, k) for k in ServeSettings.model_fields

@@ -44,7 +44,7 @@ from glmserve.deploy.affinity import SessionAffinityRouter
 from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_force
 from glmserve.engine.admission import queue_limit
 from glmserve.composition import build_app
-from glmserve.runtime import STARTUP_ERRORS
+from glmserve.runtime.start import STARTUP_ERRORS
 from glmserve.settings import DeploySettings, ServeSettings
 
 log = logging.getLogger("glmserve.deploy")

@@ -5,7 +5,7 @@ Source: Anthropic's API reference (Messages, Count tokens, Streaming messages, E
 ``anthropic`` package's ``types``. Unknown request fields are tolerated (``extra="allow"``), as
 Anthropic's own clients send beta fields (Claude Code: ``context_management``,
 ``output_config``); content blocks are plain dicts here and checked one by one in
-``serving/messages.py``, which names the offending block in its 400.
+``serving/messages/service.py``, which names the offending block in its 400.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MAX_MESSAGES = 100_000
 MAX_BLOCKS = 100_000
 Blocks = Annotated[list[dict[str, Any]], Field(max_length=MAX_BLOCKS)]  # a string has no bound but the body's
 # Anthropic documents no limit on stop_sequences; each is searched for after every token
-# (serving/stop.py), so their number is bounded here
+# (serving/generation/stop.py), so their number is bounded here
 MAX_STOP_SEQUENCES = 32
 
 
@@ -48,7 +48,7 @@ class ThinkingConfig(_Lenient):
     """``enabled`` / ``disabled`` turn the model's thinking switch on or off; ``adaptive`` (what
     Claude Code sends) leaves the model's default. ``budget_tokens`` (Anthropic's rules: needed
     with ``enabled``, at least 1024, below ``max_tokens``) ends the reasoning after that many
-    tokens (``serving/reasoning_budget.py``)."""
+    tokens (``serving/generation/reasoning_budget.py``)."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=1024)

@@ -6,8 +6,8 @@ values fail validation, which the HTTP layer answers with a 400.
 Extensions beyond OpenAI (the common ones vLLM and llama.cpp accept): ``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``, ``chat_template_kwargs`` (extra variables for the chat
 template, e.g. GLM-4.5's ``enable_thinking``), ``thinking_token_budget`` (vLLM's: reasoning tokens
-before the reasoning is ended, ``serving/reasoning_budget.py``); in responses vLLM's ``stop_reason`` (the stop
-string that ended the choice, absent otherwise).
+before the reasoning is ended, ``serving/generation/reasoning_budget.py``); in responses vLLM's
+``stop_reason`` (the stop string that ended the choice, absent otherwise).
 """
 
 from __future__ import annotations

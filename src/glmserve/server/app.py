@@ -20,12 +20,12 @@ from glmserve.server.batch_dispatch import dispatcher
 from glmserve.server.routes import (batches, chat, completions, conversations, docs, embeddings, health, lora,
                                     messages, metrics, model_admin, models, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
-from glmserve.serving.batch_runner import Activity, BatchRunner
-from glmserve.serving.batches import BatchService
-from glmserve.serving.chat import ChatService
-from glmserve.serving.runtime import Runtime
-from glmserve.serving.served import ServedModels
-from glmserve.serving.stored_responses import ResponseStorage
+from glmserve.serving.batches.runner import Activity, BatchRunner
+from glmserve.serving.batches.service import BatchService
+from glmserve.serving.chat.service import ChatService
+from glmserve.runtime.services import Runtime
+from glmserve.runtime.served import ServedModels
+from glmserve.serving.responses.stored import ResponseStorage
 
 
 def create_app(

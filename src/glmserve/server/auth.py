@@ -75,7 +75,7 @@ async def require_anthropic_key(request: Request) -> None:
 
 
 def cache_owner(app: FastAPI, owner_digest: str) -> str | None:
-    """Whose prefix caches a request of ``owner_digest`` may share (``serving/request_scope.py``):
+    """Whose prefix caches a request of ``owner_digest`` may share (``serving/generation/request_scope.py``):
     that owner's on a server of several keys, everyone's (None) on a server of one key or none."""
     return owner_digest if len(app.state.api_keys) > 1 else None
 

@@ -22,8 +22,8 @@ from glmserve.protocol.errors import APIError
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.auth import cache_owner
 from glmserve.server.errors import error_content, validation_error
-from glmserve.serving.batch_runner import Dispatch
-from glmserve.serving.request_scope import BATCH_PRIORITY, CACHE_SALT, REQUEST_PRIORITY, cache_salt
+from glmserve.serving.batches.runner import Dispatch
+from glmserve.serving.generation.request_scope import BATCH_PRIORITY, CACHE_SALT, REQUEST_PRIORITY, cache_salt
 
 log = logging.getLogger("glmserve.batches")
 

@@ -11,11 +11,11 @@ from fastapi import Request, Response
 
 from glmserve.server.auth import cache_owner, owner
 from glmserve.server.sse import OPENAI, SSEDialect, respond
-from glmserve.serving.request_scope import CACHE_SALT
-from glmserve.serving.request_scope import cache_salt as salt_for
+from glmserve.serving.generation.request_scope import CACHE_SALT
+from glmserve.serving.generation.request_scope import cache_salt as salt_for
 
 if TYPE_CHECKING:
-    from glmserve.serving.runtime import Runtime
+    from glmserve.runtime.services import Runtime
 
 
 async def respond_with_model(request: Request, model: str | None, call: Callable[[Runtime], Awaitable[Any]],
@@ -23,7 +23,7 @@ async def respond_with_model(request: Request, model: str | None, call: Callable
                              cache_salt: str | None = None) -> Response:
     """``respond(call(runtime))`` on the runtime serving ``model``, released when the response
     no longer needs it: the routes that generate text. ``cache_salt``: the client's (its
-    request's field); the engine's salt also keeps keys apart (``serving/request_scope.py``).
+    request's field); the engine's salt also keeps keys apart (``serving/generation/request_scope.py``).
     Raises ``APIError`` when the model is unknown, cannot be loaded, or is served for
     embeddings only."""
     scope_cache(request, cache_salt)
@@ -43,7 +43,7 @@ async def respond_with_model(request: Request, model: str | None, call: Callable
 
 
 def scope_cache(request: Request, client_salt: str | None) -> None:
-    """Set the engine's cache salt (``serving/request_scope.py``) for this request's task, and the
+    """Set the engine's cache salt (``serving/generation/request_scope.py``) for this request's task, and the
     tasks it starts (a background response)."""
     CACHE_SALT.set(salt_for(cache_owner(request.app, owner(request)), client_salt))
 

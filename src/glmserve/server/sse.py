@@ -36,7 +36,7 @@ from starlette.background import BackgroundTask
 from glmserve.protocol import anthropic
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.server.cancellation import with_cancellation
-from glmserve.serving.chunks import StreamItem
+from glmserve.serving.generation.chunks import StreamItem
 
 log = logging.getLogger("glmserve.stream")
 

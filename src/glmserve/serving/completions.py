@@ -18,13 +18,13 @@ from contextlib import aclosing
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
-from glmserve.serving.request_scope import CACHE_SALT, REQUEST_PRIORITY
-from glmserve.serving.chat import ChatService
-from glmserve.serving.chunks import ChunkStream
-from glmserve.serving.run import Run, usage
-from glmserve.serving.merge import merged
-from glmserve.serving.prompt import fit_max_tokens
-from glmserve.serving.sampling import (
+from glmserve.serving.generation.request_scope import CACHE_SALT, REQUEST_PRIORITY
+from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.chunks import ChunkStream
+from glmserve.serving.generation.run import Run, usage
+from glmserve.serving.generation.merge import merged
+from glmserve.serving.generation.prompt import fit_max_tokens
+from glmserve.serving.generation.sampling import (
     check_n,
     choice_sampling,
     logit_bias,

@@ -16,7 +16,7 @@ import struct
 from glmserve.protocol.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from glmserve.protocol.errors import context_length_exceeded, invalid_request, server_error
 from glmserve.engine.base import EngineError
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 
 
 def encode_base64(vector: list[float]) -> str:

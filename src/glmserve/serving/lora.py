@@ -9,7 +9,7 @@ import asyncio
 
 from glmserve.protocol.errors import APIError, invalid_request
 from glmserve.protocol.lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 
 
 class LoRAAdapterService:

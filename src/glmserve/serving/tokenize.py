@@ -13,7 +13,7 @@ from glmserve.protocol.tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 
 
 class TokenizeService:

@@ -1,7 +1,7 @@
 """``BatchStore``: batches (OpenAI's ``/v1/batches``, Anthropic's ``/v1/messages/batches``) and
 their request lines, each line's result stored in the same transaction that marks it done.
 
-Runners (one per server process, ``serving/batches.py``) claim pending lines with one
+Runners (one per server process, ``serving/batches/service.py``) claim pending lines with one
 conditional ``UPDATE`` (atomic on SQLite and PostgreSQL, so two replicas never claim the same
 line), keep their claims fresh while the lines run (``heartbeat``), and record each result only
 if the line is not done yet. A line claimed by a process that died (SIGKILL, a lost replica) is

@@ -8,7 +8,7 @@ and nothing else::
 This is llama.cpp's generic tool-call format (``common/chat.cpp``,
 ``common_chat_params_init_generic``), with plain text instead of its ``{"response": ...}``
 wrapper so that answers stream as they are written. Decoding is constrained to it
-(``serving/grammar.py``), so a reply that starts with ``{`` is a call.
+(``serving/structured/grammar.py``), so a reply that starts with ``{`` is a call.
 
 Streaming: text is released at once when the reply cannot start with ``{"tool_calls": [``;
 each call is emitted as soon as its object is complete. A reply cut by ``max_tokens`` inside a

@@ -8,7 +8,7 @@ from typing import Literal
 
 from glmserve.engine.llama_cpp.settings import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
-from glmserve.engine.scheduler import KVLayout
+from glmserve.engine.llama_cpp.scheduler import KVLayout
 from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS
 
 

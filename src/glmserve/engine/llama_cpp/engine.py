@@ -17,7 +17,7 @@ micro-batch, so long prompts prefill at llama.cpp's pace; 63 with ``--batch-inva
 llama.cpp's 64-token threshold, so outputs do not depend on what a request is batched with).
 With ``--cache-ram`` (split layout), a free sequence's state is saved in host memory before its
 cells are reclaimed and restored for a later prompt that shares a longer prefix with it
-(``engine/prompt_cache.py``).
+(``engine/llama_cpp/prompt_cache.py``).
 
 Speculative decoding (``speculative/``: ``ngram``, its ``__init__``; ``draft``, ``draft_model.py``;
 ``mtp``, ``mtp.py``): in a step that decodes one sequence alone, it may append a draft to its one
@@ -56,10 +56,10 @@ from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.llama_cpp.vision import Projector, load_projector
-from glmserve.engine.prompt_cache import HostPromptCache
+from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
-from glmserve.engine.scheduler import Scheduler
-from glmserve.engine.sequence import Sequence, SeqStatus
+from glmserve.engine.llama_cpp.scheduler import Scheduler
+from glmserve.engine.llama_cpp.sequence import Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
                                    SpecDecodeCounters, TokenLogprob)

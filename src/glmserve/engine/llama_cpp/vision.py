@@ -31,8 +31,8 @@ from llama_cpp._logger import llama_log_callback
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.prompt_cache import MEDIA_TOKEN
-from glmserve.engine.sequence import MediaSpan
+from glmserve.engine.llama_cpp.prompt_cache import MEDIA_TOKEN
+from glmserve.engine.llama_cpp.sequence import MediaSpan
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
 

@@ -1,6 +1,6 @@
 """Files and batches: OpenAI's ``/v1/files`` and ``/v1/batches``, Anthropic's
 ``/v1/messages/batches`` (``anthropic_router``: Anthropic's key header and error bodies), over
-``serving/batches.py``. Everything belongs to the API key that made it (``server/auth.owner``)."""
+``serving/batches/service.py``. Everything belongs to the API key that made it (``server/auth.owner``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from glmserve.protocol.batches import BatchCreateRequest, MessageBatchCreateRequ
 from glmserve.server.auth import owner
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
-from glmserve.serving.batches import BatchService
+from glmserve.serving.batches.service import BatchService
 
 router = APIRouter()
 anthropic_router = APIRouter()
@@ -26,7 +26,7 @@ def _service(request: Request) -> BatchService:
 @router.post("/v1/files", responses=error_responses(400, 413))
 async def upload_file(request: Request, file: UploadFile = File(...),  # noqa: B008 (FastAPI's form fields)
                       purpose: str = Form(...)) -> JSONResponse:  # noqa: B008
-    # the spooled upload is read, checked and stored in a worker thread (serving/batches.py)
+    # the spooled upload is read, checked and stored in a worker thread (serving/batches/service.py)
     return JSONResponse(await _service(request).upload(owner(request), purpose, file.filename or "", file.file))
 
 

@@ -1,4 +1,4 @@
-"""``/v1/conversations`` (OpenAI's Conversations API), over ``serving/conversations.py``; each
+"""``/v1/conversations`` (OpenAI's Conversations API), over ``serving/responses/conversations.py``; each
 conversation belongs to the API key that made it (``server/auth.owner``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from glmserve.protocol.conversations import ConversationCreateRequest, Conversat
 from glmserve.server.auth import owner
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
-from glmserve.serving.conversations import ConversationService
+from glmserve.serving.responses.conversations import ConversationService
 
 router = APIRouter()
 

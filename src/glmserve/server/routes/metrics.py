@@ -1,10 +1,10 @@
-"""``GET /metrics``: Prometheus text format (``serving/metrics.py``), of every loaded model."""
+"""``GET /metrics``: Prometheus text format (``serving/generation/metrics.py``), of every loaded model."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from glmserve.serving.metrics import CONTENT_TYPE, render_all
+from glmserve.serving.generation.metrics import CONTENT_TYPE, render_all
 
 router = APIRouter()
 

@@ -1,4 +1,4 @@
-"""``/v1/responses``: create (``serving/responses.py`` generates, ``serving/stored_responses.py``
+"""``/v1/responses``: create (``serving/responses/service.py`` generates, ``serving/responses/stored.py``
 stores, continues and runs in the background), and the stored responses' routes: get (or
 stream a background run again), delete, input items, cancel. Each stored response belongs to
 the API key that made it (``server/auth.owner``)."""
@@ -16,7 +16,7 @@ from glmserve.server.model_lease import respond_with_model, scope_cache
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.server.sse import RESPONSES, respond
-from glmserve.serving.stored_responses import ResponseStorage
+from glmserve.serving.responses.stored import ResponseStorage
 
 router = APIRouter()
 

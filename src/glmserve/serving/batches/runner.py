@@ -1,5 +1,5 @@
 """``BatchRunner``: runs the lines of the batches in the state database, one runner per server
-process, at a lower priority than interactive requests (``serving/batches.py`` says how; the
+process, at a lower priority than interactive requests (``serving/batches/service.py`` says how; the
 claims that make it durable are ``state/batches.py``'s). ``Activity`` counts the interactive
 generation requests in flight, which the runner yields to."""
 
@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from glmserve.serving.batches import BatchService
+from glmserve.serving.batches.service import BatchService
 from glmserve.state import ClaimedLine
 
 log = logging.getLogger("glmserve.batches")

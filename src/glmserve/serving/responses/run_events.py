@@ -1,4 +1,4 @@
-"""A background response run's event log (``serving/stored_responses.py``): the events so far,
+"""A background response run's event log (``serving/responses/stored.py``): the events so far,
 kept in memory for streams that join late (``GET /v1/responses/{id}?stream=true&starting_after=N``),
 and ``Follow``, one such stream."""
 

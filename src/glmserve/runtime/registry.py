@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from glmserve.engine.base import one_line
-from glmserve.serving.registry_types import (
+from glmserve.runtime.registry_types import (
     Lease,
     ModelLoadError,
     ModelSpec,

@@ -4,7 +4,7 @@ one machinery: ``BatchService`` makes, reads, cancels and finishes batches;
 ``serving/batch_runner.BatchRunner`` (one per server process) runs their lines through
 ``dispatch`` (the same handlers as the HTTP routes: ``server/batch_dispatch.py``).
 
-Priority: each line runs at the engines' ``BATCH_PRIORITY`` (``serving/request_scope.py``: the
+Priority: each line runs at the engines' ``BATCH_PRIORITY`` (``serving/generation/request_scope.py``: the
 llama_cpp engine pauses batch sequences while an interactive one has work, and gives it their
 slots). The runner takes the engines' full batch size (the largest ``max_num_seqs`` of the
 models loaded), and starts no new line while an interactive generation request is in flight or
@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO
 
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.batch_files import checked_utf8, jsonl, lines_of, parse_lines
+from glmserve.serving.batches.files import checked_utf8, jsonl, lines_of, parse_lines
 from glmserve.serving.items import is_stored_id, list_object, unknown_cursor
 from glmserve.state import BatchStore, FileStore, StoreFull, UnknownCursor
 

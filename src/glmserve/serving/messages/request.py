@@ -20,7 +20,7 @@ Request mapping:
   ``redacted_thinking`` (opaque to any other model) is dropped.
 - ``tools`` are function tools (``input_schema`` -> ``parameters``); Anthropic's server tools
   (web search, web fetch, code execution) are left out unless ``tool_choice`` names one (a 400:
-  ``serving/hosted_tools.py``); ``tool_choice`` ``auto`` /
+  ``serving/chat/hosted_tools.py``); ``tool_choice`` ``auto`` /
   ``any`` / ``tool`` / ``none`` -> ``auto`` / ``required`` / the named function / ``none``, and
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
 - ``thinking`` ``enabled`` / ``disabled`` sets the template's ``enable_thinking`` (``enabled``'s
@@ -45,8 +45,8 @@ from typing import Any
 from glmserve.protocol.anthropic import CountTokensRequest, MessagesRequest
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.chat_request import chat_request
-from glmserve.serving.hosted_tools import ANTHROPIC_HOSTED, leave_out
+from glmserve.serving.chat.mapped import chat_request
+from glmserve.serving.chat.hosted_tools import ANTHROPIC_HOSTED, leave_out
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 

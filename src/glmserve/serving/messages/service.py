@@ -3,7 +3,7 @@
 (or its chunks) becomes the ``message`` object (or Anthropic's stream events). Same template,
 tool-call parsers, constrained decoding, limits, admission and aborts as ``/v1/chat/completions``.
 
-Request mapping: ``serving/messages_request.py``.
+Request mapping: ``serving/messages/request.py``.
 
 Reply: ``thinking`` (GLM-4.5's ``<think>`` text), ``text`` and ``tool_use`` blocks; ``stop_reason``
 ``tool_use`` / ``max_tokens`` / ``stop_sequence`` (with ``stop_sequence`` set) / ``end_turn``.
@@ -36,10 +36,10 @@ from glmserve.protocol.anthropic import (
 from glmserve.protocol.chat import ChatCompletionChunk, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse
-from glmserve.serving.chat import ChatService
-from glmserve.serving.chunks import ChunkStream
-from glmserve.serving.messages_request import thinking_mode, to_chat_request
-from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
+from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.chunks import ChunkStream
+from glmserve.serving.messages.request import thinking_mode, to_chat_request
+from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_template_defaults
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
 

@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.protocol.responses import Response, ResponseEvent, ResponsesRequest
-from glmserve.serving.conversations import ConversationService
+from glmserve.serving.responses.conversations import ConversationService
 from glmserve.serving.items import is_stored_id, page, stored_items
-from glmserve.serving.responses import ResponsesService
-from glmserve.serving.run_events import Follow, Run
+from glmserve.serving.responses.service import ResponsesService
+from glmserve.serving.responses.run_events import Follow, Run
 from glmserve.state import ResponseStore, StoredResponse
 from glmserve.state.responses import RUNNING
 

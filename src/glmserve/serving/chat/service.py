@@ -1,7 +1,7 @@
 """The chat-completions handler: OpenAI request -> engine request -> OpenAI response or chunks.
 
 Used by every engine and every front end (HTTP routes, later the in-process API). Stop strings
-are applied here, once, for every engine (``serving/stop.py``).
+are applied here, once, for every engine (``serving/generation/stop.py``).
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ from glmserve.protocol.chat import (
     TopLogprob,
 )
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
-from glmserve.serving.request_scope import CACHE_SALT, REQUEST_PRIORITY
+from glmserve.serving.generation.request_scope import CACHE_SALT, REQUEST_PRIORITY
 from glmserve.serving.adapters import AdapterTable
-from glmserve.serving.chunks import ChunkStream, StreamItem
-from glmserve.serving.run import Run, usage
-from glmserve.serving.prompt import build_prompt, end_of_turn_token_ids, special_token_id
-from glmserve.serving.merge import merged
-from glmserve.serving.metrics import ServingMetrics
-from glmserve.serving.schema_check import SchemaLimits
-from glmserve.serving.template_vars import template_kwargs
-from glmserve.serving.tools import plan_tools
-from glmserve.serving.reasoning_budget import budgeted
+from glmserve.serving.generation.chunks import ChunkStream, StreamItem
+from glmserve.serving.generation.run import Run, usage
+from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, special_token_id
+from glmserve.serving.generation.merge import merged
+from glmserve.serving.generation.metrics import ServingMetrics
+from glmserve.serving.structured.schema_check import SchemaLimits
+from glmserve.serving.generation.template_vars import template_kwargs
+from glmserve.serving.generation.tools import plan_tools
+from glmserve.serving.generation.reasoning_budget import budgeted
 from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, has_reasoning, output_parser, prompt_state, tag_texts
 from glmserve.toolcalls.reasoning import THINK_END
-from glmserve.serving.sampling import (
+from glmserve.serving.generation.sampling import (
     check_n,
     check_supported,
     choice_sampling,
@@ -57,7 +57,7 @@ from glmserve.serving.sampling import (
     to_sampling_params,
     with_defaults,
 )
-from glmserve.serving.stop import StopStringMatcher
+from glmserve.serving.generation.stop import StopStringMatcher
 
 
 

@@ -11,8 +11,8 @@ import json
 import re
 
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.json_schema_to_grammar import SchemaConverter
-from glmserve.serving.schema_check import SchemaLimits, subschemas
+from glmserve.serving.structured.json_schema_to_grammar import SchemaConverter
+from glmserve.serving.structured.schema_check import SchemaLimits, subschemas
 from glmserve.toolcalls.generic import OPENING as GENERIC_OPENING
 
 # What the converter raises for input it cannot translate (it checks with assert and raises

@@ -37,16 +37,16 @@ from glmserve.models.catalog import (
 )
 from glmserve.multimodal import MediaPolicy
 from glmserve.serving.adapters import AdapterTable
-from glmserve.serving.chat import ChatService
-from glmserve.serving.registry import ModelRegistry, ModelSpec
-from glmserve.serving.runtime import Runtime
-from glmserve.serving.sealed_reasoning import ReasoningSeal
-from glmserve.serving.served import ServedModels
+from glmserve.serving.chat.service import ChatService
+from glmserve.runtime.registry import ModelRegistry, ModelSpec
+from glmserve.runtime.services import Runtime
+from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
+from glmserve.runtime.served import ServedModels
 from glmserve.settings import ServeSettings
 from glmserve.state import DatabaseError
 from glmserve.toolcalls import detect_parser
 
-log = logging.getLogger("glmserve.runtime")
+log = logging.getLogger("glmserve.runtime.start")
 
 STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError, ConfigError, DatabaseError)
 

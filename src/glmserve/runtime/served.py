@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found
 from glmserve.protocol.models import ModelCard, model_capabilities
 from glmserve.serving.adapters import AdapterTable
-from glmserve.serving.registry import (
+from glmserve.runtime.registry import (
     Lease,
     ModelLoadError,
     ModelRegistry,
@@ -24,7 +24,7 @@ from glmserve.serving.registry import (
 )
 
 if TYPE_CHECKING:
-    from glmserve.serving.runtime import Runtime
+    from glmserve.runtime.services import Runtime
 
 RETRY_AFTER_S = 5  # a model that does not fit now: when to try again
 

@@ -1,4 +1,4 @@
-"""A batch's files, a piece at a time (blocking: the bulk workers of ``serving/batches.py``
+"""A batch's files, a piece at a time (blocking: the bulk workers of ``serving/batches/service.py``
 run these): an upload's bytes checked as UTF-8 as they are stored, a batch file's request lines
 parsed as they are read, and the output and error files' lines made as they are stored. No step
 holds a whole file, or the interpreter's lock for long (a whole 64 MiB file decoded or split at

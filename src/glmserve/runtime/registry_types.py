@@ -1,5 +1,5 @@
 """The model registry's vocabulary: a servable model (``ModelSpec``), its status, and the
-errors a request for it can meet (``serving/registry.py`` uses them; ``serving/served.py`` maps
+errors a request for it can meet (``runtime/registry.py`` uses them; ``runtime/served.py`` maps
 the errors to API errors)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 delete a conversation; add, list, retrieve and delete its items. A conversation belongs to the
 API key that made it: another key gets a 404, as for a missing id. ``/v1/responses`` with
 ``conversation`` reads the items before its input and appends its input and output after it
-(``serving/stored_responses.py``)."""
+(``serving/responses/stored.py``)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """``/v1/responses`` (OpenAI's Responses API), stateless, on top of the chat handler: the
-request's ``input`` items become chat messages (``serving/responses_request.py``), the chat
+request's ``input`` items become chat messages (``serving/responses/request.py``), the chat
 completion (or its chunks) becomes the ``response`` object (or its typed events). Storing,
-``previous_response_id`` and background runs are ``serving/stored_responses.py``'s: it hands
+``previous_response_id`` and background runs are ``serving/responses/stored.py``'s: it hands
 this service the whole input and keeps what comes back.
 
 Items: a message's text becomes an ``output_text`` part of a ``message`` item; each tool call
 a ``function_call`` item (``call_id`` = the chat tool call's id); the model's reasoning a
 ``reasoning`` item before them (its text in ``content`` as ``reasoning_text``, Open Responses'
 layout; with ``include: ["reasoning.encrypted_content"]`` also sealed in ``encrypted_content``,
-``serving/sealed_reasoning.py``). Reasoning items sent back in ``input`` are replayed to the
+``serving/responses/sealed_reasoning.py``). Reasoning items sent back in ``input`` are replayed to the
 template as the turn's ``reasoning_content``, and past reasoning is kept in the prompt
 (``PRESERVED_THINKING``). A reply cut by ``max_output_tokens`` is ``status: "incomplete"`` with
 ``incomplete_details.reason: "max_output_tokens"``. ``truncation: "auto"`` drops the oldest
@@ -43,12 +43,12 @@ from glmserve.protocol.responses import (
     ResponsesRequest,
     ResponseUsage,
 )
-from glmserve.serving.chat import ChatService
-from glmserve.serving.chunks import ChunkStream
-from glmserve.serving.responses_request import function_tools, to_chat_request
-from glmserve.serving.sampling import with_defaults
-from glmserve.serving.sealed_reasoning import ReasoningSeal
-from glmserve.serving.template_vars import PRESERVED_THINKING, with_template_defaults
+from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.chunks import ChunkStream
+from glmserve.serving.responses.request import function_tools, to_chat_request
+from glmserve.serving.generation.sampling import with_defaults
+from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
+from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_template_defaults
 
 
 Sealer = Callable[[str], str]  # reasoning text -> encrypted_content (ReasoningSeal.seal)

@@ -1,20 +1,20 @@
 """``Runtime``: one started model and the services over it (chat, completions, responses,
 messages, tokenize, embeddings, LoRA adapters), what a request for the model is served by.
-Built by ``glmserve.runtime.start_runtime``; used by the server's routes and the registry of
-several models (``serving/served.py``)."""
+Built by ``glmserve.runtime.start.start_runtime``; used by the server's routes and the registry of
+several models (``runtime/served.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from glmserve.engine import Engine
-from glmserve.serving.chat import ChatService
+from glmserve.serving.chat.service import ChatService
 from glmserve.serving.completions import CompletionService
 from glmserve.serving.embeddings import EmbeddingsService
 from glmserve.serving.lora import LoRAAdapterService
-from glmserve.serving.messages import MessagesService
-from glmserve.serving.responses import ResponsesService
-from glmserve.serving.sealed_reasoning import ReasoningSeal
+from glmserve.serving.messages.service import MessagesService
+from glmserve.serving.responses.service import ResponsesService
+from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
 from glmserve.serving.tokenize import TokenizeService
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.grammar import PLAIN_TEXT_GRAMMAR, json_grammar, tool_call_grammar
-from glmserve.serving.schema_check import SchemaLimits, check_enforceable, check_schema
+from glmserve.serving.structured.grammar import PLAIN_TEXT_GRAMMAR, json_grammar, tool_call_grammar
+from glmserve.serving.structured.schema_check import SchemaLimits, check_enforceable, check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 

@@ -16,7 +16,7 @@ from glmserve.chat.glm4 import to_glm4_items
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import context_length_exceeded, invalid_request
-from glmserve.serving.tools import ToolPlan
+from glmserve.serving.generation.tools import ToolPlan
 
 
 class MultimodalProcessor(Protocol):

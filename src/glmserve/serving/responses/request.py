@@ -6,7 +6,7 @@ Raises a 400 naming the item, tool or field it cannot map.
   ``output_text`` / ``refusal`` / ``input_image`` parts), ``function_call``,
   ``function_call_output``, ``reasoning``.
 - A ``reasoning`` item is the ``reasoning_content`` of the assistant turn that follows it (its
-  ``encrypted_content``, opened by ``serving/sealed_reasoning.py``, else its ``reasoning_text``
+  ``encrypted_content``, opened by ``serving/responses/sealed_reasoning.py``, else its ``reasoning_text``
   content, else its summary); an assistant message with the ``function_call`` items after it is
   one turn: the history is rendered as the reply was generated, so the prompt extends the
   previous request's.
@@ -14,7 +14,7 @@ Raises a 400 naming the item, tool or field it cannot map.
   earlier ``function_call`` has, or a ``function_call`` no output answers, is a 400 naming the
   item.
 - Tools: ``function`` tools, and the functions inside a ``namespace`` tool (Codex CLI's), offered
-  by their own names; hosted tools are left out (``serving/hosted_tools.py``); any other type
+  by their own names; hosted tools are left out (``serving/chat/hosted_tools.py``); any other type
   (``custom``, ``local_shell``...) is a 400 naming it.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 from glmserve.protocol.responses import ResponsesRequest
-from glmserve.serving.chat_request import chat_request
-from glmserve.serving.hosted_tools import OPENAI_HOSTED, leave_out
+from glmserve.serving.chat.mapped import chat_request
+from glmserve.serving.chat.hosted_tools import OPENAI_HOSTED, leave_out
 
 # opens an item's encrypted_content (token, param) -> reasoning text; raises a 400
 OpenReasoning = Callable[[str, str], str]
@@ -150,7 +150,7 @@ def function_tools(req: ResponsesRequest) -> tuple[list[dict], dict[str, str]]:
     """``(tools, namespaces)``: the request's tools as chat function tools, and the namespace of
     each function offered inside a ``namespace`` tool (by function name). A namespace's functions
     are offered to the model by their own names. Hosted tools are left out
-    (``serving/hosted_tools.py``). Raises 400 naming any other tool type (``custom``,
+    (``serving/chat/hosted_tools.py``). Raises 400 naming any other tool type (``custom``,
     ``local_shell``...)."""
     choice = req.tool_choice
 
