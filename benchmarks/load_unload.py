@@ -37,7 +37,7 @@ from rounds import memory_mib, save  # benchmarks/rounds.py
 from glmserve.bench.report import hardware
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.runtime.start import start_runtime
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 
 QUESTIONS = ["What is the capital of France?", "Name a famous painter.", "List three fruits.", "What is 2 + 2?"]
 

@@ -14,7 +14,7 @@ import httpx
 
 from glmserve.bench.metrics import Summary
 from glmserve.bench.runner import run_all
-from glmserve.settings import BenchSettings
+from glmserve.settings.bench import BenchSettings
 
 TABLE_HEAD = ["| concurrency | system | output tok/s (median) | per round | TTFT p50 ms | TPOT p50 ms | failed |",
               "|---:|---|---:|---|---:|---:|---:|"]

@@ -21,7 +21,7 @@ from glmserve.engine.types import GenerationRequest, SamplingParams
 from glmserve.runtime.start import start_runtime
 from glmserve.serving.structured.grammar import json_grammar, tool_call_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 
 LIMITS = SchemaLimits()
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {

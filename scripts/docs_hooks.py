@@ -53,7 +53,8 @@ def _cell(text: str) -> str:
 
 
 def settings_class(command: str):
-    from glmserve.settings import BenchSettings, ChatSettings, DeploySettings
+    from glmserve.settings.bench import BenchSettings
+    from glmserve.settings.serve import ChatSettings, DeploySettings
 
     return {"serve": DeploySettings, "chat": ChatSettings, "bench": BenchSettings}[command]
 
@@ -84,7 +85,7 @@ def _live_server() -> tuple[dict, str]:
     from fastapi.testclient import TestClient
 
     from glmserve.composition import build_app
-    from glmserve.settings import DeploySettings
+    from glmserve.settings.serve import DeploySettings
 
     from glmserve.models.resolve import default_model_path
 

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsError
 
 from glmserve.flags import Flag, flag_groups
-from glmserve.settings import BenchSettings, ChatSettings, DeploySettings
+from glmserve.settings.bench import BenchSettings
+from glmserve.settings.serve import ChatSettings, DeploySettings
 
 USAGE = """usage: glmserve COMMAND [flags]
 
@@ -146,7 +147,7 @@ def models(args: list[str]) -> int:
     parser.add_argument("--models-dir", action="append", default=[], metavar="DIR", help="a folder of models")
     parsed = parser.parse_args(args)
     from glmserve.models import hub
-    from glmserve.models.catalog import ConfigError, scan_models_dir
+    from glmserve.runtime.catalog import ConfigError, scan_models_dir
 
     rows = [(name, kind, size, "Hugging Face cache") for name, kind, size in hub.cached_models()]
     for folder in parsed.models_dir:

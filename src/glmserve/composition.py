@@ -18,7 +18,7 @@ from glmserve.runtime.served import ServedModels
 from glmserve.serving.batches.service import BatchService
 from glmserve.serving.responses.conversations import ConversationService
 from glmserve.serving.responses.stored import ResponseStorage
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 from glmserve.state import BatchStore, ConversationStore, FileStore, ResponseStore, open_database
 
 

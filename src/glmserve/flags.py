@@ -12,32 +12,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
-from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
+from glmserve.engine.settings import EngineSettings
+from glmserve.settings.model import ENGINE_SETTINGS, AnswerSettings, RequestLimits
+from glmserve.settings.serve import DeploySettings, ServeSettings
+from glmserve.settings.server import ConnectionLimits, ListenSettings, ModelsSettings, StateSettings
 
-# (title, what the group is for, its ServeSettings fields in order); "engine" also takes every
-# engine settings class's fields, and "scale-out" DeploySettings' own
-SERVE_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("server", "Where it listens and who may call it.",
-     ("host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "state_dir", "database_url", "store_ttl",
-      "store_max_bytes", "store_max_bytes_per_key", "log_level", "shutdown_timeout")),
-    ("model", "What is served and how prompts are rendered and answered.",
-     ("model", "offline", "served_model_name", "n_ctx", "chat_template", "default_chat_template_kwargs",
-      "override_generation_config", "reasoning_budget", "tool_call_parser", "lora", "max_loras",
-      "allow_runtime_lora_updating", "models_dir", "config", "max_loaded_models", "memory_budget", "keep_alive")),
-    ("engine", "The engine and its flags; each engine flag's help starts with the engines that read it, and "
-               "a flag the chosen engine does not read stops start-up.",
-     ("engine", "max_num_seqs")),
-    ("limits", "Bounds on what one client may cost.",
-     ("max_queue", "max_n", "max_request_bytes", "client_header_timeout", "client_body_timeout",
-      "timeout_keep_alive", "max_embedding_inputs", "max_embedding_tokens", "max_schema_depth",
-      "max_schema_nodes", "max_schema_repeat", "max_grammar_bytes", "max_image_bytes", "max_image_pixels",
-      "image_fetch_timeout", "allowed_media_domains")),
-    ("scale-out", "Ray Serve replicas beyond one process (pip install 'glmserve[ray]').", ()),
+# glmserve serve's flag groups in help order: (title, the settings class whose own fields the
+# group lists, in their order; its docstring's first paragraph describes the group). "engine"
+# lists every engine settings class's own fields (ENGINE_SETTINGS) after its own, "scale-out"
+# DeploySettings' own
+SERVE_GROUPS: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("server", ListenSettings),
+    ("model", EngineSettings),
+    ("answers", AnswerSettings),
+    ("engine", BaseModel),
+    ("limits", RequestLimits),
+    ("connections", ConnectionLimits),
+    ("models", ModelsSettings),
+    ("state", StateSettings),
+    ("scale-out", DeploySettings),
 )
+ENGINE_GROUP = ("The engine's flags; each one's help starts with the engines that read it, and a flag the chosen "
+                "engine does not read stops start-up.")
+SCALE_OUT_GROUP = "Ray Serve replicas beyond one process (pip install 'glmserve[ray]')."
+
+
+def serve_group_fields() -> list[tuple[str, str, list[str]]]:
+    """``SERVE_GROUPS`` as (title, description, field names): each class's own fields (not
+    those of the classes it extends)."""
+    groups = []
+    for title, cls in SERVE_GROUPS:
+        if title == "engine":
+            fields = [n for settings in ENGINE_SETTINGS.values() for n in settings.model_fields
+                      if n not in EngineSettings.model_fields]
+            groups.append((title, ENGINE_GROUP, list(dict.fromkeys(fields))))
+            continue
+        inherited = {n for base in cls.__mro__[1:] for n in getattr(base, "model_fields", {})}
+        fields = [n for n in cls.model_fields if n not in inherited]
+        description = SCALE_OUT_GROUP if cls is DeploySettings else (cls.__doc__ or "").split("\n\n")[0]
+        groups.append((title, " ".join(description.split()), fields))
+    return groups
+
 
 # how a default reads where its value alone says too little (None, computed, a size in bytes)
 DEFAULT_SHOWN: dict[str, str] = {
@@ -156,11 +176,8 @@ def flag_groups(cls: type[BaseSettings]) -> list[FlagGroup]:
     names = list(cls.model_fields)
     groups: list[tuple[str, str, list[str]]] = []
     if issubclass(cls, ServeSettings):
-        engine_fields = [n for settings in ENGINE_SETTINGS.values() for n in settings.model_fields]
-        deploy_fields = [n for n in DeploySettings.model_fields if n not in ServeSettings.model_fields]
-        for title, description, fields in SERVE_GROUPS:
-            extra = engine_fields if title == "engine" else deploy_fields if title == "scale-out" else []
-            groups.append((title, description, [n for n in dict.fromkeys([*fields, *extra]) if n in names]))
+        groups = [(title, description, [n for n in fields if n in names])
+                  for title, description, fields in serve_group_fields()]
     grouped = {n for _, _, fields in groups for n in fields}
     rest = [n for n in names if n not in grouped]
     if rest:

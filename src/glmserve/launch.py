@@ -154,7 +154,7 @@ def launch(args: list[str]) -> int:
     proc = None
     try:
         if url is None:
-            from glmserve.settings import ServeSettings
+            from glmserve.settings.serve import ServeSettings
 
             state_dir = Path(_flag(serve, "--state-dir") or os.environ.get("GLMSERVE_STATE_DIR")
                              or ServeSettings.model_fields["state_dir"].default)

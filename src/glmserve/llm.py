@@ -24,7 +24,7 @@ from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatComp
 from glmserve.protocol.errors import APIError, ErrorResponse
 from glmserve.runtime.start import start_runtime
 from glmserve.serving.generation.chunks import StreamItem
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 
 
 class LLM:

@@ -18,9 +18,9 @@ import yaml
 
 from glmserve import cli
 from glmserve.engine import check_engine_settings
-from glmserve.models.catalog import read_config
+from glmserve.runtime.catalog import read_config
 from glmserve.runtime.start import model_settings
-from glmserve.settings import DeploySettings, ServeSettings
+from glmserve.settings.serve import DeploySettings, ServeSettings
 from scripts.docs_hooks import settings_class
 from tests.docs_examples import ROOT, cli_commands, pages, yaml_blocks
 

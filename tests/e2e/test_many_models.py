@@ -19,7 +19,7 @@ import pytest
 from glmserve.engine import memory_estimate
 from glmserve.models import default_model_path
 from glmserve.runtime.start import start_runtime
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 from tests.conftest import DEFAULT_MODEL, RemoteServer
 
 pytest.importorskip("torch")

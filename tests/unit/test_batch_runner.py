@@ -91,7 +91,7 @@ def test_each_server_runs_only_the_lines_of_the_models_it_serves(tmp_path):
         await _run(runners, only_c_left)
         assert (await service.get("", batch["id"]))["status"] == "in_progress"  # line-4 waits for a "c" server
         assert sum(calls.values()) == 4  # "a-alias" is no model of either: never claimed
-        with service.batches.engine.begin() as conn:  # its window ends
+        with service.batches.database.begin() as conn:  # its window ends
             conn.execute(sa.update(BATCHES).values(expires_at=0))
         await _run([_runner(service, _answering("a", calls), lambda: {"a"})],
                    lambda: _status_is(service, batch["id"], "expired"))
@@ -201,7 +201,7 @@ def test_ended_batches_are_deleted_with_their_output_files(tmp_path):
     assert deleted == {"id": ended["id"], "object": "batch", "deleted": True}
     for file_id, gone in ((ended["input_file_id"], False), (ended["output_file_id"], True)):
         assert (service.files.get("", file_id) is None) == gone
-    with service.batches.engine.connect() as conn:
+    with service.batches.database.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(BATCH_LINES)).scalar_one() == 0
 
 
@@ -218,7 +218,7 @@ def test_an_expired_message_batch_lists_its_lines_as_expired(tmp_path):
 
         runner = _runner(service, _answering_any(), lambda: {"a"})
         await _run([runner], lambda: _counts_done(service, batch["id"], 1))
-        with service.batches.engine.begin() as conn:
+        with service.batches.database.begin() as conn:
             conn.execute(sa.update(BATCHES).values(expires_at=0))
         await _run([_runner(service, _answering_any(), lambda: {"a"})], ended)
         pages = await service.message_results("", batch["id"])
@@ -321,7 +321,7 @@ def test_a_batch_of_many_pages_ends_with_every_line_in_its_files_in_order(tmp_pa
     assert [r["custom_id"] for r in output] == [f"r{i}" for i in range(1, 2500, 2)]
     assert [r["response"]["body"]["n"] for r in errors] == list(range(0, 2500, 2))
     run_all("msgbatch_many")
-    with service.batches.engine.begin() as conn:
+    with service.batches.database.begin() as conn:
         conn.execute(sa.update(BATCHES).values(status="ended", body=json.dumps(
             {"id": "msgbatch_many", "type": "message_batch", "status": "ended", "processing_status": "ended"})))
 

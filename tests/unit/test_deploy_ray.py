@@ -10,7 +10,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from glmserve.settings import DeploySettings, ServeSettings
+from glmserve.settings.serve import DeploySettings, ServeSettings
 
 pytest.importorskip("ray.serve")
 from glmserve.deploy.proxy import OpenAIErrors  # noqa: E402

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from glmserve.flags import SERVE_GROUPS, flag_groups
-from glmserve.settings import BenchSettings, ChatSettings, DeploySettings, ServeSettings
+from glmserve.engine.settings import own_fields
+from glmserve.flags import SERVE_GROUPS, flag_groups, serve_group_fields
+from glmserve.settings.bench import BenchSettings
+from glmserve.settings.model import ENGINE_SETTINGS, ModelSettings
+from glmserve.settings.serve import ChatSettings, DeploySettings, ServeSettings
+from glmserve.settings.server import ServerSettings
 
 
 @pytest.mark.parametrize("cls", [DeploySettings, ServeSettings, ChatSettings, BenchSettings])
@@ -25,13 +29,25 @@ def test_every_flag_is_in_one_group_with_one_line_of_help(cls):
 
 def test_serve_groups_in_order_and_named_fields_exist():
     titles = [group.title for group in flag_groups(DeploySettings)]
-    assert titles == [title for title, _, _ in SERVE_GROUPS]
-    for _, _, fields in SERVE_GROUPS:
-        assert set(fields) <= set(ServeSettings.model_fields)
+    assert titles == [title for title, _ in SERVE_GROUPS]
+    for _, _, fields in serve_group_fields():
+        assert set(fields) <= set(DeploySettings.model_fields)
+    model = next(g for g in flag_groups(DeploySettings) if g.title == "model")
+    assert [f.name for f in model.flags][:2] == ["model", "engine"]
     engine = next(g for g in flag_groups(DeploySettings) if g.title == "engine")
-    assert [f.name for f in engine.flags][:2] == ["engine", "max_num_seqs"]
+    assert {f.name for f in engine.flags} == {n for cls in ENGINE_SETTINGS.values() for n in own_fields(cls)}
     scale_out = next(g for g in flag_groups(DeploySettings) if g.title == "scale-out")
     assert {f.name for f in scale_out.flags} == set(DeploySettings.model_fields) - set(ServeSettings.model_fields)
+
+
+def test_each_field_is_the_servers_or_one_models_and_in_one_group():
+    server = set(ServerSettings.model_fields) | (set(DeploySettings.model_fields) - set(ServeSettings.model_fields))
+    model = set(ModelSettings.model_fields)
+    assert server.isdisjoint(model) and server | model == set(DeploySettings.model_fields)
+    grouped = [n for _, _, fields in serve_group_fields() for n in fields]
+    assert sorted(grouped) == sorted(DeploySettings.model_fields)  # each in exactly one group
+    for title, _, fields in serve_group_fields():  # and a group is the server's or a model's
+        assert set(fields) <= server or set(fields) <= model, title
 
 
 def test_defaults_read_as_users_write_them():

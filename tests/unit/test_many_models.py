@@ -2,7 +2,7 @@
 on demand; ``/v1/models`` shows each model's status; ``--max-loaded-models`` unloads the least
 recently used idle one; a model that fails to load answers its own requests with a 500 naming
 it while the others serve; ``keep_alive: 0``; ``/models/load`` and ``/models/unload``. The
-model list itself: ``--models-dir`` scans and ``--config`` files (``models/catalog.py``), and
+model list itself: ``--models-dir`` scans and ``--config`` files (``runtime/catalog.py``), and
 each model's settings (``runtime.model_settings``). End to end with real engines:
 tests/e2e/test_many_models.py."""
 
@@ -17,14 +17,14 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.models import resolve_model
-from glmserve.models.catalog import ConfigError, ModelEntry, parse_keep_alive, read_config, scan_models_dir
+from glmserve.runtime.catalog import ConfigError, ModelEntry, parse_keep_alive, read_config, scan_models_dir
 from glmserve.runtime.start import model_settings
 from glmserve.runtime.services import Runtime
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.served import ServedModels
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 from tests.unit.fakes import FakeEngine
 
 

@@ -1,7 +1,8 @@
 """Settings per engine: ``LlamaCppSettings``, ``TransformersSettings`` and ``VllmSettings`` own
 their fields and defaults and compose into ``ServeSettings`` with the same flat flags and
 ``GLMSERVE_*`` variables as before; each engine's ``SETTINGS`` is its class's fields; the help
-groups the flags (server, model, engine, limits, scale-out)."""
+groups the flags (server, model, answers, engine, limits, connections, models, state,
+scale-out)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 
 from glmserve import cli
 from glmserve.engine import ENGINES, EngineError, check_engine_settings, engine_settings
-from glmserve.settings import ENGINE_SETTINGS, DeploySettings, ServeSettings
+from glmserve.engine.settings import own_fields
+from glmserve.settings.model import ENGINE_SETTINGS
+from glmserve.settings.serve import DeploySettings, ServeSettings
 
 # what each engine reads (flat ServeSettings + SETTINGS name sets): unchanged by the split into classes;
 # vllm reads --speculative and its flags since they map to its ngram and draft_model speculative_config
@@ -28,7 +31,7 @@ BEFORE = {
 def test_each_engine_owns_its_fields():
     assert list(ENGINE_SETTINGS) == list(ENGINES)
     for engine, cls in ENGINE_SETTINGS.items():
-        assert set(cls.model_fields) == BEFORE[engine] == set(engine_settings(engine))
+        assert own_fields(cls) == BEFORE[engine] == set(engine_settings(engine))
         assert set(cls.model_fields) <= set(ServeSettings.model_fields)
 
 
@@ -112,11 +115,11 @@ def test_help_lists_the_flag_groups_one_line_per_flag(capsys):
         cli._parse(DeploySettings, ["--help"])
     out = capsys.readouterr().out
     titles = re.findall(r"^([a-z-]+):$", out, re.M)
-    assert titles == ["options", "server", "model", "engine", "limits", "scale-out"]
+    assert titles == ["options", "server", "model", "answers", "engine", "limits", "connections", "models", "state",
+                      "scale-out"]
     sections = dict(zip(titles, re.split(r"^[a-z-]+:$", out, flags=re.M)[1:]))
     engine_flags = set(re.findall(r"^  --([a-z-]+)", sections["engine"], re.M))
-    assert engine_flags == {n.replace("_", "-") for cls in ENGINE_SETTINGS.values() for n in cls.model_fields} | {
-        "engine", "max-num-seqs"}
+    assert engine_flags == {n.replace("_", "-") for cls in ENGINE_SETTINGS.values() for n in own_fields(cls)}
     for title, flags in (("server", ("--host", "--port", "--api-key")), ("model", ("--model", "--n-ctx", "--lora")),
                          ("scale-out", ("--replicas", "--ray-address", "--min-replicas"))):
         for flag in flags:

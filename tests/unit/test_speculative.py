@@ -17,7 +17,7 @@ from glmserve.engine.llama_cpp.speculative.ngram_pool import NgramPool
 from glmserve.engine.llama_cpp.speculative import (FIRST_DRAFT, MAX_COOLDOWN, DraftLength, NgramDrafter,
                                                    SpeculativeConfig)
 from glmserve.engine.types import SpecDecodeCounters
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 
 
 def measured(extra_row_ms: float, rows: range = range(2, 18), t1_ms: float = 10.0) -> StepCosts:

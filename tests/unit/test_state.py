@@ -92,7 +92,7 @@ def test_an_unreachable_database_is_one_line(tmp_path):
 
 
 def test_settings(tmp_path):
-    from glmserve.settings import ServeSettings
+    from glmserve.settings.serve import ServeSettings
 
     settings = ServeSettings(state_dir=str(tmp_path))
     assert settings.state_database_url() == f"sqlite:///{tmp_path / 'state.db'}"
@@ -110,7 +110,7 @@ def test_settings(tmp_path):
 def test_the_server_does_not_start_on_a_database_it_cannot_open(tmp_path):
     from glmserve.composition import build_app
     from glmserve.runtime.start import STARTUP_ERRORS
-    from glmserve.settings import ServeSettings
+    from glmserve.settings.serve import ServeSettings
 
     with pytest.raises(STARTUP_ERRORS) as err:
         build_app(ServeSettings(database_url="postgresql://127.0.0.1:1/db"))
@@ -181,7 +181,7 @@ def test_the_database_is_private_to_its_user(tmp_path):
     path = tmp_path / "new" / "state.db"
     store = ResponseStore(open_database(f"sqlite:///{path}"), 100.0, 1 << 20)
     store.put("k", {"id": "resp_1", "status": "completed"}, [])
-    with store.engine.connect() as conn:  # an open connection keeps the WAL and SHM files
+    with store.database.connect() as conn:  # an open connection keeps the WAL and SHM files
         conn.execute(sa.text("SELECT 1"))
         modes = {p.name: p.stat().st_mode & 0o777 for p in path.parent.iterdir() if p.name.startswith("state.db")}
     assert path.parent.stat().st_mode & 0o777 == 0o700
@@ -247,7 +247,7 @@ def test_lists_are_paged_and_items_found_in_the_database(tmp_path, monkeypatch):
 
     store = _store(tmp_path)
     conversations = ConversationService(ConversationStore(store))
-    files = BatchService(BatchStore(store.engine), FileStore(store))
+    files = BatchService(BatchStore(store.database), FileStore(store))
     conversations.store.create("k", "conv_1", {}, [{"id": f"msg_{i}", "type": "message"} for i in range(25)])
     monkeypatch.setattr(ConversationStore, "items", lambda *a: pytest.fail("a whole conversation was read"))
 
@@ -291,7 +291,7 @@ def test_the_bounds_count_everything_and_one_key_never_evicts_another(tmp_path):
     from glmserve.state.quota import owner_bytes
 
     store = ResponseStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"), 100.0, 60_000, 30_000)
-    files, batches = FileStore(store), BatchStore(store.engine, store.quota)
+    files, batches = FileStore(store), BatchStore(store.database, store.quota)
     conversations = ConversationStore(store)
     for i in range(4):  # key b: 4 responses of ~2 kB
         store.put("b", {"id": f"resp_b{i}", "status": "completed", "text": "x" * 2000}, [])
@@ -308,11 +308,11 @@ def test_the_bounds_count_everything_and_one_key_never_evicts_another(tmp_path):
     assert all(store.get("b", f"resp_b{i}") is not None for i in range(4))  # b lost nothing to a
     assert files.get("a", "file-a2") is None and batches.get("a", "batch_a", "openai") is None
     # batch lines count, with their results
-    before = owner_bytes(store.engine.connect(), "b")
+    before = owner_bytes(store.database.connect(), "b")
     batches.create("b", "batch_b", "openai", {"status": "in_progress"}, [("l1", {"text": "u" * 1000})])
     [line] = batches.claim("r", 1, 30.0)
     batches.complete(line.id, 200, {"answer": "t" * 3000})
-    with store.engine.connect() as conn:
+    with store.database.connect() as conn:
         assert owner_bytes(conn, "b") - before > 4000
     # the total bound: c's responses may push out the oldest of anyone's responses (a cache with
     # a TTL), never a file
@@ -331,7 +331,7 @@ def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tm
     from glmserve.state.tables import FILE_CHUNKS
 
     store = ResponseStore(open_database(f"sqlite:///{tmp_path / 'state.db'}"), 100.0, 1 << 30)
-    service = BatchService(BatchStore(store.engine, store.quota), FileStore(store))
+    service = BatchService(BatchStore(store.database, store.quota), FileStore(store))
     rows, size = [], 0
     while size < 2.5 * CHUNK_BYTES:  # lines of ~3 kB of two-byte characters: some split between pieces
         row = json.dumps({"custom_id": f"r{len(rows)}", "method": "POST", "url": "/v1/chat/completions",
@@ -353,7 +353,7 @@ def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tm
     assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == len(rows)
 
     def pieces_stored() -> int:
-        with store.engine.connect() as conn:
+        with store.database.connect() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(FILE_CHUNKS)).scalar_one()
 
     assert pieces_stored() == 3

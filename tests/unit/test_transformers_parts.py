@@ -14,7 +14,7 @@ from glmserve.engine.transformers.sampling import Sampler  # noqa: E402
 from glmserve.engine.hf_tokenizer import IncrementalDetokenizer  # noqa: E402
 from glmserve.engine.types import SamplingParams  # noqa: E402
 from glmserve.models import ModelNotFoundError, resolve_hf_model  # noqa: E402
-from glmserve.settings import ServeSettings  # noqa: E402
+from glmserve.settings.serve import ServeSettings  # noqa: E402
 
 
 def _cache(length: int, value: float, layers: int = 2) -> DynamicCache:

@@ -11,7 +11,7 @@ from glmserve.engine.base import EngineError
 from glmserve.engine.vllm.args import EngineConfig, engine_args, parse_engine_args
 from glmserve.engine.peft_lora import check_adapter, lora_rank
 from glmserve.models import ModelNotFoundError
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 
 pytest.importorskip("vllm")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

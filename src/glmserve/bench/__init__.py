@@ -9,7 +9,7 @@ from rich.console import Console
 
 from glmserve.bench.report import plot, print_report, write_json
 from glmserve.bench.runner import BenchError, run_all
-from glmserve.settings import BenchSettings
+from glmserve.settings.bench import BenchSettings
 
 
 def run_bench(settings: BenchSettings, console: Console | None = None) -> int:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from glmserve.bench.metrics import Summary
-from glmserve.settings import BenchSettings
+from glmserve.settings.bench import BenchSettings
 
 
 def hardware() -> str:

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from glmserve.bench.client import chat_body, make_prompt, stream_chat
 from glmserve.bench.metrics import RequestResult, Summary, summarize
-from glmserve.settings import BenchSettings
+from glmserve.settings.bench import BenchSettings
 
 
 class BenchError(RuntimeError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from glmserve.settings import ChatSettings, ServeSettings
+from glmserve.settings.serve import ChatSettings, ServeSettings
 
 
 class ChatError(RuntimeError):

@@ -22,7 +22,7 @@ from rich.markdown import Markdown
 from rich.text import Text
 
 from glmserve.client.backends import ChatError, make_backend
-from glmserve.settings import ChatSettings
+from glmserve.settings.serve import ChatSettings
 
 HELP = """commands:
   /help          this list

@@ -45,7 +45,7 @@ from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_forc
 from glmserve.engine.admission import queue_limit
 from glmserve.composition import build_app
 from glmserve.runtime.start import STARTUP_ERRORS
-from glmserve.settings import DeploySettings, ServeSettings
+from glmserve.settings.serve import DeploySettings, ServeSettings
 
 log = logging.getLogger("glmserve.deploy")
 

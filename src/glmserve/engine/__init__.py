@@ -11,7 +11,7 @@ from glmserve.models import ModelNotFoundError
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
 
 if TYPE_CHECKING:
-    from glmserve.settings import ServeSettings
+    from glmserve.engine.settings import EngineSettings
 
 ENGINES = {
     "llama_cpp": "glmserve.engine.llama_cpp",
@@ -26,18 +26,18 @@ INSTALL_HINTS = {
 
 
 def engine_settings(engine: str) -> frozenset[str]:
-    """The engine-specific ``ServeSettings`` fields ``engine`` reads (its package's
+    """The fields ``engine``'s settings class adds to ``EngineSettings`` (its package's
     ``SETTINGS``; the package is imported without its engine library)."""
     return importlib.import_module(ENGINES[engine]).SETTINGS
 
 
-def max_num_seqs_in_force(settings: ServeSettings) -> int:
+def max_num_seqs_in_force(settings: EngineSettings) -> int:
     """``--max-num-seqs``, or the default of ``settings.engine`` when it is not set (vllm: vLLM's
     API-server default for this machine's device; vLLM is imported)."""
     return settings.max_num_seqs or importlib.import_module(ENGINES[settings.engine]).default_max_num_seqs(settings)
 
 
-def check_engine_settings(settings: ServeSettings) -> None:
+def check_engine_settings(settings: EngineSettings) -> None:
     """Raise ``EngineError`` naming the first flag given (on the command line, in the
     environment or to ``LLM``) that ``settings.engine`` does not use: a flag is never ignored."""
     owners: dict[str, list[str]] = {}
@@ -50,7 +50,7 @@ def check_engine_settings(settings: ServeSettings) -> None:
                           f"(only by {', '.join(owners[name])})")
 
 
-def memory_estimate(settings: ServeSettings) -> int:
+def memory_estimate(settings: EngineSettings) -> int:
     """Bytes of host memory the model of ``settings`` is expected to take once loaded on
     ``settings.engine``: the engine's own estimate where it has one (llama_cpp: the GGUF file and
     the KV cache it allocates at start), else the size of the weight files (transformers grows
@@ -79,7 +79,7 @@ def weight_file_bytes(path: Path) -> int:
     return 0
 
 
-def create_engine(settings: ServeSettings) -> Engine:
+def create_engine(settings: EngineSettings) -> Engine:
     """Import the engine named by ``settings.engine`` and build it (not started).
 
     Raises ``EngineError`` for an unknown engine, one whose optional dependencies are missing,

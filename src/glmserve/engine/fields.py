@@ -7,14 +7,16 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
+
+from glmserve.engine.settings import PER_MODEL, EngineSettings
 
 Dtype = Annotated[Literal["auto", "float32", "bfloat16", "float16"], Field(
     "auto", description="transformers, vllm: weight dtype; auto: bfloat16/float16 on GPU, float32 on CPU (vllm: "
                         "the model config's).")]
 TrustRemoteCode = Annotated[bool, Field(
     False, description="transformers, vllm: allow model code shipped in the model folder (remote-code "
-                       "checkpoints).")]
+                       "checkpoints).", json_schema_extra=PER_MODEL)]
 NThreads = Annotated[int, Field(
     default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, le=1024,
     description="llama_cpp, transformers: CPU threads for generation.")]
@@ -27,25 +29,27 @@ BatchInvariant = Annotated[bool, Field(
                        "one-token steps on one thread).")]
 
 
-class SpeculativeSettings(BaseModel):
+class SpeculativeSettings(EngineSettings):
     """``--speculative ngram|draft|mtp`` and its flags (llama_cpp: ``engine/llama_cpp/speculative/``:
     n-gram drafts, ``draft_model.py`` and ``mtp.py``; vllm: vLLM's ``speculative_config`` of method ``ngram``,
     ``draft_model`` or ``mtp``, from the same numbers)."""
 
     speculative: Literal["ngram", "draft", "mtp"] | None = Field(
         None, description="llama_cpp, vllm: speculative decoding; ngram: prompt lookup; draft: a smaller model "
-                          "(--draft-model); mtp: the model's NextN (MTP) layers.",
+                          "(--draft-model); mtp: the model's NextN (MTP) layers.", json_schema_extra=PER_MODEL,
     )
     spec_ngram_min: int = Field(2, ge=1, le=64, description="llama_cpp, vllm, --speculative ngram: shortest n-gram "
-                                                            "looked up, in tokens (vLLM's prompt_lookup_min).")
+                                                            "looked up, in tokens (vLLM's prompt_lookup_min).",
+                                json_schema_extra=PER_MODEL)
     spec_ngram_max: int = Field(4, ge=1, le=64, description="llama_cpp, vllm, --speculative ngram: longest n-gram "
-                                                            "looked up, in tokens (vLLM's prompt_lookup_max).")
+                                                            "looked up, in tokens (vLLM's prompt_lookup_max).",
+                                json_schema_extra=PER_MODEL)
     spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm, --speculative: most tokens drafted "
                                                               "per sequence and step (vLLM's "
-                                                              "num_speculative_tokens).")
+                                                              "num_speculative_tokens).", json_schema_extra=PER_MODEL)
     draft_model: str | None = Field(
         None, description="llama_cpp, vllm, --speculative draft: the draft model, same vocabulary (llama_cpp: as "
-                          "--model; vllm: a HF folder).",
+                          "--model; vllm: a HF folder).", json_schema_extra=PER_MODEL,
     )
 
     @model_validator(mode="after")

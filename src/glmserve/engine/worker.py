@@ -30,14 +30,14 @@ from glmserve.engine.stream import OutputBatch, OutputStream
 from glmserve.engine.types import EngineStats, FinishReason, GenerationOutput
 
 if TYPE_CHECKING:
-    from glmserve.settings import ServeSettings
+    from glmserve.engine.settings import EngineSettings
 
 # --max-num-seqs when not set, on the engines that run this worker (llama_cpp, transformers): a
 # CPU's batch, where each running sequence costs a whole n_ctx of KV cache (llama_cpp, split)
 DEFAULT_MAX_NUM_SEQS = 8
 
 
-def default_max_num_seqs(settings: ServeSettings) -> int:
+def default_max_num_seqs(settings: EngineSettings) -> int:
     """``--max-num-seqs`` when it is not set, on the engines that run this worker."""
     return DEFAULT_MAX_NUM_SEQS
 

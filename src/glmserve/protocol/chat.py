@@ -31,7 +31,7 @@ class _Lenient(BaseModel):
 
 
 def _keep_alive(value: Any) -> float | None:
-    from glmserve.models.catalog import parse_keep_alive
+    from glmserve.models.keep_alive import parse_keep_alive
 
     return None if value is None else parse_keep_alive(value)
 

@@ -26,9 +26,9 @@ from glmserve.engine import (
     memory_estimate,
 )
 from glmserve.models import ModelNotFoundError, hub
-from glmserve.models.catalog import (
-    MODEL_FIELDS,
-    SERVER_FIELDS,
+from glmserve.runtime.catalog import (
+    OWN_FIELDS,
+    SERVER_WIDE,
     ConfigError,
     ModelEntry,
     parse_keep_alive,
@@ -41,8 +41,9 @@ from glmserve.serving.chat.service import ChatService
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.services import Runtime
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
+from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.runtime.served import ServedModels
-from glmserve.settings import ServeSettings
+from glmserve.settings.serve import ServeSettings
 from glmserve.state import DatabaseError
 from glmserve.toolcalls import detect_parser
 
@@ -73,6 +74,12 @@ def media_policy(settings: ServeSettings) -> MediaPolicy:
     )
 
 
+def schema_limits(settings: ServeSettings) -> SchemaLimits:
+    """The ``--max-schema-*`` and ``--max-grammar-bytes`` bounds on client JSON schemas."""
+    return SchemaLimits(settings.max_schema_depth, settings.max_schema_nodes, settings.max_schema_repeat,
+                        settings.max_grammar_bytes)
+
+
 def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
                   adapters: AdapterTable | None = None) -> Runtime:
     """Build and start the engine and the services over it; ``aliases``: other names requests
@@ -90,7 +97,7 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
         try:
-            chat = ChatService(engine, name, template, parser, media_policy(settings), settings.schema_limits(),
+            chat = ChatService(engine, name, template, parser, media_policy(settings), schema_limits(settings),
                                settings.max_n, settings.default_chat_template_kwargs,
                                settings.override_generation_config, aliases,
                                None if settings.reasoning_budget < 0 else settings.reasoning_budget)
@@ -121,8 +128,8 @@ def fetched(settings: ServeSettings) -> ServeSettings:
 
 def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
     """The settings ``entry`` is served with: its own fields, over the flags given to the server
-    that a model inherits (not the server's own, ``SERVER_FIELDS``, nor ``--model``'s,
-    ``MODEL_FIELDS``; an engine flag only where the entry's engine reads it), named ``entry.name``.
+    that a model inherits (not the server's own, ``SERVER_WIDE``, nor ``--model``'s,
+    ``OWN_FIELDS``; an engine flag only where the entry's engine reads it), named ``entry.name``.
     Raises ``ConfigError`` naming the model (a bad value, or a flag its engine does not use)."""
     engine = entry.fields.get("engine", settings.engine)
     engine_fields = frozenset().union(*(engine_settings(name) for name in ENGINES))
@@ -131,7 +138,7 @@ def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
     except KeyError:
         raise ConfigError(f"model {entry.name!r}: unknown engine {engine!r}; choose one of {sorted(ENGINES)}") from None
     inherited = {name: getattr(settings, name) for name in settings.model_fields_set
-                 if name not in SERVER_FIELDS | MODEL_FIELDS and (name not in engine_fields or name in used)}
+                 if name not in SERVER_WIDE | OWN_FIELDS and (name not in engine_fields or name in used)}
     try:
         own = type(settings)(**{**inherited, **entry.fields, "served_model_name": entry.name})
     except ValidationError as exc:

@@ -55,11 +55,11 @@ class LineResult:
 
 
 class BatchStore:
-    """Batches in ``engine``; ``quota``: the size bounds a new batch's lines must fit (the
+    """Batches in ``database``; ``quota``: the size bounds a new batch's lines must fit (the
     database's ``ResponseStore.quota``; None: unbounded), their results counted as they come."""
 
-    def __init__(self, engine: sa.engine.Engine, quota: Quota | None = None) -> None:
-        self.engine = engine
+    def __init__(self, database: sa.engine.Engine, quota: Quota | None = None) -> None:
+        self.database = database
         self.quota = quota
 
     def create(self, owner: str, batch_id: str, api: str, body: dict[str, Any],
@@ -71,7 +71,7 @@ class BatchStore:
                  "size": len(text) + len(custom_id.encode()), "done": False, "attempts": 0, "retries": 0,
                  "model": model if isinstance(model := request.get("model"), str) else None}
                 for i, (custom_id, request) in enumerate(lines)]
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             if self.quota is not None:
                 self.quota.reserve(conn, owner, sum(row["size"] for row in rows))
             conn.execute(sa.insert(BATCHES).values(id=batch_id, owner=owner, created_at=time.time(), api=api,
@@ -80,13 +80,13 @@ class BatchStore:
                 conn.execute(sa.insert(BATCH_LINES), rows)
 
     def get(self, owner: str, batch_id: str, api: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(sa.select(BATCHES.c.body).where(BATCHES.c.id == batch_id, BATCHES.c.owner == owner,
                                                                BATCHES.c.api == api)).first()
         return None if row is None else json.loads(row.body)
 
     def owner_of(self, batch_id: str) -> str | None:
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return conn.execute(sa.select(BATCHES.c.owner).where(BATCHES.c.id == batch_id)).scalar_one_or_none()
 
     def page(self, owner: str, api: str, after: str | None, limit: int) -> list[dict[str, Any]]:
@@ -95,7 +95,7 @@ class BatchStore:
         mine = (BATCHES.c.owner == owner, BATCHES.c.api == api)
         cursor = None if after is None else sa.select(BATCHES.c.created_at, BATCHES.c.id).where(
             *mine, BATCHES.c.id == after)
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             rows = keyset_page(conn, sa.select(BATCHES.c.body).where(*mine), (BATCHES.c.created_at, BATCHES.c.id),
                                cursor, limit, True)
         return [json.loads(row.body) for row in rows]
@@ -106,11 +106,11 @@ class BatchStore:
         query = sa.update(BATCHES).where(BATCHES.c.id == batch_id)
         if when_status is not None:
             query = query.where(BATCHES.c.status.in_(when_status))
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             return conn.execute(query.values(status=body["status"], body=dumps(body))).rowcount > 0
 
     def delete(self, owner: str, batch_id: str, api: str) -> bool:
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             gone = conn.execute(sa.delete(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.owner == owner,
                                                          BATCHES.c.api == api))
             if gone.rowcount:
@@ -124,7 +124,7 @@ class BatchStore:
         the database's (``db_now``); on PostgreSQL the lines picked are locked (``FOR UPDATE
         SKIP LOCKED``), so replicas claiming together take different lines instead of waiting."""
         lines = BATCH_LINES.c
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             now = db_now(conn)
             running = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
             free = sa.and_(sa.or_(lines.claimed_by.is_(None), lines.claimed_at < now - lease_s),
@@ -154,7 +154,7 @@ class BatchStore:
         claimed again after ``backoff_s(retries)`` seconds (``retries``: its refusals so far,
         this one included)."""
         lines = BATCH_LINES.c
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             retries = conn.execute(sa.select(lines.retries).where(lines.id == line_id)).scalar_one() + 1
             conn.execute(sa.update(BATCH_LINES).where(lines.id == line_id, lines.claimed_by == runner,
                                                       lines.done.is_(False))
@@ -164,7 +164,7 @@ class BatchStore:
     def heartbeat(self, runner: str, line_ids: list[int]) -> None:
         """Keep ``runner``'s claims on ``line_ids`` fresh."""
         if line_ids:
-            with self.engine.begin() as conn:
+            with self.database.begin() as conn:
                 conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(line_ids),
                                                           BATCH_LINES.c.claimed_by == runner)
                              .values(claimed_at=db_now(conn)))
@@ -173,7 +173,7 @@ class BatchStore:
         """Give up ``runner``'s claims on ``line_ids`` (a server stopping): others take them at
         once, and the claim does not count as a lost run."""
         if line_ids:
-            with self.engine.begin() as conn:
+            with self.database.begin() as conn:
                 conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id.in_(line_ids),
                                                           BATCH_LINES.c.claimed_by == runner,
                                                           BATCH_LINES.c.done.is_(False))
@@ -182,7 +182,7 @@ class BatchStore:
     def complete(self, line_id: int, status_code: int, result: Any) -> bool:
         """Record a line's result, unless it is done already; whether it was recorded."""
         text = dumps(result)
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             done = conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id == line_id,
                                                              BATCH_LINES.c.done.is_(False))
                                 .values(done=True, status_code=status_code, result=text,
@@ -191,7 +191,7 @@ class BatchStore:
 
     def drop_lines(self, batch_id: str) -> None:
         """Delete the batch's lines (an OpenAI batch that ended: its files hold the results)."""
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             conn.execute(sa.delete(BATCH_LINES).where(BATCH_LINES.c.batch_id == batch_id))
 
     def counts(self, batch_id: str) -> tuple[int, int, int, int]:
@@ -199,7 +199,7 @@ class BatchStore:
         that is not 200; in flight: claimed, not done, claim younger than a minute)."""
         ok = sa.case((sa.and_(BATCH_LINES.c.done.is_(True), BATCH_LINES.c.status_code != 200), 1), else_=0)
         done = sa.case((BATCH_LINES.c.done.is_(True), 1), else_=0)
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             running = sa.case((sa.and_(BATCH_LINES.c.done.is_(False), BATCH_LINES.c.claimed_by.is_not(None),
                                        BATCH_LINES.c.claimed_at > db_now(conn) - 60), 1), else_=0)
             query = sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(done), 0),
@@ -215,7 +215,7 @@ class BatchStore:
                            BATCH_LINES.c.result, BATCH_LINES.c.done)
                  .where(BATCH_LINES.c.batch_id == batch_id, BATCH_LINES.c.line_no > after_line)
                  .order_by(BATCH_LINES.c.line_no).limit(limit))
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return [LineResult(r.line_no, r.custom_id, r.status_code if r.done else None,
                                json.loads(r.result) if r.done else None) for r in conn.execute(query)]
 
@@ -231,15 +231,15 @@ class BatchStore:
         clock)."""
         query = sa.select(BATCHES.c.id).where(BATCHES.c.status.in_(RUNNING), BATCHES.c.expires_at.is_not(None),
                                               BATCHES.c.expires_at <= (now or time.time()))
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return [r.id for r in conn.execute(query)]
 
     def unfinished(self) -> list[str]:
         """Ids of the batches runners still work on (``RUNNING``)."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return [r.id for r in conn.execute(sa.select(BATCHES.c.id).where(BATCHES.c.status.in_(RUNNING)))]
 
     def body(self, batch_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(sa.select(BATCHES.c.body).where(BATCHES.c.id == batch_id)).first()
         return None if row is None else json.loads(row.body)

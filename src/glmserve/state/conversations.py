@@ -23,7 +23,7 @@ class ConversationStore:
 
     def __init__(self, responses: ResponseStore) -> None:
         self.responses = responses
-        self.engine = responses.engine
+        self.database = responses.database
 
     @staticmethod
     def _object(row) -> dict[str, Any]:
@@ -45,7 +45,7 @@ class ConversationStore:
     def create(self, owner: str, conversation_id: str, metadata: dict[str, str],
                items: list[dict[str, Any]]) -> dict[str, Any]:
         """A new conversation holding ``items``. Raises ``StoreFull``."""
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             conn.execute(sa.insert(CONVERSATIONS).values(id=conversation_id, owner=owner, created_at=time.time(),
                                                          metadata=dumps(metadata)))
             self._append(conn, owner, conversation_id, items)
@@ -53,12 +53,12 @@ class ConversationStore:
         return self._object(row)
 
     def get(self, owner: str, conversation_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = self._mine(conn, owner, conversation_id)
         return None if row is None else self._object(row)
 
     def update(self, owner: str, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any] | None:
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             conn.execute(sa.update(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id,
                                                         CONVERSATIONS.c.owner == owner).values(
                 metadata=dumps(metadata)))
@@ -66,7 +66,7 @@ class ConversationStore:
         return None if row is None else self._object(row)
 
     def delete(self, owner: str, conversation_id: str) -> bool:
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return False
             conn.execute(sa.delete(ITEMS).where(ITEMS.c.conversation_id == conversation_id))
@@ -75,7 +75,7 @@ class ConversationStore:
 
     def add_items(self, owner: str, conversation_id: str, items: list[dict[str, Any]]) -> bool:
         """Append ``items``; False when ``owner`` has no such conversation. Raises ``StoreFull``."""
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return False
             self._append(conn, owner, conversation_id, items)
@@ -83,7 +83,7 @@ class ConversationStore:
 
     def items(self, owner: str, conversation_id: str) -> list[dict[str, Any]] | None:
         """Every item, oldest first; None when ``owner`` has no such conversation."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return None
             rows = conn.execute(sa.select(ITEMS.c.body).where(ITEMS.c.conversation_id == conversation_id)
@@ -95,7 +95,7 @@ class ConversationStore:
         """Up to ``limit + 1`` items after the item ``after`` in the conversation's order (or its
         reverse); None when ``owner`` has no such conversation. Raises ``UnknownCursor``."""
         mine = ITEMS.c.conversation_id == conversation_id
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return None
             cursor = None if after is None else sa.select(ITEMS.c.seq).where(mine, ITEMS.c.item_id == after).limit(1)
@@ -105,7 +105,7 @@ class ConversationStore:
     def item(self, owner: str, conversation_id: str, item_id: str) -> dict[str, Any] | bool | None:
         """The item ``item_id``; False when the conversation has none, None when ``owner`` has
         no such conversation."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return None
             body = conn.execute(sa.select(ITEMS.c.body).where(ITEMS.c.conversation_id == conversation_id,
@@ -114,7 +114,7 @@ class ConversationStore:
         return False if body is None else json.loads(body)
 
     def delete_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             if self._mine(conn, owner, conversation_id) is None:
                 return False
             gone = conn.execute(sa.delete(ITEMS).where(ITEMS.c.conversation_id == conversation_id,

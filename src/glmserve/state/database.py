@@ -53,7 +53,7 @@ def _sqlite_pragmas(connection, _record) -> None:
 
 
 def open_database(url: str) -> Engine:
-    """An engine on ``url`` (``postgresql://...`` or ``sqlite:///PATH``; an SQLite file's folder
+    """The state database on ``url``, a SQLAlchemy engine (``postgresql://...`` or ``sqlite:///PATH``; an SQLite file's folder
     is created), its schema migrated to the newest revision. Raises ``DatabaseError`` with a
     one-line reason when the database cannot be reached, created or migrated."""
     try:
@@ -63,20 +63,20 @@ def open_database(url: str) -> Engine:
     try:
         lock: contextlib.AbstractContextManager = contextlib.nullcontext()
         if full.startswith("sqlite"):
-            database = sa.engine.make_url(full).database
-            if database and database != ":memory:":
-                lock = _private_file(Path(database))
-            engine = sa.create_engine(full, connect_args={"timeout": 10})
-            sa.event.listen(engine, "connect", _sqlite_pragmas)
+            file = sa.engine.make_url(full).database
+            if file and file != ":memory:":
+                lock = _private_file(Path(file))
+            database = sa.create_engine(full, connect_args={"timeout": 10})
+            sa.event.listen(database, "connect", _sqlite_pragmas)
         else:
-            engine = sa.create_engine(full, pool_pre_ping=True, pool_size=4, max_overflow=8)
+            database = sa.create_engine(full, pool_pre_ping=True, pool_size=4, max_overflow=8)
         with lock:
-            _migrate(engine)
+            _migrate(database)
     except (sa.exc.SQLAlchemyError, OSError) as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise DatabaseError(f"state database {sa.engine.make_url(full).render_as_string(hide_password=True)}: "
                             f"{reason}") from None
-    return engine
+    return database
 
 
 @contextlib.contextmanager
@@ -89,12 +89,12 @@ def _private_file(database: Path) -> Iterator[None]:
         yield
 
 
-def _migrate(engine: Engine) -> None:
+def _migrate(database: Engine) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines say nothing to a server's user
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        if engine.dialect.name == "postgresql":
+    with database.begin() as connection:
+        if database.dialect.name == "postgresql":
             connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
         config.attributes["connection"] = connection
         command.upgrade(config, "head")

@@ -45,7 +45,7 @@ class FileStore:
 
     def __init__(self, responses: ResponseStore) -> None:
         self.responses = responses
-        self.engine = responses.engine
+        self.database = responses.database
 
     @staticmethod
     def _object(row) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class FileStore:
         refused with ``StoreFull`` when it does not fit (the server's own output files are
         not). One transaction: nobody sees the file before all of it is stored."""
         size = 0
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             for seq, piece in enumerate(rechunk([content] if isinstance(content, bytes) else content)):
                 conn.execute(sa.insert(FILE_CHUNKS).values(file_id=file_id, seq=seq, data=piece))
                 size += len(piece)
@@ -74,14 +74,14 @@ class FileStore:
         return self._object(row)
 
     def get(self, owner: str, file_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id, FILES.c.owner == owner)).first()
         return None if row is None else self._object(row)
 
     def piece(self, file_id: str, seq: int) -> bytes | None:
         """The file's ``seq``-th piece (from 0) of its bytes; None past its last (or for a file
         that is not there: the caller checks the owner's file with ``get`` first)."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             data = conn.execute(sa.select(FILE_CHUNKS.c.data).where(FILE_CHUNKS.c.file_id == file_id,
                                                                    FILE_CHUNKS.c.seq == seq)).scalar()
         return None if data is None else bytes(data)
@@ -99,13 +99,13 @@ class FileStore:
         ``after``, oldest first (or newest). Raises ``tables.UnknownCursor``."""
         mine = [FILES.c.owner == owner] + ([] if purpose is None else [FILES.c.purpose == purpose])
         cursor = None if after is None else sa.select(FILES.c.created_at, FILES.c.id).where(*mine, FILES.c.id == after)
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             rows = keyset_page(conn, sa.select(*self._COLUMNS).where(*mine), (FILES.c.created_at, FILES.c.id),
                                cursor, limit, descending)
         return [self._object(row) for row in rows]
 
     def delete(self, owner: str, file_id: str) -> bool:
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             gone = conn.execute(sa.delete(FILES).where(FILES.c.id == file_id, FILES.c.owner == owner)).rowcount > 0
             if gone:
                 conn.execute(sa.delete(FILE_CHUNKS).where(FILE_CHUNKS.c.file_id == file_id))

@@ -37,13 +37,13 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """Responses in the state database ``engine`` (``state.open_database``): ``ttl_s`` seconds
-    after it was made a response is gone (unreadable at once, deleted by ``purge``); past
+    """Responses in the state ``database`` (``state.open_database``, a SQLAlchemy engine):
+    ``ttl_s`` seconds after it was made a response is gone (unreadable at once, deleted by ``purge``); past
     ``max_bytes`` stored in all (or ``max_bytes_per_key`` by one owner), the oldest are deleted
     to make room (``quota.Quota``, which the other stores of the database share)."""
 
-    def __init__(self, engine: Engine, ttl_s: float, max_bytes: int, max_bytes_per_key: int | None = None) -> None:
-        self.engine, self.ttl_s = engine, ttl_s
+    def __init__(self, database: Engine, ttl_s: float, max_bytes: int, max_bytes_per_key: int | None = None) -> None:
+        self.database, self.ttl_s = database, ttl_s
         self.quota = Quota(max_bytes, max_bytes_per_key)
 
     def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]],
@@ -58,7 +58,7 @@ class ResponseStore:
                "size": len(text.encode()) + len(items.encode()),
                "heartbeat_at": now if body.get("status") in RUNNING else None}
         mine = sa.and_(RESPONSES.c.id == body["id"], RESPONSES.c.owner == owner)
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             if row["heartbeat_at"] is not None:
                 row["heartbeat_at"] = db_now(conn)
             query = sa.update(RESPONSES).where(mine)
@@ -74,7 +74,7 @@ class ResponseStore:
 
     def status(self, owner: str, response_id: str) -> str | None:
         """The stored status of ``response_id`` (None: not stored)."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return conn.execute(sa.select(RESPONSES.c.status).where(
                 RESPONSES.c.id == response_id, RESPONSES.c.owner == owner)).scalar_one_or_none()
 
@@ -82,7 +82,7 @@ class ResponseStore:
         """The response ``response_id`` if ``owner`` stored it and it has not expired."""
         query = sa.select(RESPONSES.c.body, RESPONSES.c.input_items, RESPONSES.c.heartbeat_at).where(
             RESPONSES.c.id == response_id, RESPONSES.c.owner == owner, RESPONSES.c.expires_at > time.time())
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             row = conn.execute(query).first()
             read_at = db_now(conn)
         return None if row is None else StoredResponse(json.loads(row.body), json.loads(row.input_items),
@@ -92,7 +92,7 @@ class ResponseStore:
         """Renew the heartbeat of these responses (the runs this server runs) that are still
         running."""
         if response_ids:
-            with self.engine.begin() as conn:
+            with self.database.begin() as conn:
                 conn.execute(sa.update(RESPONSES).where(RESPONSES.c.id.in_(response_ids),
                                                         RESPONSES.c.status.in_(RUNNING)).values(
                     heartbeat_at=db_now(conn)))
@@ -101,7 +101,7 @@ class ResponseStore:
         """Store ``cancelled`` (the response, ``cancelled``) if its stored run is still going
         (``RUNNING``): a run that ended meanwhile keeps its end. Whether it was written."""
         text = dumps(cancelled)
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             return conn.execute(sa.update(RESPONSES).where(
                 RESPONSES.c.id == cancelled["id"], RESPONSES.c.owner == owner, RESPONSES.c.status.in_(RUNNING))
                 .values(status=cancelled["status"], body=text, heartbeat_at=None,
@@ -114,7 +114,7 @@ class ResponseStore:
         text = dumps(failed)
         beat = (RESPONSES.c.heartbeat_at.is_(None) if seen.heartbeat_at is None
                 else RESPONSES.c.heartbeat_at == seen.heartbeat_at)
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             return conn.execute(sa.update(RESPONSES).where(
                 RESPONSES.c.id == failed["id"], RESPONSES.c.owner == owner, beat,
                 RESPONSES.c.status == seen.body.get("status")).values(
@@ -123,18 +123,18 @@ class ResponseStore:
 
     def delete(self, owner: str, response_id: str) -> bool:
         """Delete ``response_id`` if ``owner`` stored it; whether there was one to delete."""
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             gone = conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id == response_id, RESPONSES.c.owner == owner,
                                                            RESPONSES.c.expires_at > time.time()))
         return gone.rowcount > 0
 
     def purge(self, now: float | None = None) -> int:
         """Delete the responses expired at ``now`` (default: the clock); how many."""
-        with self.engine.begin() as conn:
+        with self.database.begin() as conn:
             gone = conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.expires_at <= (now or time.time())))
         return gone.rowcount
 
     def total_bytes(self) -> int:
         """Bytes stored (``quota.stored_bytes``), all owners together."""
-        with self.engine.connect() as conn:
+        with self.database.connect() as conn:
             return stored_bytes(conn)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.settings import own_fields
 from glmserve.engine.base import EngineError
 from glmserve.engine.worker import default_max_num_seqs
 from glmserve.engine.llama_cpp.settings import (BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -15,13 +16,12 @@ from glmserve.models import ModelNotFoundError, resolve_model
 if TYPE_CHECKING:
     from glmserve.engine.llama_cpp.config import EngineConfig
     from glmserve.engine.llama_cpp.engine import LlamaCppEngine
-    from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset(LlamaCppSettings.model_fields)
+SETTINGS = own_fields(LlamaCppSettings)
 
 
-def max_num_batched_tokens(settings: ServeSettings) -> int:
+def max_num_batched_tokens(settings: LlamaCppSettings) -> int:
     """The tokens per step in force: ``--max-num-batched-tokens``, else 512, or 63 with
     ``--batch-invariant``. Raises ``EngineError`` for more than 63 with ``--batch-invariant``."""
     if not settings.batch_invariant:
@@ -34,7 +34,7 @@ def max_num_batched_tokens(settings: ServeSettings) -> int:
     return settings.max_num_batched_tokens or limit
 
 
-def _config(settings: ServeSettings) -> EngineConfig:
+def _config(settings: LlamaCppSettings) -> EngineConfig:
     """Raises ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file,
     ``EngineError`` for ``--batch-invariant`` with more than 63 tokens per step."""
     from glmserve.engine.llama_cpp.config import EngineConfig
@@ -59,7 +59,7 @@ def _config(settings: ServeSettings) -> EngineConfig:
     )
 
 
-def _cache_ram(settings: ServeSettings) -> int:
+def _cache_ram(settings: LlamaCppSettings) -> int:
     """``--cache-ram`` in force: off with ``--kv-layout unified`` unless given (then
     ``EngineError``: the host prompt cache restores whole split streams)."""
     if settings.kv_layout == "split":
@@ -77,14 +77,14 @@ def _draft_model_path(draft_model: str):
         raise ModelNotFoundError(f"--draft-model {exc}") from exc
 
 
-def build(settings: ServeSettings) -> LlamaCppEngine:
+def build(settings: LlamaCppSettings) -> LlamaCppEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``."""
     from glmserve.engine.llama_cpp.engine import LlamaCppEngine
 
     return LlamaCppEngine(resolve_model(settings.model), _config(settings))
 
 
-def memory_estimate(settings: ServeSettings) -> int:
+def memory_estimate(settings: LlamaCppSettings) -> int:
     """Bytes the model of ``settings`` takes once loaded: its GGUF file and its KV cache
     (``engine.memory_estimate``). Raises ``ModelNotFoundError``, ``EngineError``."""
     from glmserve.engine.llama_cpp.memory import memory_estimate as estimate

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings
+from glmserve.engine.settings import PER_MODEL
 
 # --max-num-batched-tokens when not set: llama.cpp's default micro-batch (n_ubatch), the prompt
 # chunk its CPU backend computes at full speed (llama-server's pace on long prompts)
@@ -29,10 +30,12 @@ class LlamaCppSettings(SpeculativeSettings):
     runner: Literal["auto", "generate", "pooling"] = Field(
         "auto", description="llama_cpp: pooling serves /v1/embeddings only (no generation context); auto: pooling "
                             "for a non-causal GGUF.",
+        json_schema_extra=PER_MODEL,
     )
     mmproj: str | None = Field(
         None, description="llama_cpp: image input through this projector GGUF (vision encoder), as llama-server's "
                           "--mmproj; none: text only.",
+        json_schema_extra=PER_MODEL,
     )
     cache_ram: int = Field(
         2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB, as llama-server's "

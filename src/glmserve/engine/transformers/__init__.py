@@ -7,19 +7,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.settings import own_fields
 from glmserve.engine.worker import default_max_num_seqs
 from glmserve.engine.transformers.settings import TransformersSettings
 from glmserve.models import resolve_hf_model
 
 if TYPE_CHECKING:
     from glmserve.engine.transformers.engine import TransformersEngine
-    from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset(TransformersSettings.model_fields)
+SETTINGS = own_fields(TransformersSettings)
 
 
-def build(settings: ServeSettings) -> TransformersEngine:
+def build(settings: TransformersSettings) -> TransformersEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, or
     ``ImportError`` without the extra."""
     from glmserve.engine.transformers.engine import EngineConfig, TransformersEngine

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from glmserve.engine.fields import Dtype, NThreads, TrustRemoteCode
+from glmserve.engine.settings import EngineSettings
 
 
-class TransformersSettings(BaseModel):
+class TransformersSettings(EngineSettings):
     """transformers engine: Hugging Face models (PEFT adapters, vision) on CPU or GPU."""
 
     dtype: Dtype

@@ -6,18 +6,18 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from glmserve.engine.settings import own_fields
 from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.models import resolve_hf_model
 
 if TYPE_CHECKING:
     from glmserve.engine.vllm.engine import VllmEngine
-    from glmserve.settings import ServeSettings
 
 # the engine-specific settings this engine reads (any other engine's is an error here)
-SETTINGS = frozenset(VllmSettings.model_fields)
+SETTINGS = own_fields(VllmSettings)
 
 
-def default_max_num_seqs(settings: ServeSettings) -> int:
+def default_max_num_seqs(settings: VllmSettings) -> int:
     """vLLM's API-server default ``max_num_seqs`` on this machine's device (vLLM's
     ``EngineArgs.get_batch_defaults``), for ``settings``' tensor x pipeline parallel size."""
     from vllm.engine.arg_utils import EngineArgs
@@ -27,7 +27,7 @@ def default_max_num_seqs(settings: ServeSettings) -> int:
     return max_num_seqs[UsageContext.OPENAI_API_SERVER]
 
 
-def build(settings: ServeSettings) -> VllmEngine:
+def build(settings: VllmSettings) -> VllmEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, ``EngineError``
     (an ``--engine-arg`` vLLM does not know), or ``ImportError`` without vLLM."""
     # vLLM logs to stdout unless told otherwise; diagnostics belong on stderr (glmserve chat

@@ -20,9 +20,9 @@ from glmserve.engine.peft_lora import LORA_RANKS, check_adapter, lora_rank
 from glmserve.models import ModelNotFoundError, resolve_hf_model
 
 if TYPE_CHECKING:
+    from glmserve.engine.vllm.settings import VllmSettings
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from glmserve.settings import ServeSettings
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -47,7 +47,7 @@ class EngineConfig:
     engine_args: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: ServeSettings) -> EngineConfig:
+    def from_settings(cls, settings: VllmSettings) -> EngineConfig:
         """Raises ``EngineError`` for an ``--engine-arg`` that is no ``AsyncEngineArgs`` field
         or that a glmserve flag sets."""
         return cls(
@@ -71,7 +71,7 @@ class EngineConfig:
         )
 
 
-def speculative_config(settings: ServeSettings) -> dict[str, Any] | None:
+def speculative_config(settings: VllmSettings) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``--speculative``: ``ngram`` with ``prompt_lookup_min/max``,
     ``draft_model`` with the ``--draft-model`` folder, or ``mtp``; ``num_speculative_tokens`` from
     ``--spec-draft-max``. Raises ``ModelNotFoundError`` for a draft model that is no model folder."""

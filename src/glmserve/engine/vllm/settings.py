@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from glmserve.engine.fields import BatchInvariant, Dtype, MaxNumBatchedTokens, SpeculativeSettings, TrustRemoteCode
+from glmserve.engine.settings import PER_MODEL
 
 
 class VllmSettings(SpeculativeSettings):
@@ -44,6 +45,7 @@ class VllmSettings(SpeculativeSettings):
     engine_arg: list[str] = Field(
         [], description="vllm: any other vLLM engine argument, an AsyncEngineArgs field, VALUE as JSON when it "
                         "parses (repeatable).",
+        json_schema_extra=PER_MODEL,
     )
 
     @field_validator("engine_arg")

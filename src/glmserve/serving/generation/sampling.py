@@ -12,11 +12,6 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 
 
-# the request fields --override-generation-config may give defaults for (vLLM's flag), and
-# vLLM's max_new_tokens: the max_tokens of a request that sets none
-GENERATION_DEFAULTS = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                                 "frequency_penalty", "max_new_tokens"})
-
 
 def with_defaults(req, defaults: dict[str, float]):
     """``(req, ceiling)``: ``req`` (a chat or completions request) with ``defaults`` for the

@@ -21,33 +21,24 @@
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmserve.engine.settings import per_model_fields
+from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.models.resolve import gguf_name
+from glmserve.settings.model import ModelSettings
+from glmserve.settings.serve import DeploySettings
 
-# settings that belong to the server, never to one model of it
-SERVER_FIELDS = frozenset({
-    "host", "port", "api_key", "admin_api_key", "allowed_origins", "ui", "log_level", "shutdown_timeout",
-    "max_request_bytes", "client_header_timeout", "client_body_timeout", "timeout_keep_alive", "models_dir", "config",
-    "max_loaded_models", "memory_budget", "keep_alive", "allow_runtime_lora_updating", "served_model_name",
-    "replicas", "ray_address", "replica_cpus", "replica_gpus", "min_replicas", "max_replicas", "state_dir",
-    "database_url", "store_ttl", "store_max_bytes", "store_max_bytes_per_key",
-})
-# settings that belong to one model: given as flags they are --model's own, and a --config entry
-# gives its own (a LoRA adapter, a draft model, a projector or a chat template made for one model
-# does not fit another); every other setting (the engine's: threads, context, batching, memory;
-# the request limits) is a default each model inherits unless its entry says otherwise
-MODEL_FIELDS = frozenset({
-    "model", "served_model_name", "lora", "chat_template", "tool_call_parser", "default_chat_template_kwargs",
-    "override_generation_config", "reasoning_budget", "speculative", "draft_model", "spec_draft_max",
-    "spec_ngram_min", "spec_ngram_max", "engine_arg", "trust_remote_code", "runner", "mmproj",
-})
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# the settings that belong to the server, never to one model of it: ServerSettings' fields and
+# where the app runs (DeploySettings' own)
+SERVER_WIDE = frozenset(DeploySettings.model_fields) - frozenset(ModelSettings.model_fields)
+# the settings that are one model's own (PER_MODEL): given as flags they are --model's own, and a
+# --config entry gives its own; every other model setting (the engine's: threads, context,
+# batching, memory; the request limits) is a default each model inherits unless its entry says
+# otherwise
+OWN_FIELDS = per_model_fields(ModelSettings)
 
 
 class ConfigError(ValueError):
@@ -65,32 +56,6 @@ class ModelEntry:
     aliases: tuple[str, ...] = ()
     keep_alive: float | None = None
     embedding: bool = False  # served for embeddings only
-
-
-def parse_keep_alive(value: Any) -> float:
-    """Seconds, from Ollama's ``keep_alive`` forms: a number (seconds), a duration string of
-    ``ms``/``s``/``m``/``h``/``d`` parts, or a number as a string; negative means ``math.inf``.
-    Raises ``ValueError``."""
-    if isinstance(value, bool):
-        raise ValueError(f"keep_alive: {value!r} is not a duration")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
-        try:
-            seconds = sign * float(body)
-        except ValueError:
-            parts = _DURATION.findall(body)
-            if not parts or "".join(n + u for n, u in parts) != body:
-                raise ValueError(f"keep_alive: {value!r} is not a duration (e.g. 300, \"5m\", \"1h30m\", -1)") from None
-            seconds = sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
-    else:
-        raise ValueError(f"keep_alive: {value!r} is not a duration")
-    if math.isnan(seconds):
-        raise ValueError("keep_alive: not a number")
-    return math.inf if seconds < 0 else seconds
 
 
 def scan_models_dir(folder: Path, hf_engine: str = "transformers") -> list[ModelEntry]:
@@ -156,7 +121,9 @@ def read_config(path: Path) -> list[ModelEntry]:
         embedding = item.pop("embedding", False)
         if not isinstance(embedding, bool):
             raise ConfigError(f"{where} ({name}): 'embedding' must be true or false")
-        server_wide = sorted(set(item) & SERVER_FIELDS)
+        if "served_model_name" in item:
+            raise ConfigError(f"{where} ({name}): served_model_name: the entry's name is the model's id")
+        server_wide = sorted(set(item) & SERVER_WIDE)
         if server_wide:
             raise ConfigError(f"{where} ({name}): {', '.join(server_wide)} applies to the whole server, not "
                               "one model")
