@@ -65,8 +65,8 @@ def model_cycles(settings: ServeSettings, cycles: int, max_tokens: int) -> list[
         load_s = time.perf_counter() - t0
         try:
             chat = runtime.chat
-            cold = asyncio.run(first_token_s(chat, chat.model_name, question, max_tokens, t0))
-            warm = asyncio.run(first_token_s(chat, chat.model_name, question, max_tokens, time.perf_counter()))
+            cold = asyncio.run(first_token_s(chat, runtime.model.name, question, max_tokens, t0))
+            warm = asyncio.run(first_token_s(chat, runtime.model.name, question, max_tokens, time.perf_counter()))
             if runtime.engine.model_info.embedding_size is not None:
                 asyncio.run(runtime.engine.embed(runtime.engine.tokenizer.encode_prompt(question)))
         finally:

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     runtime = start_runtime(ServeSettings(n_threads=args.threads))
-    engine = runtime.chat.engine
+    engine = runtime.engine
     times: dict[str, list[float]] = {name: [] for name in CASES}
     lengths: dict[str, int] = {}
 

@@ -200,7 +200,7 @@ def serve(args: list[str]) -> int:
     info = runtime.engine.model_info
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d, max_num_seqs=%d, max_num_batched_tokens=%s, max_queue=%d) on http://%s:%d",
-        runtime.chat.model_name, info.context_length, info.max_num_seqs, info.max_num_batched_tokens,
+        runtime.model.name, info.context_length, info.max_num_seqs, info.max_num_batched_tokens,
         info.max_queue, settings.host, settings.port,
     )
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal into the handler

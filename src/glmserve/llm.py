@@ -35,7 +35,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, engine: str = "llama_cpp", **settings: Any) -> None:
         self._runtime = start_runtime(ServeSettings(model=model, engine=engine, **settings))
-        self.model = self._runtime.chat.model_name
+        self.model = self._runtime.model.name
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="glmserve-llm", daemon=True)
         self._thread.start()

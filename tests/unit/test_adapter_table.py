@@ -118,7 +118,7 @@ def _served(table: AdapterTable, max_loaded: int = 1) -> tuple[TestClient, list[
         engine = FakeEngine(reply="I am base")
         engines.append(engine)
         chat = ChatService(engine, "base", ChatTemplate(CHATML_TEMPLATE))
-        chat.adapter_table = table
+        chat.model.adapter_table = table
         table.attach(engine)
         return Runtime.over(chat)
 
@@ -155,8 +155,8 @@ def test_a_runtime_adapter_survives_its_model_being_evicted_and_loaded_again():
 def test_a_request_loads_an_adapter_that_max_loras_put_out():
     engine = FakeEngine()
     chat = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
-    chat.adapter_table = AdapterTable(max_loras=1)
-    chat.adapter_table.attach(engine)
+    chat.model.adapter_table = AdapterTable(max_loras=1)
+    chat.model.adapter_table.attach(engine)
     with TestClient(create_app(chat, runtime_lora=True)) as http:
         for name in ("a", "b"):
             assert http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": f"/x/{name}"}).status_code == 200

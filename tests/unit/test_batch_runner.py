@@ -331,3 +331,32 @@ def test_a_batch_of_many_pages_ends_with_every_line_in_its_files_in_order(tmp_pa
 
     assert [(r["custom_id"], r["result"]["type"]) for r in asyncio.run(results())] == [
         (f"r{i}", "succeeded" if i % 2 else "errored") for i in range(2500)]
+
+
+def test_batch_lines_reach_the_engine_at_batch_priority_and_routes_at_interactive():
+    """The priority is an argument of the services' ``create``: the batch dispatcher passes
+    ``BATCH_PRIORITY`` for every API's line, a route the default ``INTERACTIVE_PRIORITY``."""
+    from fastapi.testclient import TestClient
+
+    from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
+    from glmserve.engine.types import BATCH_PRIORITY, INTERACTIVE_PRIORITY
+    from glmserve.server.app import create_app
+    from glmserve.server.batch_dispatch import dispatcher
+    from glmserve.serving.chat.service import ChatService
+    from tests.unit.fakes import FakeEngine
+
+    engine = FakeEngine()
+    app = create_app(ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
+    ask = [{"role": "user", "content": "hi"}]
+    lines = {"/v1/chat/completions": {"model": "fake", "messages": ask},
+             "/v1/completions": {"model": "fake", "prompt": "hi", "max_tokens": 4},
+             "/v1/messages": {"model": "fake", "messages": ask, "max_tokens": 4},
+             "/v1/responses": {"model": "fake", "input": "hi", "store": False}}
+    with TestClient(app) as http:
+        for url, body in lines.items():
+            assert http.post(url, json=body).status_code == 200
+            assert engine.requests[-1].priority == INTERACTIVE_PRIORITY, url
+            before = len(engine.requests)
+            status, result = http.portal.call(dispatcher(app), "", url, body)
+            assert status == 200, result
+            assert len(engine.requests) == before + 1 and engine.requests[-1].priority == BATCH_PRIORITY, url

@@ -39,7 +39,7 @@ def _req(**kw) -> ChatCompletionRequest:
 
 def test_end_of_turn_token_from_template(engine):
     service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
-    assert service.stop_token_ids == (1001,)
+    assert service.model.stop_token_ids == (1001,)
 
 
 def test_sampling_defaults_and_mapping():

@@ -107,6 +107,7 @@ class GenerationRequest:
             raise ValueError("prompt_token_ids must not be empty")
 
 
+INTERACTIVE_PRIORITY = 0  # the priority of a request an API route serves
 BATCH_PRIORITY = 1  # the priority of batch lines (/v1/batches, /v1/messages/batches)
 
 

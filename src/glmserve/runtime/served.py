@@ -58,14 +58,14 @@ class ServedModels:
     @classmethod
     def single(cls, runtime: Runtime) -> ServedModels:
         """One model, started already, kept loaded."""
-        name = runtime.chat.model_name
+        name = runtime.model.name
         registry: ModelRegistry[Runtime] = ModelRegistry(
             [ModelSpec(name, load=lambda: runtime, unload=lambda r: r.shutdown(), pinned=True)])
         registry.adopt(name, runtime)
-        return cls(registry, name, {name: runtime.chat.adapter_table})
+        return cls(registry, name, {name: runtime.model.adapter_table})
 
     def _tables(self) -> dict[str, AdapterTable]:
-        return {**{name: runtime.chat.adapter_table for name, runtime in self.registry.runtimes().items()},
+        return {**{name: runtime.model.adapter_table for name, runtime in self.registry.runtimes().items()},
                 **self.adapters}
 
     def _model_of(self, model: str) -> tuple[str, bool]:
@@ -98,7 +98,7 @@ class ServedModels:
                                   "model", "model_not_supported")
         if adapter and generation:
             try:  # the adapter is loaded, and stays, until the lease is released
-                lease.also_release(await lease.runtime.chat.adapter_table.acquire(model))
+                lease.also_release(await lease.runtime.model.adapter_table.acquire(model))
             except BaseException:
                 lease.release()
                 raise
@@ -127,15 +127,15 @@ class ServedModels:
                 cards.append(ModelCard(id=name, created=self._created_at(name), owned_by="glmserve",
                                        status=item["status"], engine=engine))
                 continue
-            info, chat = runtime.engine.model_info, runtime.chat
+            info, model = runtime.engine.model_info, runtime.model
             capabilities = (["embedding"] if item["metadata"].get("embedding_only") or not info.generation else
-                            model_capabilities(info.vision, chat.tool_parser, info.embedding_size is not None))
-            for card_name in (chat.model_name, *chat.adapters):
+                            model_capabilities(info.vision, model.tool_parser, info.embedding_size is not None))
+            for card_name in (model.name, *model.adapters):
                 cards.append(ModelCard(
                     id=card_name, created=self._created_at(card_name), owned_by=info.owned_by,
                     max_model_len=info.context_length, root=info.id,
-                    parent=None if card_name == chat.model_name else chat.model_name,
-                    tool_call_parser=chat.tool_parser, max_num_seqs=info.max_num_seqs,
+                    parent=None if card_name == model.name else model.name,
+                    tool_call_parser=model.tool_parser, max_num_seqs=info.max_num_seqs,
                     max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
                     capabilities=capabilities, status=item["status"], engine=engine))
         return cards

@@ -11,6 +11,7 @@ from glmserve.engine import Engine
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.completions import CompletionService
 from glmserve.serving.embeddings import EmbeddingsService
+from glmserve.serving.generation.model import ServedModel
 from glmserve.serving.lora import LoRAAdapterService
 from glmserve.serving.messages.service import MessagesService
 from glmserve.serving.responses.service import ResponsesService
@@ -20,9 +21,11 @@ from glmserve.serving.tokenize import TokenizeService
 
 @dataclass(slots=True)
 class Runtime:
-    """One started model and the services over it: what a request for the model is served by."""
+    """One started model (``model``: its engine, names, adapters, defaults and shared pipeline) and
+    the services over it: what a request for the model is served by."""
 
     engine: Engine
+    model: ServedModel
     chat: ChatService
     completions: CompletionService
     responses: ResponsesService
@@ -34,11 +37,12 @@ class Runtime:
     @classmethod
     def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
              seal: ReasoningSeal | None = None) -> Runtime:
-        """The services over ``chat``'s engine (started); ``seal``: the key of ``/v1/responses``'
-        ``encrypted_content`` (none: a 400 when a request asks for it)."""
-        return cls(chat.engine, chat, CompletionService(chat), ResponsesService(chat, seal), MessagesService(chat),
-                   TokenizeService(chat), EmbeddingsService(chat, max_embedding_inputs, max_embedding_tokens),
-                   LoRAAdapterService(chat))
+        """The services over ``chat``'s model (``ServedModel``, its engine started); ``seal``: the
+        key of ``/v1/responses``' ``encrypted_content`` (none: a 400 when a request asks for it)."""
+        model = chat.model
+        return cls(model.engine, model, chat, CompletionService(model), ResponsesService(model, chat, seal),
+                   MessagesService(model, chat), TokenizeService(model),
+                   EmbeddingsService(model, max_embedding_inputs, max_embedding_tokens), LoRAAdapterService(model))
 
     def shutdown(self) -> None:
         self.engine.shutdown()

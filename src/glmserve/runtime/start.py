@@ -38,6 +38,7 @@ from glmserve.runtime.catalog import (
 from glmserve.multimodal import MediaPolicy
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.model import ServedModel
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.services import Runtime
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
@@ -96,16 +97,16 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
         name = settings.served_model_name or engine.model_info.id
         parser = {"auto": detect_parser(template.source), "none": None}.get(
             settings.tool_call_parser, settings.tool_call_parser)
+        table = adapters or AdapterTable(settings.max_loras)
+        table.attach(engine, settings.lora_adapters())
         try:
-            chat = ChatService(engine, name, template, parser, media_policy(settings), schema_limits(settings),
-                               settings.max_n, settings.default_chat_template_kwargs,
-                               settings.override_generation_config, aliases,
-                               None if settings.reasoning_budget < 0 else settings.reasoning_budget)
+            model = ServedModel(engine, name, template, parser, media_policy(settings), schema_limits(settings),
+                                settings.max_n, settings.default_chat_template_kwargs,
+                                settings.override_generation_config, aliases,
+                                None if settings.reasoning_budget < 0 else settings.reasoning_budget, table)
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
-        chat.adapter_table = adapters or AdapterTable(settings.max_loras)
-        chat.adapter_table.attach(engine, settings.lora_adapters())
-        return Runtime.over(chat, settings.max_embedding_inputs, settings.max_embedding_tokens,
+        return Runtime.over(ChatService(model), settings.max_embedding_inputs, settings.max_embedding_tokens,
                             ReasoningSeal(settings.state_dir))
     except BaseException:
         engine.shutdown()
@@ -161,8 +162,8 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
                                             else "transformers")]
     if settings.config:
         entries += read_config(Path(settings.config).expanduser())
-    name = default.chat.model_name
-    tables = {name: default.chat.adapter_table}
+    name = default.model.name
+    tables = {name: default.model.adapter_table}
     specs = [ModelSpec(name, load=lambda: start_runtime(settings, adapters=tables[name]), unload=_unload_frozen,
                        keep_alive=math.inf,
                        estimate=lambda: _memory_estimate(settings),

@@ -23,7 +23,8 @@ from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.auth import cache_owner
 from glmserve.server.errors import error_content, validation_error
 from glmserve.serving.batches.runner import Dispatch
-from glmserve.serving.generation.request_scope import BATCH_PRIORITY, CACHE_SALT, REQUEST_PRIORITY, cache_salt
+from glmserve.engine.types import BATCH_PRIORITY
+from glmserve.serving.generation.request_scope import CACHE_SALT, cache_salt
 
 log = logging.getLogger("glmserve.batches")
 
@@ -37,7 +38,6 @@ def dispatcher(app: FastAPI) -> Dispatch:
     """``dispatch(owner, url, body) -> (status, body)`` over ``app``'s models and stores."""
 
     async def dispatch(owner: str, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        REQUEST_PRIORITY.set(BATCH_PRIORITY)  # this line's task only: below interactive requests
         try:
             try:
                 req = _MODELS[url].model_validate_json(json.dumps(body))
@@ -50,18 +50,18 @@ def dispatcher(app: FastAPI) -> Dispatch:
                                                       generation=generation) as lease:
                 runtime = lease.runtime
                 if url == "/v1/chat/completions":
-                    result = await runtime.chat.create(req)
+                    result = await runtime.chat.create(req, priority=BATCH_PRIORITY)
                 elif url == "/v1/completions":
-                    result = await runtime.completions.create(req)
+                    result = await runtime.completions.create(req, BATCH_PRIORITY)
                 elif url == "/v1/embeddings":
                     result = await runtime.embeddings.create(req)
                 elif url == "/v1/messages":
-                    result = await runtime.messages.create(req)
+                    result = await runtime.messages.create(req, BATCH_PRIORITY)
                 else:
                     if req.background:
                         raise APIError(400, "background is not served in a batch", "invalid_request_error",
                                        "background")
-                    result = await app.state.responses_storage.create(runtime.responses, req, owner)
+                    result = await app.state.responses_storage.create(runtime.responses, req, owner, BATCH_PRIORITY)
             dump = result.model_dump() if url in ("/v1/responses", "/v1/messages") else \
                 result.model_dump(exclude_none=True)
             return 200, dump

@@ -3,8 +3,8 @@
 Each prompt (a string, or token ids; a request may hold a list of either) gives ``n`` engine
 requests, all admitted together and run concurrently: choice ``p * n + j`` is prompt ``p``'s
 ``j``-th sample. Admission,
-stop strings, metrics and aborts are the chat handler's (``ChatService.admit`` and
-``ChatService.deltas``), so both endpoints behave alike.
+stop strings, metrics and aborts are the model's shared pipeline (``ServedModel.admit`` and
+``ServedModel.deltas``), as for chat, so both endpoints behave alike.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
-from glmserve.serving.generation.request_scope import CACHE_SALT, REQUEST_PRIORITY
-from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.request_scope import CACHE_SALT
+from glmserve.serving.generation.model import ServedModel
 from glmserve.serving.generation.chunks import ChunkStream
 from glmserve.serving.generation.run import Run, usage
 from glmserve.serving.generation.merge import merged
@@ -47,37 +48,39 @@ def check_supported(req: CompletionRequest) -> None:
 
 
 class CompletionService:
-    """Serve ``/v1/completions`` over a ``ChatService`` (model names, engine, admission).
+    """Serve ``/v1/completions`` for a ``ServedModel`` (its names, engine, admission).
 
     ``create(req)`` returns a ``Completion`` or, for ``stream=True``, an async iterator of
     ``Completion`` chunks (ending with an ``ErrorResponse`` if generation fails after the
     stream began). Client errors raise ``APIError`` before anything is generated."""
 
-    def __init__(self, chat: ChatService) -> None:
-        self.chat = chat
-        self.tokenizer = chat.engine.tokenizer
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+        self.tokenizer = model.engine.tokenizer
 
-    async def create(self, req: CompletionRequest) -> Completion | AsyncIterator[Completion | ErrorResponse]:
-        self.chat.check_model(req.model)
-        req, ceiling = with_defaults(req, self.chat.generation_defaults)
+    async def create(self, req: CompletionRequest,
+                     priority: int = INTERACTIVE_PRIORITY) -> Completion | AsyncIterator[Completion | ErrorResponse]:
+        self.model.check_model(req.model)
+        req, ceiling = with_defaults(req, self.model.generation_defaults)
         check_supported(req)
-        check_n(req.n, self.chat.max_n)
+        check_n(req.n, self.model.max_n)
         bias = logit_bias(req, self.tokenizer.n_vocab)
         prompts = await asyncio.to_thread(self._token_prompts, req)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         runs: list[Run] = []
         for p, ids in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
-            max_tokens = min(req.max_tokens, max(1, self.chat.context_length - len(ids))) if ceiling else req.max_tokens
-            sampling = to_sampling_params(req, fit_max_tokens(len(ids), max_tokens, self.chat.context_length, param),
+            n_ctx = self.model.context_length
+            max_tokens = min(req.max_tokens, max(1, n_ctx - len(ids))) if ceiling else req.max_tokens
+            sampling = to_sampling_params(req, fit_max_tokens(len(ids), max_tokens, self.model.context_length, param),
                                           (), None, bias)
             for j in range(req.n):  # choice p * n + j
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
-                    lora=req.model if req.model in self.chat.adapters else None, priority=REQUEST_PRIORITY.get(),
+                    lora=req.model if req.model in self.model.adapters else None, priority=priority,
                     cache_salt=CACHE_SALT.get())
                 runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
-        await self.chat.admit_all(runs)
+        await self.model.admit_all(runs)
         if not req.echo:
             echoes = [""] * len(runs)
         elif isinstance(req.prompt, str) or isinstance(req.prompt[0], str):  # the client's own text
@@ -150,7 +153,7 @@ class CompletionService:
         async def texts(index: int, run: Run) -> AsyncIterator[tuple[str, str | None, list[TokenLogprob]]]:
             if echoes[index]:
                 yield echoes[index], None, []
-            async for delta in self.chat.deltas(run):
+            async for delta in self.model.deltas(run):
                 yield delta
 
         try:

@@ -16,7 +16,7 @@ import struct
 from glmserve.protocol.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from glmserve.protocol.errors import context_length_exceeded, invalid_request, server_error
 from glmserve.engine.base import EngineError
-from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.model import ServedModel
 
 
 def encode_base64(vector: list[float]) -> str:
@@ -32,9 +32,9 @@ class EmbeddingsService:
     name, a model the engine cannot embed with, ``dimensions`` other than the model's size, or
     bad or too large ``input``."""
 
-    def __init__(self, chat: ChatService, max_inputs: int = 2048, max_tokens: int = 32768) -> None:
-        self.chat = chat
-        self.engine = chat.engine
+    def __init__(self, model: ServedModel, max_inputs: int = 2048, max_tokens: int = 32768) -> None:
+        self.model = model
+        self.engine = model.engine
         self.max_inputs = max_inputs
         self.max_tokens = max_tokens
 
@@ -51,10 +51,10 @@ class EmbeddingsService:
         return EmbeddingResponse(data=data, model=req.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))
 
     def _check(self, req: EmbeddingRequest) -> None:
-        self.chat.check_model(req.model)
-        if req.model in self.chat.adapters:
+        self.model.check_model(req.model)
+        if req.model in self.model.adapters:
             raise invalid_request(f"embeddings are computed without LoRA adapters: ask for model "
-                                  f"{self.chat.model_name!r}, not the adapter {req.model!r}", "model")
+                                  f"{self.model.name!r}, not the adapter {req.model!r}", "model")
         size = self.engine.model_info.embedding_size
         if size is None:
             raise invalid_request(f"model {req.model!r} does not serve embeddings on this engine", "model")
@@ -70,7 +70,7 @@ class EmbeddingsService:
             raise invalid_request("input must not be empty", "input")
         if len(items) > self.max_inputs:
             raise invalid_request(f"input has {len(items)} items; at most {self.max_inputs} are allowed", "input")
-        tokenizer, n_ctx = self.engine.tokenizer, self.chat.context_length
+        tokenizer, n_ctx = self.engine.tokenizer, self.model.context_length
         out: list[list[int]] = []
         total = 0
         for i, item in enumerate(items):

@@ -9,7 +9,7 @@ import asyncio
 
 from glmserve.protocol.errors import APIError, invalid_request
 from glmserve.protocol.lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.model import ServedModel
 
 
 class LoRAAdapterService:
@@ -19,27 +19,27 @@ class LoRAAdapterService:
     (missing, does not fit the model, or an engine that cannot load it now); 404 for
     unloading a name that is not loaded."""
 
-    def __init__(self, chat: ChatService) -> None:
-        self.chat = chat
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
         self._lock = asyncio.Lock()  # one load or unload request at a time
 
     async def load(self, req: LoadLoRAAdapterRequest) -> str:
         name = req.lora_name
-        if name == self.chat.model_name or name in self.chat.aliases:
+        if name == self.model.name or name in self.model.aliases:
             raise invalid_request(f"'{name}' is the base model's name", "lora_name")
         async with self._lock:
-            replace = name in self.chat.adapters
+            replace = name in self.model.adapters
             if replace and not req.load_inplace:
                 raise invalid_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
             # the work goes on if the client leaves: an adapter is never left half loaded
-            await asyncio.shield(self.chat.adapter_table.register(name, req.lora_path, replace))
+            await asyncio.shield(self.model.adapter_table.register(name, req.lora_path, replace))
         return f"Success: LoRA adapter '{name}' added successfully."
 
     async def unload(self, req: UnloadLoRAAdapterRequest) -> str:
         name = req.lora_name
         async with self._lock:
-            if name not in self.chat.adapters:
+            if name not in self.model.adapters:
                 raise APIError(404, f"The lora adapter '{name}' cannot be found.", "invalid_request_error",
                                "lora_name", "lora_adapter_not_found")
-            await asyncio.shield(self.chat.adapter_table.unload(name))
+            await asyncio.shield(self.model.adapter_table.unload(name))
         return f"Success: LoRA adapter '{name}' removed successfully."

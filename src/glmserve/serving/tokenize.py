@@ -13,27 +13,27 @@ from glmserve.protocol.tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.model import ServedModel
 
 
 class TokenizeService:
-    """Over a ``ChatService`` (its model names, template, tool format and tokenizer). Both
+    """Over a ``ServedModel`` (its names, template, tool format and tokenizer). Both
     methods are blocking (tokenizing a long prompt takes a while): call them off the event
     loop. They raise ``APIError`` 404 for an unknown ``model`` and 400 for bad input."""
 
-    def __init__(self, chat: ChatService) -> None:
-        self.chat = chat
-        self.tokenizer = chat.engine.tokenizer
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+        self.tokenizer = model.engine.tokenizer
 
     def _check_model(self, model: str | None) -> None:
         if model is not None:
-            self.chat.check_model(model)
+            self.model.check_model(model)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self._check_model(req.model)
         if isinstance(req, TokenizeChatRequest):
-            chat = ChatCompletionRequest(model=self.chat.model_name, messages=req.messages, tools=req.tools)
-            ids = self.chat.prompt_token_ids(chat)
+            chat = ChatCompletionRequest(model=self.model.name, messages=req.messages, tools=req.tools)
+            ids = self.model.prompt_token_ids(chat)
         else:
             try:
                 ids = self.tokenizer.encode_prompt(req.prompt) if req.add_special_tokens else self.tokenizer.encode(
@@ -41,7 +41,7 @@ class TokenizeService:
             except UnicodeEncodeError as exc:
                 raise invalid_request("the prompt contains invalid Unicode (a lone surrogate)", "prompt") from exc
         strs = [self.tokenizer.decode([t]) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=self.chat.context_length, tokens=ids, token_strs=strs)
+        return TokenizeResponse(count=len(ids), max_model_len=self.model.context_length, tokens=ids, token_strs=strs)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self._check_model(req.model)

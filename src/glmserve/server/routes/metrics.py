@@ -13,4 +13,4 @@ router = APIRouter()
     200: {"description": "Prometheus text exposition format", "content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request) -> Response:
     runtimes = request.app.state.models.runtimes().values()
-    return Response(render_all([runtime.chat.metrics for runtime in runtimes]), media_type=CONTENT_TYPE)
+    return Response(render_all([runtime.model.metrics for runtime in runtimes]), media_type=CONTENT_TYPE)

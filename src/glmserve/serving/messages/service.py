@@ -24,6 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.anthropic import (
     CountTokensRequest,
     CountTokensResponse,
@@ -37,6 +38,7 @@ from glmserve.protocol.chat import ChatCompletionChunk, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.model import ServedModel
 from glmserve.serving.generation.chunks import ChunkStream
 from glmserve.serving.messages.request import thinking_mode, to_chat_request
 from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_template_defaults
@@ -78,25 +80,26 @@ class MessagesService:
     ``create(req)`` returns a ``Message`` or, for ``stream=True``, an async iterator of
     ``MessageStreamEvent``s. Client errors raise ``APIError`` before anything is generated."""
 
-    def __init__(self, chat: ChatService) -> None:
-        self.chat = chat
+    def __init__(self, model: ServedModel, chat: ChatService) -> None:
+        self.model, self.chat = model, chat
 
     def _chat_request(self, req: CountTokensRequest):
-        return with_template_defaults(to_chat_request(req, self.chat.engine.model_info.vision), PRESERVED_THINKING,
-                                      self.chat.default_template_kwargs)
+        return with_template_defaults(to_chat_request(req, self.model.engine.model_info.vision), PRESERVED_THINKING,
+                                      self.model.default_template_kwargs)
 
     def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse:
         """The prompt's length in tokens (template and tools included; image tokens are not
         counted). Raises ``APIError`` as ``create`` would for the messages."""
         chat_req = self._chat_request(req)
-        self.chat.check_model(chat_req.model)
-        return CountTokensResponse(input_tokens=len(self.chat.prompt_token_ids(chat_req)))
+        self.model.check_model(chat_req.model)
+        return CountTokensResponse(input_tokens=len(self.model.prompt_token_ids(chat_req)))
 
-    async def create(self, req: MessagesRequest) -> Message | AsyncIterator[MessageStreamEvent]:
+    async def create(self, req: MessagesRequest,
+                     priority: int = INTERACTIVE_PRIORITY) -> Message | AsyncIterator[MessageStreamEvent]:
         chat_req = self._chat_request(req)
         show_thinking = thinking_mode(req) != "disabled"
         if not req.stream:
-            completion = await self.chat.create(chat_req, max_tokens_ceiling=True)
+            completion = await self.chat.create(chat_req, max_tokens_ceiling=True, priority=priority)
             choice = completion.choices[0]
             reply = choice.message
             content = [{"type": "thinking", "thinking": reply.reasoning_content, "signature": ""}] \
@@ -109,7 +112,7 @@ class MessagesService:
             return Message(id=_id("msg"), model=req.model, content=content, stop_reason=stop_reason,
                            stop_sequence=stop_sequence, usage=_usage(completion.usage))
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
-        chunks = await self.chat.create(stream_req, max_tokens_ceiling=True)
+        chunks = await self.chat.create(stream_req, max_tokens_ceiling=True, priority=priority)
         return ChunkStream(self._events(req.model, chunks, show_thinking), chunks)
 
     @staticmethod

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, StreamOptions, Usage
 from glmserve.protocol.errors import ErrorResponse, invalid_request
 from glmserve.protocol.responses import (
@@ -44,6 +45,7 @@ from glmserve.protocol.responses import (
     ResponseUsage,
 )
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.model import ServedModel
 from glmserve.serving.generation.chunks import ChunkStream
 from glmserve.serving.responses.request import function_tools, to_chat_request
 from glmserve.serving.generation.sampling import with_defaults
@@ -119,8 +121,8 @@ class ResponsesService:
     ``APIError`` before anything is generated. ``seal`` seals and opens reasoning's
     ``encrypted_content`` (None: asking for it is a 400)."""
 
-    def __init__(self, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
-        self.chat = chat
+    def __init__(self, model: ServedModel, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
+        self.model, self.chat = model, chat
         self.seal = seal
 
     def _open(self, token: str, param: str) -> str:
@@ -128,15 +130,16 @@ class ResponsesService:
             raise invalid_request("this server has no key to open encrypted_content with", param)
         return self.seal.open(token, param)
 
-    async def create(self, req: ResponsesRequest) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
+    async def create(self, req: ResponsesRequest,
+                     priority: int = INTERACTIVE_PRIORITY) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
         _checked(req, self.seal)
         tools, namespaces = function_tools(req)
         chat_req = with_template_defaults(to_chat_request(req, tools, self._open), PRESERVED_THINKING,
-                                          self.chat.default_template_kwargs)
+                                          self.model.default_template_kwargs)
         if req.truncation == "auto":
             chat_req = await asyncio.to_thread(self._truncated, chat_req)
         seal = self.seal.seal if "reasoning.encrypted_content" in (req.include or []) else None
-        used, _ = with_defaults(chat_req, self.chat.generation_defaults)  # the sampling generation uses
+        used, _ = with_defaults(chat_req, self.model.generation_defaults)  # the sampling generation uses
         shell = Response(id=_id("resp"), created_at=int(time.time()), status="in_progress", model=req.model,
                          instructions=req.instructions, tools=req.tools or [],
                          tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
@@ -154,18 +157,18 @@ class ResponsesService:
                          text=req.text.model_dump(by_alias=True, exclude_none=True) if req.text else {
                              "format": {"type": "text"}})
         if not req.stream:
-            completion = await self.chat.create(chat_req)
+            completion = await self.chat.create(chat_req, priority=priority)
             return self._finish(shell, self._items(completion, namespaces, seal),
                                 completion.choices[0].finish_reason, completion.usage)
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
-        chunks = await self.chat.create(stream_req)
+        chunks = await self.chat.create(stream_req, priority=priority)
         return ChunkStream(self._events(shell, chunks, namespaces, seal), chunks)
 
     def _truncated(self, req: ChatCompletionRequest) -> ChatCompletionRequest:
         """``req`` without its oldest turns, as few as make the prompt fit the context with room
         for ``max_tokens`` (one token when unset); unchanged when it fits, or when even its last
         turn alone does not (the chat handler's 400 says so)."""
-        room = self.chat.context_length - (req.max_completion_tokens or req.max_tokens or 1)
+        room = self.model.context_length - (req.max_completion_tokens or req.max_tokens or 1)
         messages = req.messages
         lead, starts = _turn_starts([m.role for m in messages])
 
@@ -173,7 +176,7 @@ class ResponsesService:
             return req.model_copy(update={"messages": messages[:lead] + messages[at:]})
 
         def fits(r: ChatCompletionRequest) -> bool:
-            return len(self.chat.prompt_token_ids(r)) <= room
+            return len(self.model.prompt_token_ids(r)) <= room
 
         if not starts or fits(req):
             return req

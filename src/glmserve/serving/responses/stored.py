@@ -28,6 +28,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.protocol.responses import Response, ResponseEvent, ResponsesRequest
 from glmserve.serving.responses.conversations import ConversationService
@@ -100,14 +101,14 @@ class ResponseStorage:
         generate = req.model_copy(update={"input": before + new, "store": store})
         return generate, _Keep(self, owner, before + new, new, store, req.conversation)
 
-    async def create(self, service: ResponsesService, req: ResponsesRequest,
-                     owner: str) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
+    async def create(self, service: ResponsesService, req: ResponsesRequest, owner: str,
+                     priority: int = INTERACTIVE_PRIORITY) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
         """``service.create`` with the request's stored context, its answer kept (stored when
         ``store``, added to its conversation): a ``Response``, or its events (kept once the
         last has passed). Not for ``background`` (``start``). Raises ``APIError`` before
-        anything is generated."""
+        anything is generated. ``priority``: the engine requests' (batch lines: ``BATCH_PRIORITY``)."""
         generate, keep = await self._resolved(req, owner)
-        result = await service.create(generate)
+        result = await service.create(generate, priority)
         if not keep.needed:
             return result
         if isinstance(result, Response):

@@ -1,0 +1,206 @@
+"""``ServedModel``: one served model as every endpoint service sees it, and the generation
+pipeline they share (the role of vLLM's ``OpenAIServingModels`` with its serving base's shared
+pre- and post-processing).
+
+It holds the engine; the names requests use (the served name, aliases, and the LoRA adapters of
+``adapter_table``); the chat template and tool-call format with the stop tokens and special tags
+they imply; the server's defaults (template variables, sampling, reasoning budget) and bounds
+(``n``, client schemas, images); the model's metrics. Its pipeline: ``check_model`` ->
+``load_images`` -> (the endpoint builds its ``Run``s) -> ``admit_all`` -> ``deltas`` (stop
+strings, reasoning budget, metrics), the same for chat, completions, messages and responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from glmserve.chat import ChatTemplate, image_urls
+from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
+from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
+from glmserve.multimodal import ImageError, MediaPolicy, load_images
+from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.serving.adapters import AdapterTable
+from glmserve.serving.generation.metrics import ServingMetrics
+from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, special_token_id
+from glmserve.serving.generation.reasoning_budget import budgeted
+from glmserve.serving.generation.run import Run
+from glmserve.serving.generation.stop import StopStringMatcher
+from glmserve.serving.generation.template_vars import template_kwargs
+from glmserve.serving.generation.tools import plan_tools
+from glmserve.serving.structured.schema_check import SchemaLimits
+from glmserve.toolcalls import PARSERS, has_reasoning, tag_texts
+from glmserve.toolcalls.reasoning import THINK_END
+
+
+class ServedModel:
+    """See module docstring. Built once per started model (``runtime/start.py``); the endpoint
+    services of the model take it."""
+
+    def __init__(self, engine: Engine, served_model_name: str, template: ChatTemplate,
+                 tool_parser: str | None = None, media_policy: MediaPolicy | None = None,
+                 schema_limits: SchemaLimits | None = None, max_n: int = 1,
+                 default_template_kwargs: dict[str, Any] | None = None,
+                 generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = (),
+                 reasoning_budget: int | None = None, adapter_table: AdapterTable | None = None) -> None:
+        """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
+        ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
+        ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
+        ``max_n``: the largest ``n`` a request may ask for; ``default_template_kwargs``: chat
+        template variables every request gets unless it sets them (``--default-chat-template-kwargs``);
+        ``generation_defaults``: sampling fields for requests that leave them out
+        (``--override-generation-config``); ``aliases``: other names of the base model (a
+        ``--config`` entry's); ``reasoning_budget``: reasoning tokens before the reasoning is
+        ended, for requests that set none (``--reasoning-budget``; None: no limit). Raises
+        ``ValueError`` for a budget on a template that does not write ``<think>``;
+        ``adapter_table``: the model's LoRA adapters, attached to ``engine`` by the caller
+        (default: an empty table attached here). Requests pick the base model by
+        ``served_model_name`` or an alias, or a LoRA adapter by its name."""
+        self.engine = engine
+        self.name = served_model_name
+        self.aliases = frozenset(aliases)
+        # the model's LoRA adapters (start_runtime gives the table that outlives this engine)
+        self.adapter_table = adapter_table or AdapterTable()
+        if adapter_table is None:
+            self.adapter_table.attach(engine)
+        self.media_policy = media_policy or MediaPolicy()
+        self.schema_limits = schema_limits or SchemaLimits()
+        self.template = template
+        self.tool_parser = tool_parser
+        self.max_n = max_n
+        self.default_template_kwargs = dict(default_template_kwargs or {})
+        self.generation_defaults = dict(generation_defaults or {})
+        self.context_length = engine.model_info.context_length
+        stop_ids = list(end_of_turn_token_ids(template, engine.tokenizer))
+        for marker in PARSERS[tool_parser].end_of_turn if tool_parser else ():
+            token_id = special_token_id(engine.tokenizer, marker)
+            if token_id is not None and token_id not in stop_ids:
+                stop_ids.append(token_id)
+        self.stop_token_ids = tuple(stop_ids)
+        self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
+        # the parsers' tags that the vocabulary holds as special tokens: the engine writes their text
+        tags = (special_token_id(engine.tokenizer, tag) for tag in tag_texts(tool_parser, self.reasoning))
+        self.shown_special_ids = frozenset(i for i in tags if i is not None)
+        if reasoning_budget is not None and not self.reasoning:
+            raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
+                             "model's does not")
+        self.reasoning_budget = reasoning_budget
+        self.end_of_reasoning_ids = engine.tokenizer.encode(THINK_END) if self.reasoning else []
+        self.metrics = ServingMetrics(engine, served_model_name)
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters requests may name (``--lora``, and those loaded at run time; each
+        is loaded in the engine when a request holds it: ``serving/adapters.py``)."""
+        return self.adapter_table.names
+
+    def check_model(self, model: str) -> None:
+        """Raises ``APIError`` 404 unless ``model`` is the served model, an alias of it or one
+        of its adapters."""
+        if model != self.name and model not in self.aliases and model not in self.adapters:
+            raise model_not_found(model)
+
+    async def load_images(self, req: ChatCompletionRequest) -> list:
+        """The request's images, fetched and decoded under the media policy, in order. Raises
+        ``APIError`` 400 (naming the part) for a model without vision or an image refused."""
+        urls = image_urls(req.messages)
+        if not urls:
+            return []
+        if not self.engine.model_info.vision:
+            raise invalid_request("this model does not accept image input", urls[0][0])
+        try:
+            return await load_images([url for _, url in urls], self.media_policy)
+        except ImageError as exc:
+            raise invalid_request(f"image_url: {exc}", urls[exc.index or 0][0]) from exc
+
+    def prompt_token_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt ``req`` would be given (template, tools), whatever its length, without
+        images. Raises ``APIError`` 400 as ``create`` would for the messages and tools."""
+        plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
+        return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
+                            tool_format=self.tool_parser, check_fit=False,
+                            template_kwargs=template_kwargs(req, self.default_template_kwargs)).token_ids
+
+    async def admit_all(self, runs: list[Run], grammar_param: str | None = None) -> None:
+        """Admit every run (off the event loop), or none: when one is refused, the runs
+        already admitted are aborted and its ``APIError`` is raised."""
+        loop = asyncio.get_running_loop()
+        admitted = []
+        try:
+            for run in runs:
+                run.outputs = await asyncio.to_thread(self.admit, run.model, run.request, loop, grammar_param)
+                admitted.append(run)
+        except BaseException:
+            for run in admitted:
+                await run.outputs.aclose()
+            raise
+
+    def admit(self, model: str, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
+              grammar_param: str | None = None) -> AsyncIterator[GenerationOutput]:
+        """Hand ``request`` (for the requested ``model``) to the engine, from any thread;
+        ``loop`` consumes the stream. Raises ``APIError`` 429 when the engine is full, 400
+        naming ``grammar_param`` when the request's grammar does not compile."""
+        try:
+            return self.engine.generate(request, loop)
+        except EngineOverloaded as exc:
+            self.metrics.rejected.labels(model).inc()
+            raise overloaded(str(exc), exc.retry_after_s) from exc
+        except GrammarError as exc:
+            raise invalid_request(str(exc), grammar_param) from exc
+
+    async def deltas(self, run: Run) -> AsyncIterator[tuple[str, str | None, list[TokenLogprob]]]:
+        """``(text, finish_reason, logprobs)``; the last has ``finish_reason`` set. ``logprobs``
+        (when the request asked for them) are those of the tokens since the previous item: a
+        token whose text is held back (a possible stop string) gives its logprobs with the
+        text that follows.
+
+        Raises ``APIError`` (500) when the engine fails this request. Leaving early (client
+        gone) closes the engine stream, which aborts the request."""
+        matcher = StopStringMatcher(run.stops)
+        pending: list[TokenLogprob] = []
+        reason = "abort"  # unless the loop below ends otherwise (the client left)
+        stream = run.outputs
+        if run.reasoning_budget is not None:
+            loop = asyncio.get_running_loop()
+            stream = budgeted(stream, run.request, *run.reasoning_budget, self.end_of_reasoning_ids,
+                              self.engine.tokenizer.decode,
+                              lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop))
+        try:
+            async with aclosing(stream) as outputs:
+                async for out in outputs:
+                    if out.token_ids and run.first_token_at is None:
+                        run.first_token_at = time.perf_counter()
+                    run.completion_tokens += len(out.token_ids)
+                    run.cached_tokens = out.num_cached_tokens
+                    run.engine_prompt_tokens = out.num_prompt_tokens or run.engine_prompt_tokens
+                    if out.logprobs:
+                        pending += out.logprobs
+                    if out.finish_reason == "error":
+                        reason = "error"
+                        if out.invalid:
+                            raise invalid_request(f"the engine refused the request: {out.error}")
+                        raise server_error(f"generation failed: {out.error}")
+                    text, stopped = matcher.feed(out.text)
+                    if stopped:
+                        reason, run.stop_reason = "stop", matcher.matched
+                        yield text, "stop", pending
+                        return
+                    if out.finished:
+                        reason = "length" if out.finish_reason == "length" else out.finish_reason or "stop"
+                        yield text + matcher.flush(), "length" if out.finish_reason == "length" else "stop", pending
+                        return
+                    if text:
+                        yield text, None, pending
+                        pending = []
+        except APIError:
+            raise
+        except Exception as exc:  # an engine bug must end this request only
+            reason = "error"
+            raise server_error(f"generation failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.metrics.finished(run.model, reason, run.prompt_tokens, run.cached_tokens,
+                                  run.completion_tokens, run.arrival, run.first_token_at, time.perf_counter())
