@@ -170,7 +170,13 @@ def models(args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
+    from glmserve.runtime.catalog import ConfigError, with_server_settings
+
     settings = _parse(DeploySettings, args)
+    try:
+        settings = with_server_settings(settings)
+    except ConfigError as exc:
+        return _fail(f"cannot start: {exc}")
     if settings.on_ray:
         try:
             from glmserve.deploy.ray import DeployError, serve_on_ray

@@ -122,10 +122,15 @@ def test_keep_alive_zero_and_the_load_routes(srv):
     assert "Traceback" not in srv.log()
 
 
+ORIGIN = "http://localhost:3000"
+
+
 @pytest.fixture(scope="module")
 def configured(tmp_path_factory):
     config = tmp_path_factory.mktemp("config") / "models.yaml"
-    config.write_text(f"models:\n"
+    # a server setting beside the models (llama-cpp-python's config file layout)
+    config.write_text(f"allowed_origins: [{ORIGIN}]\n"
+                      f"models:\n"
                       f"  - {{name: vec, model: {default_model_path()}, embedding: true, aliases: [text-embedding]}}\n"
                       f"  - {{name: small, model: {default_model_path()}, n_ctx: 512, keep_alive: -1}}\n")
     server = RemoteServer("--config", str(config), "--n-ctx", "1024")
@@ -144,6 +149,15 @@ def test_a_config_file_with_an_embedding_model(configured):
     assert small.model_extra["status"] == "unloaded"
     assert {c.id: c.model_extra["status"] for c in client.models.list().data} == {
         DEFAULT_MODEL: "loaded", "vec": "loaded", "small": "loaded"}
+
+
+def test_a_config_file_gives_a_server_setting(configured):
+    preflight = httpx.options(f"{configured.url}/v1/chat/completions", headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    assert preflight.headers.get("access-control-allow-origin") == ORIGIN
+    other = httpx.options(f"{configured.url}/v1/chat/completions", headers={
+        "Origin": "http://elsewhere.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
 
 
 def test_the_memory_estimate_is_the_file_and_the_kv_cache_llama_cpp_allocates():

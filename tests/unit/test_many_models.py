@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.models import resolve_model
-from glmserve.runtime.catalog import ConfigError, ModelEntry, parse_keep_alive, read_config, scan_models_dir
+from glmserve.models.keep_alive import parse_keep_alive
+from glmserve.runtime.catalog import ConfigError, ModelEntry, read_config, scan_models_dir
 from glmserve.runtime.start import model_settings
 from glmserve.runtime.services import Runtime
 from glmserve.server import create_app
@@ -288,3 +289,27 @@ def test_unloading_the_model_started_before_the_freeze_frees_what_it_held():
         assert model.closed and gone() is None
     finally:
         gc.unfreeze()
+
+
+def test_a_config_file_gives_server_settings_beside_its_models(tmp_path: Path, monkeypatch):
+    """Server settings at the top of ``--config`` (llama-cpp-python's config file layout): used
+    where no flag or variable gives them; a model's setting there, or a bad value, is refused."""
+    from glmserve.runtime.catalog import with_server_settings
+    from glmserve.settings.serve import DeploySettings
+
+    path = tmp_path / "serve.yaml"
+    path.write_text("port: 9001\napi_key: [k1, k2]\nmax_loaded_models: 2\n"
+                    "models:\n  - {name: x, model: /m/x.gguf}\n")
+    settings = with_server_settings(DeploySettings(config=str(path)))
+    assert (settings.port, settings.api_key, settings.max_loaded_models) == (9001, ["k1", "k2"], 2)
+    assert with_server_settings(DeploySettings(config=str(path), port=8100)).port == 8100  # a flag wins
+    assert with_server_settings(DeploySettings()).port == 8000  # no --config: nothing read
+    monkeypatch.setenv("GLMSERVE_MAX_LOADED_MODELS", "5")
+    assert with_server_settings(DeploySettings(config=str(path))).max_loaded_models == 5  # so does a variable
+    for text, fragment in (("n_ctx: 512\n", "n_ctx: not a server setting"),
+                           ("config: other.yaml\n", "config: not a server setting"),
+                           ("port: many\n", "port: Input should be a valid integer")):
+        path.write_text(text + "models: []\n")
+        with pytest.raises(ConfigError, match=None) as exc:
+            with_server_settings(DeploySettings(config=str(path)))
+        assert fragment in str(exc.value), exc.value

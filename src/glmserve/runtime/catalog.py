@@ -7,7 +7,9 @@
   split GGUF (``NAME-00001-of-00003.gguf`` ...) is one model, ``NAME``, loaded from its first
   shard.
   Multimodal projector files (``mmproj*``) are skipped, as llama-server's router skips them.
-- ``--config FILE`` (YAML or JSON): ``{"models": [{"name", "model", "aliases", "keep_alive",
+- ``--config FILE`` (YAML or JSON): server settings (``port``, ``api_key``, ``max_loaded_models``,
+  ...: ``ServerSettings`` fields; a flag or ``GLMSERVE_*`` variable given wins) beside
+  ``{"models": [{"name", "model", "aliases", "keep_alive",
   "embedding", ...}]}`` (``embedding: true``: served for ``/v1/embeddings`` only; generation
   routes refuse it with a 400); the other keys of an entry are ``glmserve serve``'s flags as they are named in its
   settings (``engine``, ``n_ctx``, ``n_threads``, ``chat_template``, ``tool_call_parser``,
@@ -25,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from glmserve.engine.settings import per_model_fields
 from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.models.resolve import gguf_name
 from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import DeploySettings
+from glmserve.settings.server import ServerSettings
 
 # the settings that belong to the server, never to one model of it: ServerSettings' fields and
 # where the app runs (DeploySettings' own)
@@ -80,8 +85,8 @@ def scan_models_dir(folder: Path, hf_engine: str = "transformers") -> list[Model
     return [entries[name] for name in sorted(entries)]
 
 
-def read_config(path: Path) -> list[ModelEntry]:
-    """The models declared in ``path`` (YAML or JSON). Raises ``ConfigError``."""
+def _load(path: Path) -> dict[str, Any]:
+    """The mapping ``path`` holds (YAML or JSON), with its ``models`` list. Raises ``ConfigError``."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -98,6 +103,39 @@ def read_config(path: Path) -> list[ModelEntry]:
                           f"{' '.join(str(exc).split())[:200]}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise ConfigError(f"--config {path}: expected a mapping with a 'models' list")
+    return data
+
+
+def server_settings(path: Path) -> dict[str, Any]:
+    """The server settings ``path`` gives beside its ``models`` (``ServerSettings`` fields, as
+    llama-cpp-python's config file holds ``ServerSettings`` beside ``models``), validated.
+    Raises ``ConfigError`` for a key that is not a server setting (a model's settings go in its
+    entry) or a bad value."""
+    values = {k: v for k, v in _load(path).items() if k != "models"}
+    unknown = sorted(set(values) - (set(ServerSettings.model_fields) - {"config"}))
+    if unknown:
+        raise ConfigError(f"--config {path}: {', '.join(unknown)}: not a server setting (a model's settings go "
+                          "in its entry under models)")
+    try:
+        checked = ServerSettings.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(f"--config {path}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+    return {name: getattr(checked, name) for name in values}
+
+
+def with_server_settings(settings: DeploySettings) -> DeploySettings:
+    """``settings`` with the server settings of its ``--config`` file where no flag or
+    ``GLMSERVE_*`` variable gave them. Raises ``ConfigError``."""
+    if not settings.config:
+        return settings
+    given = server_settings(Path(settings.config).expanduser())
+    return settings.model_copy(update={k: v for k, v in given.items() if k not in settings.model_fields_set})
+
+
+def read_config(path: Path) -> list[ModelEntry]:
+    """The models declared in ``path`` (YAML or JSON). Raises ``ConfigError``."""
+    data = _load(path)
     entries = []
     for i, item in enumerate(data["models"]):
         where = f"--config {path}: models[{i}]"
