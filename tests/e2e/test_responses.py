@@ -49,7 +49,7 @@ def test_stream_events_build_the_same_response(client):
 def test_every_response_resource_field_plain_and_streamed(client):
     """Each field the Open Responses ResponseResource requires, with its type, in the JSON the
     server sends: the plain response and the last streamed one."""
-    from tests.unit.test_agent_requests import _resource_ok
+    from tests.unit.serving.test_agent_requests import _resource_ok
 
     kw = dict(model=DEFAULT_MODEL, input="What is the capital of France?", max_output_tokens=8, temperature=0,
               prompt_cache_key="s-1", safety_identifier="u-1", truncation="auto", store=False)

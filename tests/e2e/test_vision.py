@@ -157,7 +157,7 @@ def test_loopback_refused_unless_allowed(llava, site, vision_server):
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision is installed")
 def test_glm4v_processor_without_torchvision_is_a_one_line_error(tmp_path):
     """transformers builds GLM-4V's processor only with torchvision (its video half)."""
-    from tests.unit.test_glm4v_engine import _model_and_tokenizer
+    from tests.unit.engine.test_glm4v_engine import _model_and_tokenizer
 
     model, tokenizer = _model_and_tokenizer()
     model.save_pretrained(tmp_path)

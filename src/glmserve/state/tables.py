@@ -1,5 +1,5 @@
 """The state database's tables, as the stores read and write them (the migrations in
-``state/migrations`` make them; ``tests/unit/test_state.py`` checks that the two agree)."""
+``state/migrations`` make them; ``tests/unit/state/test_state.py`` checks that the two agree)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 # its file: llama.cpp's JSON-schema to GBNF converter (examples/json_schema_to_grammar.py), as ported in llama-cpp-python 0.3.36,
 # llama_cpp/llama_grammar.py lines 236-953 (SchemaConverter, BuiltinRule, _build_repetition).
 # Vendored so that the server can build grammars without the llama_cpp package (the vllm and
-# transformers installs do not build llama.cpp); tests/unit/test_json_schema_to_grammar.py checks
+# transformers installs do not build llama.cpp); tests/unit/serving/test_json_schema_to_grammar.py checks
 # it gives the same grammars as the installed llama_cpp.llama_grammar when that is present.
 #
 # MIT License

@@ -200,7 +200,7 @@ def test_glm_arguments_stream_as_the_values_come(name):
 
 
 def test_parser_detection_from_templates():
-    fixtures = Path(__file__).parent.parent / "fixtures" / "glm"
+    fixtures = Path(__file__).parents[2] / "fixtures" / "glm"
     assert detect_parser((fixtures / "glm-4.6.jinja").read_text()) == "glm45"
     assert detect_parser((fixtures / "glm-4.7.jinja").read_text()) == "glm47"
     assert detect_parser((fixtures / "glm-4-9b-chat.jinja").read_text()) == "glm4"
@@ -242,7 +242,7 @@ def test_generic_calls_stream_as_each_completes():
 
 
 def test_prompt_state_from_the_rendered_prompt():
-    fixtures = Path(__file__).parent.parent / "fixtures" / "glm"
+    fixtures = Path(__file__).parents[2] / "fixtures" / "glm"
     from glmserve.chat import ChatTemplate
 
     glm47 = ChatTemplate((fixtures / "glm-4.7.jinja").read_text())

@@ -15,7 +15,7 @@ from glmserve.serving.generation.prompt import end_of_turn_token_ids
 from glmserve.toolcalls import PARSERS
 from tests.unit.glm_tokenizer import glm_tokenizer
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "glm"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "glm"
 GLM4 = (FIXTURES / "glm-4-9b-chat.jinja").read_text(encoding="utf-8")
 GLM46 = (FIXTURES / "glm-4.6.jinja").read_text(encoding="utf-8")
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "查询天气",

@@ -13,7 +13,7 @@ from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
-from tests.unit.test_serving_tools import TEMPLATES
+from tests.unit.serving.test_serving_tools import TEMPLATES
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.unit.test_reasoning_routes import _client, _sse
+from tests.unit.serving.test_reasoning_routes import _client, _sse
 
 SPAWN = {"type": "function", "name": "spawn_agent", "description": "Start a sub-agent",
          "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}

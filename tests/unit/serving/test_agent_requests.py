@@ -14,7 +14,7 @@ from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.responses.sealed_reasoning import KEY_FILE, ReasoningSeal
 from tests.unit.fakes import FakeEngine
-from tests.unit.test_reasoning_routes import ANSWER, ASK, GLM47, REPLY, THOUGHT, _sse
+from tests.unit.serving.test_reasoning_routes import ANSWER, ASK, GLM47, REPLY, THOUGHT, _sse
 
 # ResponseResource.json's "required" list (openresponses/openresponses, schema/components/schemas,
 # commit 3452c012), with the JSON type of each field; (type, None) where it may be null
@@ -259,7 +259,7 @@ def test_an_echoed_field_with_a_lone_surrogate_is_a_400(tmp_path, field):
 def test_a_reply_cut_by_max_output_tokens_ends_with_an_incomplete_item(tmp_path):
     """As OpenAI's: in an ``incomplete`` response the message the limit cut is ``incomplete``
     too, plain and streamed (its ``output_item.done``); a whole reply's message is ``completed``."""
-    from tests.unit.test_reasoning_routes import ANSWER
+    from tests.unit.serving.test_reasoning_routes import ANSWER
 
     _, client = _client(REPLY, tmp_path)
     body = {"model": "glm", "input": ASK, "max_output_tokens": len(REPLY) - 5}

@@ -15,10 +15,10 @@ from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
-from tests.unit.test_messages_mapping import _events as message_events
-from tests.unit.test_serving_tools import _stream as chat_stream
+from tests.unit.serving.test_messages_mapping import _events as message_events
+from tests.unit.serving.test_serving_tools import _stream as chat_stream
 
-GLM47 = (Path(__file__).parent.parent / "fixtures" / "glm" / "glm-4.7.jinja").read_text()
+GLM47 = (Path(__file__).parents[2] / "fixtures" / "glm" / "glm-4.7.jinja").read_text()
 # a template that always opens the reasoning (DeepSeek-R1 distills): thinking cannot be turned off
 ALWAYS_THINKS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"
                  "{%- endfor %}<|im_start|>assistant\n<think>\n")
@@ -183,7 +183,7 @@ def test_reasoning_effort_reaches_templates_that_read_it():
         "effort=high thinking=True<think>", "effort=low thinking=True<think>", "effort=medium thinking=True<think>"]
 
 
-GLM46 = (Path(__file__).parent.parent / "fixtures" / "glm" / "glm-4.6.jinja").read_text()
+GLM46 = (Path(__file__).parents[2] / "fixtures" / "glm" / "glm-4.6.jinja").read_text()
 
 
 def _thinker(thought: str, answer: str = ANSWER):

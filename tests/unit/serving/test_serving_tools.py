@@ -14,7 +14,7 @@ from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import SPECIAL, FakeEngine
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "glm"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "glm"
 TEMPLATES = {"glm4": (FIXTURES / "glm-4-9b-chat.jinja").read_text(), "glm45": (FIXTURES / "glm-4.6.jinja").read_text()}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}

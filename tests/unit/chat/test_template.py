@@ -9,7 +9,7 @@ import pytest
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, to_template_messages
 from glmserve.protocol.chat import ChatCompletionRequest
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "glm"
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "glm"
 GLM4 = (FIXTURES / "glm-4-9b-chat.jinja").read_text(encoding="utf-8")
 GLM46 = (FIXTURES / "glm-4.6.jinja").read_text(encoding="utf-8")
 
