@@ -58,7 +58,7 @@ postgres:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql; }
 
 test: install browser postgres
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=20
 
 # the documentation site (docs/, mkdocs.yml) into site/; the flag, route and metric tables are
 # generated from the code (scripts/docs_hooks.py); make test builds it with --strict too

@@ -1,17 +1,27 @@
 """Hugging Face model folders built in the tests (nothing is downloaded): the bundled SmolLM2
 GGUF converted to a model folder, PEFT LoRA adapters for it (and one that does not fit it),
 the adapter merged into the weights, a tiny random LLaVA vision model with its processor, and a
-tiny random GLM-4 model with a GLM tokenizer. Needs torch, transformers and peft."""
+tiny random GLM-4 model with a GLM tokenizer. Needs torch, transformers and peft.
+
+The models trained here (``@cached``) are built once per machine: ``tests/model_cache.py``."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from glmserve.models import default_model_path
+from tests.model_cache import cached
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# tiny_tool_caller: training steps between checks of what it writes, and the checks in a row it
+# must pass (each on fresh prompts; the last two are margin: 50 more steps, at a tenth of the
+# step size, once it first writes every reply: at the full step size it learns, then forgets)
+CHECK_EVERY = 25
+CHECKS_PASSED = 3
+log = logging.getLogger("tests.hf_models")
 
 
 def smollm2_folder(out: Path) -> Path:
@@ -382,6 +392,7 @@ def tiny_glm_with_nextn(out: Path, template: str = "glm-4.6.jinja", copy: bool =
         embed, norms[0], norms[1], mix, norms[2], head))))
 
 
+@cached
 def tiny_glm_mtp_trained(out: Path, messages: list[dict], reply: str, template: str = "glm-4.6.jinja",
                          steps: int = 600) -> Path:
     """``tiny_glm_with_nextn``'s model trained here (a minute or two on a CPU) until greedy
@@ -502,6 +513,7 @@ def widened_glm(folder: Path, out: Path, hidden_size: int = 1024, intermediate_s
     return out
 
 
+@cached
 def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 400,
                      template: str = "glm-4.6.jinja", tools: list[dict] | None = None) -> Path:
     """A tiny ``Glm4ForCausalLM`` with a GLM tokenizer and a GLM chat template
@@ -528,6 +540,7 @@ def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 4
     return out
 
 
+@cached
 def tiny_glm_trained(out: Path, architecture: str, template: str,
                      replies: list[tuple[list[dict], dict, str, str]], steps: int = 800,
                      tags: str | None = None, context: int = 2048, lr: float = 3e-3) -> Path:
@@ -583,17 +596,18 @@ def _train_replies(model, tokenizer, replies: list[tuple[list[dict], dict, str, 
             raise RuntimeError(f"the tiny GLM did not learn its reply: {tokenizer.decode(written)!r}")
 
 
+@cached
 def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int = 400,
                      agent: tuple[list[dict], list[dict]] | None = None) -> Path:
     """A tiny random Llama with ``base``'s tokenizer and the hermes fixture template
-    (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (about
-    two minutes on a CPU) to write ``call`` (a ``<tool_call>`` block) after any user turn and
-    ``answer`` after a turn of ``<tool_response>`` results, each followed by ``<|im_end|>``,
-    whatever the words (trained on prompts laid out as an agent's, with random words, and on
-    results that repeat the call's or the answer's words, as an ``echo`` does): an agent's
-    model whose turns are known, for driving a real agent
-    client (Claude Code) through a whole tool round trip. Raises ``RuntimeError`` if it did
-    not learn them.
+    (``fixtures/templates/chatml-hermes-tools.jinja``), 32k context, trained here (a minute or
+    two on a CPU, until it passes ``CHECKS_PASSED`` checks in a row) to write ``call`` (a
+    ``<tool_call>`` block) after any user turn and ``answer`` after a turn of
+    ``<tool_response>`` results, each followed by ``<|im_end|>``, whatever the words (trained on
+    prompts laid out as an agent's, with random words, and on results that repeat the call's or
+    the answer's words, as an ``echo`` does): an agent's model whose turns are known, for
+    driving a real agent client (Claude Code, Codex) through a whole tool round trip. Raises
+    ``RuntimeError`` if it did not learn them.
 
     ``agent``: the chat messages (system and user turns) and tools of a real agent's request, as
     the server maps them (Claude Code's, captured by the test); a quarter of the examples use
@@ -658,41 +672,73 @@ def tiny_tool_caller(base: Path, out: Path, call: str, answer: str, steps: int =
                                                add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(prompt, add_special_tokens=False), tokenizer.encode(reply) + [end]
 
+    def reply_loss(model, batch: list[tuple[list[int], list[int]]]):
+        """The summed cross-entropy of ``batch``'s replies, prompts and replies right-aligned
+        (every reply ends at the last position), padding masked where lengths differ."""
+        width = max(len(p) + len(r) for p, r in batch)
+        tail = max(len(r) for _, r in batch)
+        ids = torch.full((len(batch), width), end)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        labels = torch.full((len(batch), tail), -100)
+        for i, (p, r) in enumerate(batch):
+            ids[i, width - len(p) - len(r):] = torch.tensor(p + r)
+            mask[i, width - len(p) - len(r):] = 1
+            labels[i, tail - len(r):] = torch.tensor(r)
+        padded = bool((mask == 0).any())
+        # logits only where the replies are (the whole vocabulary at every position is most of the cost)
+        hidden = model.model(input_ids=ids, attention_mask=mask if padded else None).last_hidden_state
+        logits = model.lm_head(hidden[:, width - tail - 1:-1])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+
+    def wrong_reply(model) -> str | None:
+        """What greedy decoding wrote instead of a reply, on fresh prompts of each kind (short and
+        long random ones, the agent's; a call turn, an answer turn with and without echoed words);
+        None when it wrote every reply."""
+        model.eval()
+        try:
+            for length, use_agent in ((50, False), (700, False), (50, agent is not None)):
+                for turn, echo in (("call", False), ("answer", False), ("answer", True)):
+                    prompt, reply = example(length, use_agent, turn, echo)
+                    with torch.no_grad():
+                        written = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False)
+                    if written[0, len(prompt):].tolist() != reply:
+                        return tokenizer.decode(written[0, len(prompt):])
+            return None
+        finally:
+            model.train()
+
     def train(seed: int):
-        """(the model, None) once it writes every reply, else (None, what it wrote instead)."""
+        """(the model, None) once it writes every reply at ``CHECKS_PASSED`` checks in a row
+        (each on fresh prompts), else (None, what it wrote instead). The checks, every
+        ``CHECK_EVERY`` steps, end the training once it has learned (it learns in about a
+        quarter of ``steps``)."""
         torch.manual_seed(seed)
         rng.seed(seed)
         model = LlamaForCausalLM(config)
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         model.train()
-        for step in range(steps):
+        passed, wrote = 0, None
+        for step in range(1, steps + 1):
             batch = [example(rng.randrange(16, 200), use_agent=agent is not None and i % 4 == 0) for i in range(8)]
-            width = max(len(p) + len(r) for p, r in batch)
-            tail = max(len(r) for _, r in batch)
-            ids = torch.full((len(batch), width), end)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            labels = torch.full((len(batch), tail), -100)
-            for i, (p, r) in enumerate(batch):  # right-aligned: every reply ends at the last position
-                ids[i, width - len(p) - len(r):] = torch.tensor(p + r)
-                mask[i, width - len(p) - len(r):] = 1
-                labels[i, tail - len(r):] = torch.tensor(r)
-            # logits only where the replies are (the whole vocabulary at every position is most of the cost)
-            hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, width - tail - 1:-1]
-            loss = torch.nn.functional.cross_entropy(model.lm_head(hidden).flatten(0, 1), labels.flatten())
+            # the agent's long prompts each alone (no padding: attention's causal fast path), the
+            # short ones padded together; one loss over every reply token, as one batch would give
+            groups = [[pr for pr in batch if len(pr[0]) <= 1024]] + [[pr] for pr in batch if len(pr[0]) > 1024]
             optimizer.zero_grad()
-            loss.backward()
+            total = sum(len(r) for _, r in batch)
+            for group in filter(None, groups):
+                (reply_loss(model, group) / total).backward()
             optimizer.step()
-            if loss.item() < 1e-4:
-                break
-        model.eval()
-        for length, use_agent in ((50, False), (700, False), (50, agent is not None)):
-            for turn, echo in (("call", False), ("answer", False), ("answer", True)):
-                prompt, reply = example(length, use_agent, turn, echo)
-                with torch.no_grad():
-                    written = model.generate(torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False)
-                if written[0, len(prompt):].tolist() != reply:
-                    return None, tokenizer.decode(written[0, len(prompt):])
-        return model, None
+            if step % CHECK_EVERY == 0 or step == steps:
+                wrote = wrong_reply(model)
+                passed = passed + 1 if wrote is None else 0
+                if passed == 1:  # learned: a tenth of the step size from here holds it there
+                    for group in optimizer.param_groups:
+                        group["lr"] = 3e-4
+                log.info("tool caller, seed %d, step %d: %s", seed, step, "learned" if wrote is None else repr(wrote))
+                if passed == CHECKS_PASSED or passed and step == steps:
+                    model.eval()
+                    return model, None
+        return None, wrote
 
     # the agent's prompt changes with the day and the working directory: a seed whose training
     # misses one of them is followed by another (a build step, like a download's retry)

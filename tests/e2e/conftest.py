@@ -1,5 +1,5 @@
 """Model folders for the ``transformers`` engine tests, built once per session (the converted
-SmolLM2 folder is kept in pytest's cache between sessions)."""
+SmolLM2 folder is kept in pytest's cache between sessions), and the coding agents' homes."""
 
 from __future__ import annotations
 
@@ -48,3 +48,14 @@ def state_backend(request) -> tuple[str, dict[str, str]]:
     if request.param == "postgresql":
         return request.param, {"GLMSERVE_DATABASE_URL": request.getfixturevalue("postgres").url}
     return request.param, {"GLMSERVE_STATE_DIR": tempfile.mkdtemp(prefix="glmserve-state-")}
+
+
+@pytest.fixture
+def agent_home(request):
+    """A coding agent's home at the same path on every run (``tests/model_cache.fixed_home``,
+    named after the test module): its prompt, which names its working directory, is then the
+    same on a day's later runs, and so is the tool caller trained on it."""
+    from tests.model_cache import fixed_home
+
+    with fixed_home(request.module.__name__.rpartition(".")[2].removeprefix("test_") + "-home") as home:
+        yield home

@@ -84,11 +84,11 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
     return to_template_messages(chat.messages), chat.model_dump(exclude_none=True)["tools"]
 
 
-def test_claude_code_runs_a_tool_the_model_called(claude, smollm2_hf, tmp_path_factory):
+def test_claude_code_runs_a_tool_the_model_called(claude, smollm2_hf, tmp_path_factory, agent_home):
     pytest.importorskip("torch")
     from tests.hf_models import tiny_tool_caller
 
-    home = tmp_path_factory.mktemp("claude-home")
+    home = agent_home
     prompt = f"Run the shell command: echo {MARKER}"
     args = ("--system-prompt", "You are a helpful AI assistant.", "--tools", "Bash", "--allowedTools", "Bash",
             "--max-turns", "3", "--output-format", "stream-json", "--verbose")

@@ -106,11 +106,11 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
     return to_template_messages(chat.messages), chat.model_dump(exclude_none=True)["tools"]
 
 
-def test_codex_runs_a_command_the_model_called(codex, smollm2_hf, tmp_path_factory):
+def test_codex_runs_a_command_the_model_called(codex, smollm2_hf, tmp_path_factory, agent_home):
     pytest.importorskip("torch")
     from tests.hf_models import tiny_tool_caller
 
-    home = tmp_path_factory.mktemp("codex-home")
+    home = agent_home
     prompt = f"Run the shell command: echo {MARKER}"
     args = (*LEAN, "--json", "--dangerously-bypass-approvals-and-sandbox")
     # the request Codex will send, from the same home, on the same day
