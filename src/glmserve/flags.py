@@ -17,20 +17,20 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings
 
-from glmserve.engine.settings import EngineSettings
+from glmserve.engine.settings import EngineSettings, own_fields
 from glmserve.settings.model import ENGINE_SETTINGS, AnswerSettings, RequestLimits
 from glmserve.settings.serve import DeploySettings, ServeSettings
 from glmserve.settings.server import ConnectionLimits, ListenSettings, ModelsSettings, StateSettings
 
 # glmserve serve's flag groups in help order: (title, the settings class whose own fields the
 # group lists, in their order; its docstring's first paragraph describes the group). "engine"
-# lists every engine settings class's own fields (ENGINE_SETTINGS) after its own, "scale-out"
+# (None) lists every engine settings class's own fields (ENGINE_SETTINGS), "scale-out"
 # DeploySettings' own
-SERVE_GROUPS: tuple[tuple[str, type[BaseModel]], ...] = (
+SERVE_GROUPS: tuple[tuple[str, type[BaseModel] | None], ...] = (
     ("server", ListenSettings),
     ("model", EngineSettings),
     ("answers", AnswerSettings),
-    ("engine", BaseModel),
+    ("engine", None),
     ("limits", RequestLimits),
     ("connections", ConnectionLimits),
     ("models", ModelsSettings),
@@ -47,9 +47,9 @@ def serve_group_fields() -> list[tuple[str, str, list[str]]]:
     those of the classes it extends)."""
     groups = []
     for title, cls in SERVE_GROUPS:
-        if title == "engine":
+        if cls is None:  # the engines' own flags, in the order of their classes' fields
             fields = [n for settings in ENGINE_SETTINGS.values() for n in settings.model_fields
-                      if n not in EngineSettings.model_fields]
+                      if n in own_fields(settings)]
             groups.append((title, ENGINE_GROUP, list(dict.fromkeys(fields))))
             continue
         inherited = {n for base in cls.__mro__[1:] for n in getattr(base, "model_fields", {})}

@@ -26,24 +26,17 @@ from glmserve.engine import (
     memory_estimate,
 )
 from glmserve.models import ModelNotFoundError, hub
-from glmserve.runtime.catalog import (
-    OWN_FIELDS,
-    SERVER_WIDE,
-    ConfigError,
-    ModelEntry,
-    parse_keep_alive,
-    read_config,
-    scan_models_dir,
-)
+from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.multimodal import MediaPolicy
+from glmserve.runtime.catalog import OWN_FIELDS, SERVER_WIDE, ConfigError, ModelEntry, read_config, scan_models_dir
+from glmserve.runtime.registry import ModelRegistry, ModelSpec
+from glmserve.runtime.served import ServedModels
+from glmserve.runtime.services import Runtime
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.model import ServedModel
-from glmserve.runtime.registry import ModelRegistry, ModelSpec
-from glmserve.runtime.services import Runtime
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
 from glmserve.serving.structured.schema_check import SchemaLimits
-from glmserve.runtime.served import ServedModels
 from glmserve.settings.serve import ServeSettings
 from glmserve.state import DatabaseError
 from glmserve.toolcalls import detect_parser
