@@ -142,7 +142,8 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
     from glmserve.engine.llama_cpp import speculative
     from glmserve.engine.llama_cpp.speculative import mtp
     from glmserve.engine.llama_cpp.batch import BatchDecoder
-    from glmserve.engine.llama_cpp.config import EngineConfig, context_params
+    from glmserve.engine.llama_cpp.params import context_params
+    from glmserve.engine.llama_cpp.settings import LlamaCppSettings
     from glmserve.engine.llama_cpp.metadata import model_params
     from glmserve.engine.llama_cpp.sequence import Chunk, Sequence
     from tests.hf_models import converted_gguf, tiny_glm_with_nextn
@@ -150,7 +151,7 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
     folder = tiny_glm_with_nextn(tmp_path / MODEL, copy=False)
     gguf = converted_gguf(folder, tmp_path / f"{MODEL}.gguf", _converter(), tokenizer_pre="glm4")
     monkeypatch.setattr(speculative, "P_MIN", 0.0)
-    config = EngineConfig(max_num_seqs=1, max_num_batched_tokens=64)
+    config = LlamaCppSettings(max_num_seqs=1, max_num_batched_tokens=64)
     params, _ = model_params(gguf, load_mtp=True)
     model = LlamaModel(path_model=str(gguf), params=params, verbose=False)
     ctx = llama_cpp.llama_init_from_model(model.model, context_params(config, 256))

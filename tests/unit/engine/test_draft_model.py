@@ -5,7 +5,6 @@ fresh cache), and its memory counted in the model's estimate."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import llama_cpp
 import pytest
@@ -13,7 +12,8 @@ from llama_cpp._internals import LlamaModel
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, vocab_mismatch
-from glmserve.engine.llama_cpp.config import EngineConfig
+from glmserve.engine.llama_cpp import in_force
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.engine.llama_cpp.memory import memory_estimate
 from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 from glmserve.llm import LLM
@@ -88,8 +88,7 @@ def test_memory_estimate_counts_the_draft_model():
     """The draft model's file and KV cache (the same layout as the model's) are counted: the
     model drafting for itself takes twice the memory."""
     path = default_model_path()
-    config = EngineConfig(n_ctx=1024, max_num_seqs=2)
-    alone = memory_estimate(path, config)
+    settings = in_force(LlamaCppSettings(n_ctx=1024, max_num_seqs=2))
+    alone = memory_estimate(path, settings)
     assert alone > path.stat().st_size
-    with_draft = dataclasses.replace(config, speculative=SpeculativeConfig(draft_model=path))
-    assert memory_estimate(path, with_draft) == 2 * alone
+    assert memory_estimate(path, settings, SpeculativeConfig(draft_model=path)) == 2 * alone

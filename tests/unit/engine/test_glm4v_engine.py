@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 
 from PIL import Image  # noqa: E402
 
-from glmserve.engine.transformers.engine import EngineConfig, TransformersEngine  # noqa: E402
+from glmserve.engine.transformers.engine import TransformersEngine  # noqa: E402
+from glmserve.engine.transformers.settings import TransformersSettings  # noqa: E402
 from glmserve.engine.transformers.loader import LoadedModel  # noqa: E402
 from glmserve.engine.types import GenerationRequest, SamplingParams  # noqa: E402
 from glmserve.models import ResolvedModel  # noqa: E402
@@ -79,7 +80,7 @@ def test_image_and_text_requests_batched_equal_generate_alone():
 
     loaded = LoadedModel(model, tok, None, torch.device("cpu"), 1024, None, ())
     engine = TransformersEngine(ResolvedModel(__import__("pathlib").Path("."), "tiny-glm4v", "hf"),
-                                EngineConfig(n_threads=2), loaded=loaded)
+                                TransformersSettings(engine="transformers", n_threads=2), loaded=loaded)
     engine.start()
     try:
         async def run(request_id: str, ids: list[int], multimodal) -> list[int]:

@@ -36,19 +36,19 @@ def test_each_engine_owns_its_fields():
 
 
 def test_llama_cpp_batch_size_and_prompt_cache_in_force():
-    from glmserve.engine.llama_cpp import _config
+    from glmserve.engine.llama_cpp import in_force
 
-    default = _config(ServeSettings())
+    default = in_force(ServeSettings())
     assert (default.max_num_batched_tokens, default.cache_ram) == (512, 2048)
-    assert _config(ServeSettings(batch_invariant=True)).max_num_batched_tokens == 63
-    assert _config(ServeSettings(batch_invariant=True, max_num_batched_tokens=32)).max_num_batched_tokens == 32
-    assert _config(ServeSettings(max_num_batched_tokens=2048)).max_num_batched_tokens == 2048
+    assert in_force(ServeSettings(batch_invariant=True)).max_num_batched_tokens == 63
+    assert in_force(ServeSettings(batch_invariant=True, max_num_batched_tokens=32)).max_num_batched_tokens == 32
+    assert in_force(ServeSettings(max_num_batched_tokens=2048)).max_num_batched_tokens == 2048
     with pytest.raises(EngineError, match="--max-num-batched-tokens 64 is over 63, where llama.cpp's CPU kernels"):
-        _config(ServeSettings(batch_invariant=True, max_num_batched_tokens=64))
-    assert _config(ServeSettings(kv_layout="unified")).cache_ram == 0
-    assert _config(ServeSettings(kv_layout="unified", cache_ram=0)).cache_ram == 0
+        in_force(ServeSettings(batch_invariant=True, max_num_batched_tokens=64))
+    assert in_force(ServeSettings(kv_layout="unified")).cache_ram == 0
+    assert in_force(ServeSettings(kv_layout="unified", cache_ram=0)).cache_ram == 0
     with pytest.raises(EngineError, match="--cache-ram needs --kv-layout split"):
-        _config(ServeSettings(kv_layout="unified", cache_ram=64))
+        in_force(ServeSettings(kv_layout="unified", cache_ram=64))
     for flag in ("batch_invariant", "cache_ram"):
         with pytest.raises(EngineError, match=f"--{flag.replace('_', '-')} is not used by the transformers engine"):
             check_engine_settings(ServeSettings(engine="transformers", **{flag: 1}))

@@ -42,11 +42,12 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
-from glmserve.engine.llama_cpp.config import EngineConfig, context_params
+from glmserve.engine.llama_cpp.params import context_params
 from glmserve.engine.llama_cpp.speculative.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
 from glmserve.engine.llama_cpp.handles import free_handles
+from glmserve.engine.llama_cpp.params import in_force, speculative_config
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.metadata import model_params
 from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
@@ -59,6 +60,7 @@ from glmserve.engine.llama_cpp.vision import Projector, load_projector
 from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.llama_cpp.scheduler import Scheduler
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.engine.llama_cpp.sequence import Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
@@ -84,19 +86,22 @@ class LlamaCppEngine(StepWorker[Sequence]):
 
     log = log
 
-    def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
+    def __init__(self, model: ResolvedModel, settings: LlamaCppSettings) -> None:
+        """Raises ``EngineError`` for settings that do not go together (``in_force``),
+        ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file."""
         self._resolved = model
-        self.config = config
+        self.settings = settings = in_force(settings)
+        self.speculative = speculative_config(settings)
         self._model: LlamaModel | None = None
         self._ctx = None
         self._decoder: BatchDecoder | None = None
         self._embedder: Embedder | None = None
         self._draft: DraftModel | MtpDraft | None = None  # --speculative draft, mtp
         self._scheduler: Scheduler | None = None
-        self._init_worker(config.max_num_seqs, config.max_queue)
+        self._init_worker(settings.max_num_seqs, settings.max_queue)
         self._by_id: dict[str, Sequence] = {}
         self._adapters: GGUFAdapters | None = None  # at start()
-        self.spec_decode = SpecDecodeCounters() if config.speculative else None
+        self.spec_decode = SpecDecodeCounters() if self.speculative else None
         self._step_costs = StepCosts()  # one-sequence decode steps, timed while speculating
         self._ngram_pool: NgramPool | None = None  # --speculative ngram, at start()
         self.host_cache: HostPromptCache | None = None  # --cache-ram, at start()
@@ -107,11 +112,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        path, cfg = self._resolved.path, self.config
+        path, cfg, spec = self._resolved.path, self.settings, self.speculative
         # llama-cpp-python prints every llama.cpp log line to stderr while its logger is unset,
         # debug lines included (some log once per token): errors only
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-        mtp = cfg.speculative is not None and cfg.speculative.method == "mtp"
+        mtp = spec is not None and spec.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
         params, _overrides = model_params(path, mtp)
         try:
@@ -126,9 +131,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
         try:
             if mtp:
                 require_nextn(self._model)
-            for name, adapter_path in (cfg.lora or {}).items():
+            for name, adapter_path in cfg.lora_adapters().items():
                 self._adapters.load(name, adapter_path)
-            check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()), model_kv_bytes_per_cell(self._model), cfg)
+            check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()), model_kv_bytes_per_cell(self._model),
+                          cfg.kv_layout)
             self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
         except EngineError:  # LoRAAdapterError too
             self._model.close()  # frees the adapters loaded so far with it
@@ -169,7 +175,6 @@ class LlamaCppEngine(StepWorker[Sequence]):
             embedding_size=self._embedder.size,
             vision=self.multimodal is not None,
         )
-        spec = cfg.speculative
         if spec is not None and spec.method != "ngram":
             try:
                 self._draft = (MtpDraft(self._model, self._ctx, context_params(cfg, params.n_ctx), spec.draft_max + 2)
@@ -216,9 +221,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
         the embedding context alone, made at the first request, no generation context, KV cache
         or scheduler; False for a model to generate with. Raises ``EngineError`` (the model is
         closed) for a non-causal model to generate with, or a flag only generation uses."""
-        cfg, model = self.config, self._model
+        cfg, model = self.settings, self._model
         try:
-            if not embeddings_only(model.metadata(), cfg.runner, bool(cfg.lora), cfg.speculative is not None):
+            if not embeddings_only(model.metadata(), cfg.runner, bool(cfg.lora), self.speculative is not None):
                 return False
         except EngineError:
             self._model.close()
@@ -265,7 +270,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
             sampler.free()
             raise
         stream = OutputStream(loop)
-        spec, media = self.config.speculative, request.multimodal or ()  # images: vision.py's spans
+        spec, media = self.speculative, request.multimodal or ()  # images: vision.py's spans
         drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool))
         state = _SeqState(request, stream, sampler, IncrementalDecoder(),
@@ -326,7 +331,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         try:
             self._decoder.apply(out.kv_ops, self.host_cache)
             if self.spec_decode is not None:
-                drafts = plan_drafts(out.chunks, out.num_tokens, self._scheduler, self.config.max_num_batched_tokens)
+                drafts = plan_drafts(out.chunks, out.num_tokens, self._scheduler, self.settings.max_num_batched_tokens)
             start = time.perf_counter()
             rows = self._decoder.decode(out.chunks, drafts)
         except RuntimeError as exc:

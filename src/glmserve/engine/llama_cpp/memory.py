@@ -3,7 +3,6 @@ and the check that its KV cache fits this machine before llama.cpp allocates it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -12,7 +11,8 @@ from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.config import EngineConfig
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings
+from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_SIZE
 
 
@@ -24,16 +24,17 @@ def kv_bytes_per_cell(metadata: dict[str, str], n_layer: int, n_head: int, n_hea
     return 2 * 2 * n_layer * n_head_kv * head_dim
 
 
-def kv_cache_cells(config: EngineConfig, n_ctx_train: int) -> int:
-    """The KV cells ``config`` allocates: ``n_ctx`` (0: the training context) per sequence when
-    split, ``n_ctx`` in all when unified."""
-    wanted = config.n_ctx or n_ctx_train
-    return wanted * config.max_num_seqs if config.kv_layout == "split" else wanted
+def kv_cache_cells(settings: LlamaCppSettings, n_ctx_train: int) -> int:
+    """The KV cells ``settings`` (in force: ``max_num_seqs`` set) allocates: ``n_ctx`` (0: the
+    training context) per sequence when split, ``n_ctx`` in all when unified."""
+    wanted = settings.n_ctx or n_ctx_train
+    return wanted * settings.max_num_seqs if settings.kv_layout == "split" else wanted
 
 
-def memory_estimate(path: Path, config: EngineConfig) -> int:
-    """Bytes the model at ``path`` takes once loaded with ``config``: the GGUF file (weights,
-    memory-mapped) and the KV cache, read from the GGUF metadata without loading the weights
+def memory_estimate(path: Path, settings: LlamaCppSettings, speculative: SpeculativeConfig | None = None) -> int:
+    """Bytes the model at ``path`` takes once loaded with ``settings`` (in force) and
+    ``speculative``: the GGUF file (weights, memory-mapped), a draft model's or the n-gram pool,
+    and the KV cache, read from the GGUF metadata without loading the weights
     (llama.cpp's ``vocab_only``). The file size alone when the metadata lacks a field (a
     per-layer ``head_count_kv``, say). Raises ``EngineError`` for a file llama.cpp cannot read."""
     size = path.stat().st_size
@@ -54,11 +55,11 @@ def memory_estimate(path: Path, config: EngineConfig) -> int:
         return size
     finally:
         model.close()
-    if config.speculative is not None and config.speculative.draft_model is not None:
-        size += memory_estimate(config.speculative.draft_model, dataclasses.replace(config, speculative=None))
-    elif config.speculative is not None:
+    if speculative is not None and speculative.draft_model is not None:
+        size += memory_estimate(speculative.draft_model, settings)
+    elif speculative is not None:
         size += POOL_SIZE * 12  # the NgramPool's table
-    return size + kv_cache_cells(config, n_ctx_train) * kv_bytes_per_cell(meta, n_layer, n_head, n_head_kv, n_embd)
+    return size + kv_cache_cells(settings, n_ctx_train) * kv_bytes_per_cell(meta, n_layer, n_head, n_head_kv, n_embd)
 
 
 def model_kv_bytes_per_cell(model: LlamaModel) -> int:
@@ -69,7 +70,7 @@ def model_kv_bytes_per_cell(model: LlamaModel) -> int:
                              llama_cpp.llama_model_n_embd(handle))
 
 
-def check_kv_fits(cells: int, bytes_per_cell: int, config: EngineConfig) -> None:
+def check_kv_fits(cells: int, bytes_per_cell: int, kv_layout: str) -> None:
     """Raise ``EngineError`` when a KV cache of ``cells`` would take more than 3/4 of this
     machine's memory: llama.cpp writes every cell at start, so such a cache would end in the
     kernel's OOM killer rather than an error."""
@@ -77,7 +78,7 @@ def check_kv_fits(cells: int, bytes_per_cell: int, config: EngineConfig) -> None
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if need > total * 3 // 4:
         raise EngineError(
-            f"the KV cache ({config.kv_layout}: {cells} cells, {need / 2**30:.1f} GiB) would not fit in this "
+            f"the KV cache ({kv_layout}: {cells} cells, {need / 2**30:.1f} GiB) would not fit in this "
             f"machine's memory ({total / 2**30:.1f} GiB); lower --n-ctx or --max-num-seqs"
-            + (", or use --kv-layout unified (n_ctx cells shared by all sequences)" if config.kv_layout == "split"
+            + (", or use --kv-layout unified (n_ctx cells shared by all sequences)" if kv_layout == "split"
                else ""))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.settings import own_fields
 from glmserve.engine.worker import default_max_num_seqs
 from glmserve.engine.transformers.settings import TransformersSettings
@@ -22,21 +21,9 @@ SETTINGS = own_fields(TransformersSettings)
 def build(settings: TransformersSettings) -> TransformersEngine:
     """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, or
     ``ImportError`` without the extra."""
-    from glmserve.engine.transformers.engine import EngineConfig, TransformersEngine
+    from glmserve.engine.transformers.engine import TransformersEngine
 
-    return TransformersEngine(
-        resolve_hf_model(settings.model),
-        EngineConfig(
-            dtype=settings.dtype,
-            device=settings.device,
-            trust_remote_code=settings.trust_remote_code,
-            n_ctx=settings.n_ctx,
-            n_threads=settings.n_threads,
-            max_num_seqs=max_num_seqs_in_force(settings),
-            max_queue=settings.max_queue,
-            lora=settings.lora_adapters(),
-        ),
-    )
+    return TransformersEngine(resolve_hf_model(settings.model), settings)
 
 
 __all__ = ["TransformersSettings", "SETTINGS", "build", "default_max_num_seqs"]

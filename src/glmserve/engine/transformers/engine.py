@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.base import EngineError
 from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
 from glmserve.engine.stream import OutputStream, RequestStream
@@ -35,27 +36,16 @@ from glmserve.engine.transformers.grammar import GrammarCompiler
 from glmserve.engine.peft_lora import check_adapter
 from glmserve.engine.transformers.loader import LoadedModel, add_adapter, load_model, remove_adapter
 from glmserve.engine.transformers.sampling import Sampler, token_logprob
+from glmserve.engine.transformers.settings import TransformersSettings
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
 from glmserve.engine.transformers.vision import ImageProcessor
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, ModelInfo, TokenLogprob
-from glmserve.engine.worker import DEFAULT_MAX_NUM_SEQS, StepWorker
+from glmserve.engine.worker import StepWorker
 from glmserve.models import ResolvedModel
 
 log = logging.getLogger("glmserve.engine.transformers")
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in per-row adapter_names
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    dtype: str = "auto"
-    device: str = "auto"
-    trust_remote_code: bool = False
-    n_ctx: int = 0  # 0: the model's own context length
-    n_threads: int = 1
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_queue: int | None = None  # None: 8 x max_num_seqs (admission.queue_limit)
-    lora: dict | None = None  # adapter name -> PEFT adapter folder
 
 
 @dataclass(slots=True, eq=False)
@@ -79,13 +69,13 @@ class TransformersEngine(StepWorker[_Seq]):
 
     log = log
 
-    def __init__(self, model: ResolvedModel, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        """``loaded``: a model already in memory (``start`` then loads nothing; ``config``'s
-        load options are not used)."""
+    def __init__(self, model: ResolvedModel, settings: TransformersSettings, loaded: LoadedModel | None = None) -> None:
+        """``loaded``: a model already in memory (``start`` then loads nothing; the load
+        settings, ``dtype``, ``device``, ``trust_remote_code`` and ``lora``, are not used)."""
         self._resolved = model
-        self.config = config
+        self.settings = settings = settings.model_copy(update={"max_num_seqs": max_num_seqs_in_force(settings)})
         self._loaded = loaded
-        self._init_worker(config.max_num_seqs, config.max_queue)
+        self._init_worker(settings.max_num_seqs, settings.max_queue)
         self._waiting: deque[_Seq] = deque()
         self._batch_seqs: list[_Seq] = []  # row i of the batch is _batch_seqs[i]
         self._by_id: dict[str, _Seq] = {}
@@ -105,10 +95,11 @@ class TransformersEngine(StepWorker[_Seq]):
         self._start_worker("transformers-engine", setup=self._load)
 
     def _load(self) -> None:
-        cfg = self.config
+        cfg = self.settings
         torch.set_num_threads(cfg.n_threads)  # OpenMP's thread count is per thread
         if self._loaded is None:
-            self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code, cfg.lora)
+            self._loaded = load_model(self._resolved, cfg.dtype, cfg.device, cfg.trust_remote_code,
+                                      cfg.lora_adapters())
         loaded = self._loaded
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_ids)
         self._n_vocab = loaded.model.get_output_embeddings().weight.shape[0]  # logits width
@@ -125,7 +116,7 @@ class TransformersEngine(StepWorker[_Seq]):
             vision=loaded.processor is not None,
             lora_adapters=loaded.adapters,
             grammar=True,
-            max_num_seqs=self.config.max_num_seqs,
+            max_num_seqs=self.settings.max_num_seqs,
             max_queue=self._admission.max_queue,
             embedding_size=loaded.model.get_input_embeddings().weight.shape[1],
         )
@@ -239,7 +230,7 @@ class TransformersEngine(StepWorker[_Seq]):
         return self._loaded.adapters != ()
 
     def _admit(self) -> None:
-        while self._waiting and len(self._batch_seqs) < self.config.max_num_seqs:
+        while self._waiting and len(self._batch_seqs) < self.settings.max_num_seqs:
             seq = self._waiting.popleft()
             try:
                 logits, cache = self._prefill(seq)

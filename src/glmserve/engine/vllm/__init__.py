@@ -35,10 +35,9 @@ def build(settings: VllmSettings) -> VllmEngine:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if settings.batch_invariant:  # vLLM's batch-invariant mode; read by vLLM and its workers
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
-    from glmserve.engine.vllm.args import EngineConfig
     from glmserve.engine.vllm.engine import VllmEngine
 
-    return VllmEngine(resolve_hf_model(settings.model), EngineConfig.from_settings(settings))
+    return VllmEngine(resolve_hf_model(settings.model), settings)
 
 
 __all__ = ["VllmSettings", "SETTINGS", "build", "default_max_num_seqs"]

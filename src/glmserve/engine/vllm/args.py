@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,53 +21,6 @@ from glmserve.models import ModelNotFoundError, resolve_hf_model
 if TYPE_CHECKING:
     from glmserve.engine.vllm.settings import VllmSettings
     from vllm.engine.arg_utils import AsyncEngineArgs
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    """What the vLLM engine is built with; ``engine_args`` are the ``--engine-arg`` extras."""
-
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    n_ctx: int = 0  # 0: the model's own context length
-    max_num_seqs: int | None = None  # None: vLLM's own default (its API server's)
-    max_num_batched_tokens: int | None = None  # None: vLLM's own default
-    batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1 (set before vLLM is imported)
-    max_queue: int | None = None  # None: 8 x the max_num_seqs in force (admission.queue_limit)
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    distributed_executor_backend: str | None = None
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None
-    enforce_eager: bool = False
-    scheduling_policy: str = "fcfs"  # vLLM's; "priority": GenerationRequest.priority orders requests
-    lora: dict[str, Path] = field(default_factory=dict)
-    speculative: dict[str, Any] | None = None  # vLLM's speculative_config (--speculative)
-    engine_args: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_settings(cls, settings: VllmSettings) -> EngineConfig:
-        """Raises ``EngineError`` for an ``--engine-arg`` that is no ``AsyncEngineArgs`` field
-        or that a glmserve flag sets."""
-        return cls(
-            dtype=settings.dtype,
-            trust_remote_code=settings.trust_remote_code,
-            n_ctx=settings.n_ctx if "n_ctx" in settings.model_fields_set else 0,  # vLLM's default: the model's
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            batch_invariant=settings.batch_invariant,
-            max_queue=settings.max_queue,
-            tensor_parallel_size=settings.tensor_parallel_size,
-            pipeline_parallel_size=settings.pipeline_parallel_size,
-            distributed_executor_backend=settings.distributed_executor_backend,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            kv_cache_memory=settings.kv_cache_memory,
-            enforce_eager=settings.enforce_eager,
-            scheduling_policy=settings.scheduling_policy,
-            lora=settings.lora_adapters(),
-            speculative=speculative_config(settings),
-            engine_args=parse_engine_args(settings.engine_arg),
-        )
 
 
 def speculative_config(settings: VllmSettings) -> dict[str, Any] | None:
@@ -102,48 +54,53 @@ def parse_engine_args(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def engine_args(model: Path, config: EngineConfig) -> AsyncEngineArgs:
-    """``AsyncEngineArgs`` for ``model``: prefix caching on, structured outputs by xgrammar,
-    ``max_loras``/``max_lora_rank`` derived from the adapters (rank rounded up to one vLLM
-    accepts). Raises ``EngineError`` for an unknown or conflicting ``--engine-arg``."""
+def engine_args(model: Path, settings: VllmSettings) -> AsyncEngineArgs:
+    """``AsyncEngineArgs`` for ``model`` served with ``settings``: prefix caching on, structured
+    outputs by xgrammar, ``max_loras``/``max_lora_rank`` derived from the adapters (rank rounded
+    up to one vLLM accepts); ``n_ctx``, ``max_num_seqs`` and ``max_num_batched_tokens`` vLLM's own
+    defaults unless given. Raises ``EngineError`` for an unknown or conflicting ``--engine-arg``,
+    ``ModelNotFoundError`` for a ``--draft-model`` that is no model folder."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    lora = settings.lora_adapters()
+    speculative, extra = speculative_config(settings), parse_engine_args(settings.engine_arg)
     args: dict[str, Any] = {
         "model": str(model),
-        "dtype": config.dtype,
-        "trust_remote_code": config.trust_remote_code,
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "pipeline_parallel_size": config.pipeline_parallel_size,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "enforce_eager": config.enforce_eager,
-        "scheduling_policy": config.scheduling_policy,
+        "dtype": settings.dtype,
+        "trust_remote_code": settings.trust_remote_code,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "pipeline_parallel_size": settings.pipeline_parallel_size,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enforce_eager": settings.enforce_eager,
+        "scheduling_policy": settings.scheduling_policy,
     }
     flag_backed = set(args)
-    optional = {"max_model_len": config.n_ctx or None, "max_num_seqs": config.max_num_seqs,
-                "max_num_batched_tokens": config.max_num_batched_tokens,
-                "distributed_executor_backend": config.distributed_executor_backend,
-                "kv_cache_memory_bytes": config.kv_cache_memory, "speculative_config": config.speculative}
+    n_ctx = settings.n_ctx if "n_ctx" in settings.model_fields_set else None  # vLLM's default: the model's
+    optional = {"max_model_len": n_ctx or None, "max_num_seqs": settings.max_num_seqs,
+                "max_num_batched_tokens": settings.max_num_batched_tokens,
+                "distributed_executor_backend": settings.distributed_executor_backend,
+                "kv_cache_memory_bytes": settings.kv_cache_memory, "speculative_config": speculative}
     args.update({k: v for k, v in optional.items() if v is not None})
-    if config.lora:
-        for name, path in config.lora.items():
+    if lora:
+        for name, path in lora.items():
             check_adapter(name, path, model)
-        ranks = [lora_rank(path) for path in config.lora.values()]
+        ranks = [lora_rank(path) for path in lora.values()]
         rank = next((r for r in LORA_RANKS if r >= max(ranks)), None)
         if rank is None:
             raise EngineError(f"LoRA rank {max(ranks)} is above vLLM's largest ({LORA_RANKS[-1]})")
-        args.update(enable_lora=True, max_loras=len(config.lora), max_lora_rank=rank)
+        args.update(enable_lora=True, max_loras=len(lora), max_lora_rank=rank)
     # defaults an --engine-arg may change
     args.update(enable_prefix_caching=True, structured_outputs_config={"backend": "xgrammar"},
                 disable_log_stats=True)
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    for key in config.engine_args:
+    for key in extra:
         if key not in fields:
             raise EngineError(f"--engine-arg {key}: not a vLLM engine argument (AsyncEngineArgs field)")
-        if key == "speculative_config" and config.speculative is None:
+        if key == "speculative_config" and speculative is None:
             continue  # vLLM's other methods (a draft model, EAGLE ...) stay reachable
         if key in flag_backed or key in optional or key in ("enable_lora", "max_loras", "max_lora_rank"):
             raise EngineError(f"--engine-arg {key}: glmserve sets it; use its own flag")
-    args.update(config.engine_args)
+    args.update(extra)
     try:
         return AsyncEngineArgs(**args)
     except (TypeError, ValueError) as exc:

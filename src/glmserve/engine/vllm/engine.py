@@ -66,7 +66,8 @@ from glmserve.engine.types import (
     SpecDecodeCounters,
     TokenLogprob,
 )
-from glmserve.engine.vllm.args import EngineConfig, engine_args
+from glmserve.engine.vllm.args import engine_args
+from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.engine.vllm.spec_metrics import SpecDecodeLogger
 from glmserve.models import ResolvedModel
 
@@ -101,9 +102,9 @@ def _check_batch_invariant() -> None:
 class VllmEngine:
     """See module docstring."""
 
-    def __init__(self, model: ResolvedModel, config: EngineConfig) -> None:
+    def __init__(self, model: ResolvedModel, settings: VllmSettings) -> None:
         self._resolved = model
-        self.config = config
+        self.settings = settings
         self._admission: AdmissionControl  # at start(): vLLM decides max_num_seqs when it is not set
         self._loop: asyncio.AbstractEventLoop | None = None  # the consumers' loop, set by the first request
         self._llm: AsyncLLM | None = None
@@ -111,7 +112,7 @@ class VllmEngine:
         self._lora_requests: dict[str, LoRARequest] = {}
         self._lora_in_flight: collections.Counter[str] = collections.Counter()  # admitted requests per adapter
         self._lora_idle = threading.Condition()  # guards both; generate() may run on any thread
-        self.spec_decode = SpecDecodeCounters() if config.speculative is not None else None
+        self.spec_decode = SpecDecodeCounters() if settings.speculative is not None else None
         self.tokenizer: HFTokenizer
         self.model_info: ModelInfo
         self.multimodal: VllmImages | None = None  # set at start() for a model vLLM takes images for
@@ -120,8 +121,8 @@ class VllmEngine:
 
     def start(self) -> None:
         """Start vLLM (model load, KV cache). Raises ``EngineError``."""
-        args = engine_args(self._resolved.path, self.config)
-        if self.config.batch_invariant:
+        args = engine_args(self._resolved.path, self.settings)
+        if self.settings.batch_invariant:
             _check_batch_invariant()
         try:
             # as vLLM's API server: its defaults (max_num_seqs, max_num_batched_tokens) are the server's
@@ -130,14 +131,14 @@ class VllmEngine:
                 stat_loggers=None if self.spec_decode is None else [SpecDecodeLogger.factory(self.spec_decode)])
         except Exception as exc:  # vLLM raises many kinds: config, memory, load errors
             raise EngineError(f"vLLM cannot serve {self._resolved.path}: {one_line(exc)}") from exc
-        for i, name in enumerate(self.config.lora, start=1):
-            self._lora_requests[name] = LoRARequest(name, i, str(self.config.lora[name]))
+        for i, (name, path) in enumerate(self.settings.lora_adapters().items(), start=1):
+            self._lora_requests[name] = LoRARequest(name, i, str(path))
         if self._lora_requests and _on_cpu():
             log.warning("vLLM on CPU: a base-model request batched with LoRA adapter requests may be computed "
                         "with the adapter (a vLLM %s CPU defect, seen through vLLM's own server too); serve "
                         "adapters and the base model from separate servers where that matters", vllm_version)
         model_config, scheduler_config = self._llm.model_config, self._llm.vllm_config.scheduler_config
-        self._admission = AdmissionControl(scheduler_config.max_num_seqs, self.config.max_queue)
+        self._admission = AdmissionControl(scheduler_config.max_num_seqs, self.settings.max_queue)
         hf = self._llm.get_tokenizer()
         eos = model_config.try_get_generation_config().get("eos_token_id")
         self.tokenizer = HFTokenizer(hf, tuple(eos) if isinstance(eos, (list, tuple)) else (eos,) if eos else ())
@@ -158,8 +159,8 @@ class VllmEngine:
         log.info("vLLM serves %s (%s), context %d tokens%s%s", self._resolved.path, model_config.dtype,
                  model_config.max_model_len, ", image input" if self.multimodal is not None else "",
                  f", adapters {', '.join(self._lora_requests)}" if self._lora_requests else "")
-        if self.config.speculative is not None:
-            log.info("speculative decoding: vLLM's %s", self.config.speculative)
+        if args.speculative_config is not None:
+            log.info("speculative decoding: vLLM's %s", args.speculative_config)
 
     def shutdown(self) -> None:
         """Abort what is still running and stop vLLM's engine core."""

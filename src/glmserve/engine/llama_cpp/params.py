@@ -1,0 +1,101 @@
+"""What the ``llama_cpp`` engine runs with, from its settings: ``max_num_seqs``,
+``max_num_batched_tokens`` and ``cache_ram`` in force (``in_force``), ``--speculative`` with its
+draft model resolved (``speculative_config``), and llama.cpp's context parameters
+(``context_params``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.base import EngineError
+from glmserve.engine.llama_cpp.settings import (BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                                                LlamaCppSettings)
+from glmserve.models import ModelNotFoundError, resolve_model
+
+if TYPE_CHECKING:
+    from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
+
+
+def max_num_batched_tokens(settings: LlamaCppSettings) -> int:
+    """The tokens per step in force: ``--max-num-batched-tokens``, else 512, or 63 with
+    ``--batch-invariant``. Raises ``EngineError`` for more than 63 with ``--batch-invariant``."""
+    if not settings.batch_invariant:
+        return settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    limit = BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS
+    if (settings.max_num_batched_tokens or 0) > limit:
+        raise EngineError(f"--max-num-batched-tokens {settings.max_num_batched_tokens} is over {limit}, where "
+                          f"llama.cpp's CPU kernels stop being batch-invariant; with --batch-invariant give at "
+                          f"most {limit}")
+    return settings.max_num_batched_tokens or limit
+
+
+def in_force(settings: LlamaCppSettings) -> LlamaCppSettings:
+    """``settings`` with the values the engine runs with filled in: ``max_num_seqs`` (the
+    engine's default when unset), ``max_num_batched_tokens`` (``max_num_batched_tokens``) and
+    ``cache_ram`` (0 with ``--kv-layout unified``). Raises ``EngineError`` for
+    ``--batch-invariant`` with more than 63 tokens per step, or ``--cache-ram`` with
+    ``--kv-layout unified``."""
+    return settings.model_copy(update={"max_num_seqs": max_num_seqs_in_force(settings),
+                                       "max_num_batched_tokens": max_num_batched_tokens(settings),
+                                       "cache_ram": _cache_ram(settings)})
+
+
+def speculative_config(settings: LlamaCppSettings) -> SpeculativeConfig | None:
+    """``--speculative`` and its ``--spec-*`` flags, the draft model resolved to its GGUF file;
+    None without ``--speculative``. Raises ``ModelNotFoundError`` for a ``--draft-model`` that
+    resolves to no GGUF file."""
+    from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
+
+    if settings.speculative is None:
+        return None
+    return SpeculativeConfig(settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
+                             _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None,
+                             settings.speculative == "mtp")
+
+
+def _cache_ram(settings: LlamaCppSettings) -> int:
+    """``--cache-ram`` in force: off with ``--kv-layout unified`` unless given (then
+    ``EngineError``: the host prompt cache restores whole split streams)."""
+    if settings.kv_layout == "split":
+        return settings.cache_ram
+    if settings.cache_ram and "cache_ram" in settings.model_fields_set:
+        raise EngineError("--cache-ram needs --kv-layout split (it saves and restores a sequence's own KV "
+                          "stream); give --cache-ram 0 or drop it with --kv-layout unified")
+    return 0
+
+
+def _draft_model_path(draft_model: str):
+    try:
+        return resolve_model(draft_model).path
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"--draft-model {exc}") from exc
+
+
+def context_params(settings: LlamaCppSettings, cells: int):
+    """llama.cpp's context parameters for ``settings`` (in force: ``max_num_seqs`` and
+    ``max_num_batched_tokens`` set), ``cells`` KV cells in all.
+
+    ``batch_invariant``: each row's logits must not depend on the batch it is computed in (with
+    other sequences, or as a verify step's row among a draft's). Steps stay under 64 tokens
+    (``max_num_batched_tokens``; llama.cpp's CPU attention tiles 64 query rows together), flash
+    attention is on (it computes query rows one by one; without it, a verify step's rows differed
+    from one-token steps by up to 1.1 in the logits), and steps of one token run on one thread:
+    from 512 KV cells on, llama.cpp's CPU attention splits a lone query row's KV range over the
+    threads and reduces the parts, so with two threads the same row differed from its value among
+    others by up to 1.1 (``tests/e2e/test_speculative.py``). Larger steps keep ``n_threads``
+    (llama.cpp's ``n_threads_batch``)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = cells  # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
+    params.n_batch = settings.max_num_batched_tokens
+    params.n_ubatch = min(settings.max_num_batched_tokens, 512)
+    params.n_seq_max = settings.max_num_seqs
+    params.n_threads = 1 if settings.batch_invariant else settings.n_threads
+    params.n_threads_batch = settings.n_threads
+    params.kv_unified = settings.kv_layout == "unified"
+    params.no_perf = True
+    if settings.batch_invariant:
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    return params
