@@ -225,20 +225,23 @@ def test_anthropic_message_batch_through_the_sdk(server, model):
         client.messages.batches.retrieve(batch.id)
 
 
+KILLED_LINES = 120  # the server is killed a third of the way through
+
+
 def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend, request, model):
     env = _own_database(state_backend, request)  # the restarted server is the only one to resume it
     first = RemoteServer("--api-key", KEY, *GREEDY, env=env)
     try:
         client = first.client(api_key=KEY)
-        batch = client.batches.create(input_file_id=_upload(client, _chat_lines(model, 200, max_tokens=16)),
+        batch = client.batches.create(input_file_id=_upload(client, _chat_lines(model, KILLED_LINES, max_tokens=16)),
                                       endpoint="/v1/chat/completions", completion_window="24h")
         done = 0
-        while done < 60:
+        while done < KILLED_LINES // 3:
             time.sleep(0.1)
             done = client.batches.retrieve(batch.id).request_counts.completed
         first.proc.kill()  # SIGKILL: lines in flight are lost with their claims
         first.proc.wait()
-        assert done < 200
+        assert done < KILLED_LINES
     finally:
         first.stop()
     second = RemoteServer("--api-key", KEY, *GREEDY, env=env)
@@ -246,11 +249,11 @@ def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend,
         client = second.client(api_key=KEY)
         batch = _wait(client, batch.id)
         assert batch.status == "completed"
-        assert (batch.request_counts.completed, batch.request_counts.failed) == (200, 0)
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (KILLED_LINES, 0)
         output = _records(client, batch.output_file_id)
-        assert sorted(r["custom_id"] for r in output) == sorted(f"line-{i}" for i in range(200))
+        assert sorted(r["custom_id"] for r in output) == sorted(f"line-{i}" for i in range(KILLED_LINES))
         assert batch.error_file_id is None
-        assert _successes(second) <= 200 - done  # no line recorded before the kill ran again
+        assert _successes(second) <= KILLED_LINES - done  # no line recorded before the kill ran again
     finally:
         second.stop()
 

@@ -59,6 +59,8 @@ PROMPTS = [
     "What does a librarian do?",
     "Write two sentences about a lighthouse.",
 ]
+# the prompts streamed, and sent with stop strings or a json_schema: grounded and natural ones
+SOME_PROMPTS = PROMPTS[:5] + PROMPTS[10:13]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "engines": {"type": "array", "items":
           {"type": "string"}}}, "required": ["name", "engines"]}
 
@@ -99,10 +101,10 @@ def _messages(prompt: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
-def _answers(server: RemoteServer, stream: bool, **extra) -> list[tuple[str, str, int]]:
+def _answers(server: RemoteServer, stream: bool, prompts: list[str], **extra) -> list[tuple[str, str, int]]:
     client = server.client()
     out = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         kwargs = dict(model=DEFAULT_MODEL, messages=_messages(prompt), temperature=0, max_tokens=80, **extra)
         if not stream:
             r = client.chat.completions.create(**kwargs)
@@ -127,10 +129,10 @@ def _spec_counters(server: RemoteServer) -> dict[str, float]:
 
 def test_greedy_answers_are_those_without_speculation(servers):
     base, spec, method = servers
-    for stream in (False, True):
-        expected = _base_answers(f"greedy {stream}", lambda: _answers(base, stream))
-        got = _answers(spec, stream)
-        for prompt, want, have in zip(PROMPTS, expected, got):
+    for stream, prompts in ((False, PROMPTS), (True, SOME_PROMPTS)):
+        expected = _base_answers(f"greedy {stream}", lambda: _answers(base, stream, prompts))
+        got = _answers(spec, stream, prompts)
+        for prompt, want, have in zip(prompts, expected, got):
             assert have == want, (stream, prompt)
     # the grounded prompts were drafted and mostly accepted
     counters = _spec_counters(spec)
@@ -145,8 +147,8 @@ def test_stop_strings_and_json_schema_hold(servers):
     before = _spec_counters(spec)
     for extra in ({"stop": ["\n\n", "fox"]},
                   {"response_format": {"type": "json_schema", "json_schema": {"name": "doc", "schema": SCHEMA}}}):
-        want = _base_answers(json.dumps(extra), lambda: _answers(base, False, **extra))
-        got = _answers(spec, False, **extra)
+        want = _base_answers(json.dumps(extra), lambda: _answers(base, False, SOME_PROMPTS, **extra))
+        got = _answers(spec, False, SOME_PROMPTS, **extra)
         assert got == want, extra
         if "stop" in extra:
             assert all("fox" not in text for text, _, _ in got)
@@ -278,27 +280,40 @@ NEAR_TIES = [
 ]
 
 
-@pytest.fixture(scope="module", params=list(METHODS))
-def invariant_servers(request):
-    """A ``--batch-invariant`` server without speculation and one with each method, fresh."""
+@pytest.fixture(scope="module")
+def invariant_answers():
+    """The greedy answers of a ``--batch-invariant`` server without speculation to ``NEAR_TIES``,
+    with their total tokens, computed once for both draft sources: each speculative server, fresh,
+    gets the same requests in the same order."""
     base = RemoteServer("--max-num-seqs", "2", "--batch-invariant")
+    try:
+        client = base.client()
+        answers = [client.chat.completions.create(**_near_tie(prompt)) for prompt in NEAR_TIES]
+    finally:
+        base.stop()
+    return [(r.choices[0].message.content, r.usage.total_tokens) for r in answers]
+
+
+def _near_tie(prompt: str) -> dict:
+    return dict(model=DEFAULT_MODEL, messages=_messages(prompt), temperature=0, max_tokens=96)
+
+
+@pytest.fixture(scope="module", params=list(METHODS))
+def invariant_spec(request):
+    """A fresh ``--batch-invariant`` server with each method."""
     spec = RemoteServer("--max-num-seqs", "2", "--batch-invariant", *METHODS[request.param])
-    yield base, spec
-    base.stop()
+    yield spec
     spec.stop()
 
 
-def test_under_batch_invariant_drafts_never_change_a_greedy_answer(invariant_servers):
+def test_under_batch_invariant_drafts_never_change_a_greedy_answer(invariant_answers, invariant_spec):
     """Speculation (each draft source) gives exactly the tokens of plain decoding, prompt after
-    prompt, on near-ties past 512 KV cells too (``engine/llama_cpp/config.py``, ``context_params``)."""
-    base, spec = invariant_servers
-    past_512 = 0
-    for prompt in NEAR_TIES:
-        kwargs = dict(model=DEFAULT_MODEL, messages=_messages(prompt), temperature=0, max_tokens=96)
-        want = base.client().chat.completions.create(**kwargs)
-        have = spec.client().chat.completions.create(**kwargs)
-        assert have.choices[0].message.content == want.choices[0].message.content, prompt
-        past_512 += want.usage.total_tokens > 512
+    prompt, on near-ties past 512 KV cells too (``engine/llama_cpp/params.py``, ``context_params``)."""
+    spec, past_512 = invariant_spec, 0
+    for prompt, (want, total_tokens) in zip(NEAR_TIES, invariant_answers):
+        have = spec.client().chat.completions.create(**_near_tie(prompt))
+        assert have.choices[0].message.content == want, prompt
+        past_512 += total_tokens > 512
     assert past_512 >= 10
     # drafts were verified (n-gram drafts are sent where the measured costs say they pay: how
     # many is the machine's; a draft model drafts every step, and without one-token steps on one
