@@ -225,7 +225,7 @@ def test_anthropic_message_batch_through_the_sdk(server, model):
         client.messages.batches.retrieve(batch.id)
 
 
-KILLED_LINES = 120  # the server is killed a third of the way through
+KILLED_LINES = 90  # the server is killed a third of the way through
 
 
 def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend, request, model):
@@ -233,7 +233,7 @@ def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend,
     first = RemoteServer("--api-key", KEY, *GREEDY, env=env)
     try:
         client = first.client(api_key=KEY)
-        batch = client.batches.create(input_file_id=_upload(client, _chat_lines(model, KILLED_LINES, max_tokens=16)),
+        batch = client.batches.create(input_file_id=_upload(client, _chat_lines(model, KILLED_LINES, max_tokens=8)),
                                       endpoint="/v1/chat/completions", completion_window="24h")
         done = 0
         while done < KILLED_LINES // 3:
