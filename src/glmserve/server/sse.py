@@ -102,50 +102,65 @@ ANTHROPIC = SSEDialect(
 
 
 async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: anyio.Event,
-                                grace_s: float, dialect: SSEDialect = OPENAI) -> AsyncIterator[str | dict]:
-    """Payloads of ``source`` until it ends (then ``[DONE]``), or until ``grace_s`` after
-    ``shutdown`` is set (then an error event).
+                                grace_s: float, dialect: SSEDialect = OPENAI) -> AsyncIterator[bytes]:
+    """``source``'s payloads as SSE events (bytes), until it ends (then ``[DONE]``), or until
+    ``grace_s`` after ``shutdown`` is set (then an error event).
 
-    However this generator ends (the stream's end, a client disconnect cancelling it while a
-    step is pending, a failed write closing it at a ``yield``), ``source`` is closed, which
-    aborts the engine request: a pending ``anext(source)`` is cancelled and awaited first,
-    since closing a generator that is still running raises instead of closing it. The clean-up
-    is shielded from anyio's cancellation, which sse-starlette re-delivers at every await."""
-    shutdown_seen = asyncio.ensure_future(shutdown.wait())
-    step: asyncio.Future | None = None
-    deadline: float | None = None
+    Each item is awaited in this task, with no task or ``asyncio.wait`` per item: a deadline
+    (``asyncio.timeout_at``, None until shutdown) guards each ``anext(source)``, and a shutdown
+    during a pending step moves that step's deadline to ``grace_s`` away. However this generator
+    ends (the stream's end, a client disconnect cancelling it while a step is pending, a failed
+    write closing it at a ``yield``), ``source`` is closed, which aborts the engine request; the
+    clean-up is shielded from anyio's cancellation, which sse-starlette re-delivers at every
+    await."""
     loop = asyncio.get_running_loop()
+    shutdown_seen = asyncio.ensure_future(shutdown.wait())
+    deadline: float | None = None
+    step: asyncio.Timeout | None = None  # the deadline of the step in progress
+
+    def on_shutdown(_: asyncio.Future) -> None:
+        nonlocal deadline
+        if not shutdown_seen.cancelled():
+            deadline = loop.time() + grace_s
+            if step is not None:
+                step.reschedule(deadline)
+
+    shutdown_seen.add_done_callback(on_shutdown)
     try:
         while True:
-            step = asyncio.ensure_future(anext(source))
-            waiting = {step} if deadline is not None else {step, shutdown_seen}
-            timeout = None if deadline is None else max(0.0, deadline - loop.time())
-            done, _ = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if step not in done and deadline is None:  # shutdown began: allow grace_s more
-                deadline = loop.time() + grace_s
-                done, _ = await asyncio.wait({step}, timeout=grace_s)
-            if step not in done:
-                log.warning("a stream was ended by the server's shutdown")
-                yield one_line(dialect.error(SHUTTING_DOWN))
-                return
             try:
-                item = step.result()
+                async with asyncio.timeout_at(deadline) as step:
+                    item = await anext(source)
             except StopAsyncIteration:
                 if dialect.done is not None:
-                    yield dialect.done
+                    yield _event(dialect.done)
                 return
-            payload = dialect.payload(item)
-            yield one_line(payload)
+            except TimeoutError:
+                if not step.expired():  # the source's own
+                    raise
+                log.warning("a stream was ended by the server's shutdown")
+                yield _event(one_line(dialect.error(SHUTTING_DOWN)))
+                return
+            finally:
+                step = None
+            payload = one_line(dialect.payload(item))
+            yield _event(payload)
             if dialect.ends(item):  # logged with the request's id (server/logs.py)
                 log.warning("a stream ended with an error: %s", str(payload)[:500])
                 return
     finally:
         with anyio.CancelScope(shield=True):
             shutdown_seen.cancel()
-            if step is not None and not step.done():
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
             await source.aclose()
+
+
+def _event(payload: str | dict) -> bytes:
+    """One SSE event, as sse-starlette's ``ServerSentEvent`` encodes it (``\\r\\n`` line ends):
+    ``payload`` as its ``data`` (one line: JSON, or ``[DONE]``), or a dict's ``event`` and
+    ``data``."""
+    if isinstance(payload, dict):
+        return f"event: {payload['event']}\r\ndata: {payload['data']}\r\n\r\n".encode()
+    return f"data: {payload}\r\n\r\n".encode()
 
 
 def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float,
