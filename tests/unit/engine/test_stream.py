@@ -1,0 +1,82 @@
+"""``engine/stream.py``: outputs handed from an engine thread to the consumer, one event-loop
+wake-up per step, and merged when the consumer is behind (as vLLM's ``RequestOutputCollector``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream, merge_outputs
+from glmserve.engine.types import GenerationOutput, TokenLogprob
+
+
+def _out(i: int, finish=None, logprobs: bool = False) -> GenerationOutput:
+    return GenerationOutput("r", [i], f"t{i} ", finish, num_prompt_tokens=7, num_cached_tokens=3 if i else 0,
+                            logprobs=[TokenLogprob(i, -0.5)] if logprobs else None)
+
+
+def test_a_consumer_that_keeps_up_gets_every_output_alone():
+    async def run():
+        stream = OutputStream()
+        got = []
+        for i in range(3):
+            stream.put_nowait(_out(i, "length" if i == 2 else None))
+            got.append(await stream.get())
+        return got
+
+    assert [(o.token_ids, o.text) for o in asyncio.run(run())] == [([0], "t0 "), ([1], "t1 "), ([2], "t2 ")]
+
+
+def test_outputs_queued_while_the_consumer_was_away_come_as_one():
+    async def run():
+        stream = OutputStream()
+        for i in range(4):
+            stream.put_nowait(_out(i, logprobs=True))
+        stream.put_nowait(_out(4, "stop", logprobs=True))
+        stream.put_nowait(_out(5))  # after the last: not merged into it
+        return await stream.get(), await stream.get()
+
+    merged, after = asyncio.run(run())
+    assert merged.token_ids == [0, 1, 2, 3, 4] and merged.text == "t0 t1 t2 t3 t4 "
+    assert merged.finish_reason == "stop" and [lp.token_id for lp in merged.logprobs] == [0, 1, 2, 3, 4]
+    assert (merged.num_prompt_tokens, merged.num_cached_tokens) == (7, 3)
+    assert after.token_ids == [5]
+
+
+def test_merged_outputs_keep_the_last_ones_error_and_no_logprobs_when_none_had_any():
+    merged = merge_outputs([_out(0), GenerationOutput("r", [], "", "error", error="decode failed", invalid=True)])
+    assert (merged.token_ids, merged.finish_reason, merged.error, merged.invalid) == ([0], "error",
+                                                                                    "decode failed", True)
+    assert merged.logprobs is None
+
+
+def test_a_step_from_an_engine_thread_reaches_the_request_stream_in_order():
+    async def run():
+        outputs = OutputStream()
+        stream = RequestStream("r", outputs, lambda rid: None)
+
+        def engine_thread():
+            for i in range(50):
+                batch = OutputBatch()
+                batch.add(outputs, _out(i, "length" if i == 49 else None))
+                batch.flush()
+
+        thread = threading.Thread(target=engine_thread)
+        thread.start()
+        got = [out async for out in stream]
+        thread.join()
+        return got
+
+    got = asyncio.run(run())
+    assert [t for out in got for t in out.token_ids] == list(range(50)) and got[-1].finish_reason == "length"
+
+
+def test_closing_a_stream_before_its_last_output_aborts_the_request():
+    aborted = []
+
+    async def run():
+        stream = RequestStream("r", OutputStream(), aborted.append)
+        await stream.aclose()
+
+    asyncio.run(run())
+    assert aborted == ["r"]
