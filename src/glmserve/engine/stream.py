@@ -25,35 +25,11 @@ class OutputStream:
         self._queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
 
     async def get(self) -> GenerationOutput:
-        """The next output; when the consumer is behind, every output queued so far merged into
-        one (``merge_outputs``), as vLLM's ``RequestOutputCollector`` merges the ``DELTA``
-        outputs its consumer has not taken yet: a consumer that falls behind catches up in one
-        read, with one chunk to build and send instead of one per token."""
-        output = await self._queue.get()
-        if output.finished or self._queue.empty():
-            return output
-        outputs = [output]
-        while not outputs[-1].finished and not self._queue.empty():
-            outputs.append(self._queue.get_nowait())
-        return merge_outputs(outputs)
+        return await self._queue.get()
 
     def put_nowait(self, output: GenerationOutput) -> None:
         """Hand over ``output`` from the consumer's own event loop (other threads: ``OutputBatch``)."""
         self._queue.put_nowait(output)
-
-
-def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
-    """Consecutive outputs of one request as one: their tokens, text and logprobs in order
-    (logprobs None when no output carries any), the last one's finish reason, error and
-    ``invalid``, the prompt and cache sizes any of them gave."""
-    last = outputs[-1]
-    logprobs = None
-    if any(o.logprobs is not None for o in outputs):
-        logprobs = [lp for o in outputs for lp in (o.logprobs or ())]
-    return GenerationOutput(
-        last.request_id, [t for o in outputs for t in o.token_ids], "".join(o.text for o in outputs),
-        last.finish_reason, last.error, max(o.num_prompt_tokens for o in outputs),
-        max(o.num_cached_tokens for o in outputs), logprobs, last.invalid)
 
 
 def _put_all(pairs: list[tuple[asyncio.Queue, GenerationOutput]]) -> None:

@@ -1,12 +1,12 @@
 """``engine/stream.py``: outputs handed from an engine thread to the consumer, one event-loop
-wake-up per step, and merged when the consumer is behind (as vLLM's ``RequestOutputCollector``)."""
+wake-up per step, in order, each one as the engine gave it."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream, merge_outputs
+from glmserve.engine.stream import OutputBatch, OutputStream, RequestStream
 from glmserve.engine.types import GenerationOutput, TokenLogprob
 
 
@@ -27,27 +27,15 @@ def test_a_consumer_that_keeps_up_gets_every_output_alone():
     assert [(o.token_ids, o.text) for o in asyncio.run(run())] == [([0], "t0 "), ([1], "t1 "), ([2], "t2 ")]
 
 
-def test_outputs_queued_while_the_consumer_was_away_come_as_one():
+def test_outputs_queued_while_the_consumer_was_away_come_one_by_one():
+    """Not merged: usage counts the tokens up to a stop string, output by output."""
     async def run():
         stream = OutputStream()
-        for i in range(4):
+        for i in range(3):
             stream.put_nowait(_out(i, logprobs=True))
-        stream.put_nowait(_out(4, "stop", logprobs=True))
-        stream.put_nowait(_out(5))  # after the last: not merged into it
-        return await stream.get(), await stream.get()
+        return [await stream.get() for _ in range(3)]
 
-    merged, after = asyncio.run(run())
-    assert merged.token_ids == [0, 1, 2, 3, 4] and merged.text == "t0 t1 t2 t3 t4 "
-    assert merged.finish_reason == "stop" and [lp.token_id for lp in merged.logprobs] == [0, 1, 2, 3, 4]
-    assert (merged.num_prompt_tokens, merged.num_cached_tokens) == (7, 3)
-    assert after.token_ids == [5]
-
-
-def test_merged_outputs_keep_the_last_ones_error_and_no_logprobs_when_none_had_any():
-    merged = merge_outputs([_out(0), GenerationOutput("r", [], "", "error", error="decode failed", invalid=True)])
-    assert (merged.token_ids, merged.finish_reason, merged.error, merged.invalid) == ([0], "error",
-                                                                                    "decode failed", True)
-    assert merged.logprobs is None
+    assert [out.token_ids for out in asyncio.run(run())] == [[0], [1], [2]]
 
 
 def test_a_step_from_an_engine_thread_reaches_the_request_stream_in_order():
@@ -68,7 +56,7 @@ def test_a_step_from_an_engine_thread_reaches_the_request_stream_in_order():
         return got
 
     got = asyncio.run(run())
-    assert [t for out in got for t in out.token_ids] == list(range(50)) and got[-1].finish_reason == "length"
+    assert [out.token_ids for out in got] == [[i] for i in range(50)] and got[-1].finish_reason == "length"
 
 
 def test_closing_a_stream_before_its_last_output_aborts_the_request():
