@@ -1,31 +1,27 @@
 """The ``llama_cpp`` engine: GGUF models on the CPU, continuously batched.
 
-One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``) is split
-by default: one stream of ``n_ctx`` cells per sequence (llama.cpp's non-unified cache, as
-``llama-server -np N`` but with the whole context for each sequence), or unified: ``n_ctx``
-cells shared by all sequences, for when memory is tight. A worker thread runs engine steps
-(nano-vllm's shape): ``Scheduler.schedule()``, then one ``llama_decode`` of a batch holding the
-next token of every running sequence plus prompt chunks of new ones, then sampling with each
-sequence's own llama.cpp sampler chain and post-processing (detokenize, end-of-turn/length
-checks, hand-off to the event loop). Requests join and leave between steps; an abort takes
-effect at the next step.
+One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``) is split by default: one stream
+of ``n_ctx`` cells per sequence (llama.cpp's non-unified cache, as ``llama-server -np N`` but with the whole context
+for each sequence), or unified: ``n_ctx`` cells shared by all sequences, for when memory is tight. A worker thread
+runs engine steps (nano-vllm's shape): ``Scheduler.schedule()``, then one ``llama_decode`` of a batch holding the
+next token of every running sequence plus prompt chunks of new ones, then sampling with each sequence's own
+llama.cpp sampler chain and post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop).
+Requests join and leave between steps; an abort takes effect at the next step.
 
-GGUF LoRA adapters (``lora.py``): each step serves one adapter group (the scheduler takes turns
-among them). ``--runner pooling`` (or a non-causal GGUF): embeddings only (``embedding.py``).
-Prompt chunks fill each step up to ``max_num_batched_tokens`` (512 by default, llama.cpp's
-micro-batch, so long prompts prefill at llama.cpp's pace; 63 with ``--batch-invariant``, below
-llama.cpp's 64-token threshold, so outputs do not depend on what a request is batched with).
-With ``--cache-ram`` (split layout), a free sequence's state is saved in host memory before its
-cells are reclaimed and restored for a later prompt that shares a longer prefix with it
+GGUF LoRA adapters (``lora.py``): each step serves one adapter group (the scheduler takes turns among them).
+``--runner pooling`` (or a non-causal GGUF): embeddings only (``embedding.py``). Prompt chunks fill each step up to
+``max_num_batched_tokens`` (512 by default, llama.cpp's micro-batch, so long prompts prefill at llama.cpp's pace; 63
+with ``--batch-invariant``, below llama.cpp's 64-token threshold, so outputs do not depend on what a request is
+batched with). With ``--cache-ram`` (split layout), a free sequence's state is saved in host memory before its cells
+are reclaimed and restored for a later prompt that shares a longer prefix with it
 (``engine/llama_cpp/prompt_cache.py``).
 
-Speculative decoding (``speculative/``: ``ngram``, its ``__init__``; ``draft``, ``draft_model.py``;
-``mtp``, ``mtp.py``): in a step that decodes one sequence alone, it may append a draft to its one
-token, within ``max_num_batched_tokens``; its rows are sampled in order until a sampled token
-differs from the draft, and the rejected draft tokens' KV cells are dropped. Those steps are
-timed (``draft_cost.StepCosts``), so that an n-gram draft is sent only when it pays; finished
-sequences feed the n-gram pool of earlier generations (``ngram_pool.py``). Images (``--mmproj``,
-``vision.py``): a prompt's images are decoded whole, apart from the batch (``batch.py``).
+Speculative decoding (``speculative/``: ``ngram``, its ``__init__``; ``draft``, ``draft_model.py``; ``mtp``,
+``mtp.py``): in a step that decodes one sequence alone, it may append a draft to its one token, within
+``max_num_batched_tokens``; its rows are sampled in order until a sampled token differs from the draft, and the
+rejected draft tokens' KV cells are dropped. Those steps are timed (``draft_cost.StepCosts``), so that an n-gram
+draft is sent only when it pays; finished sequences feed the n-gram pool of earlier generations (``ngram_pool.py``).
+Images (``--mmproj``, ``vision.py``): a prompt's images are decoded whole, apart from the batch (``batch.py``).
 """
 
 from __future__ import annotations
@@ -87,8 +83,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
     log = log
 
     def __init__(self, model: ResolvedModel, settings: LlamaCppSettings) -> None:
-        """Raises ``EngineError`` for settings that do not go together (``in_force``),
-        ``ModelNotFoundError`` for a ``--draft-model`` that resolves to no GGUF file."""
+        """Raises ``EngineError`` (``in_force``), ``ModelNotFoundError`` (a ``--draft-model``)."""
         self._resolved = model
         self.settings = settings = in_force(settings)
         self.speculative = speculative_config(settings)
@@ -133,15 +128,15 @@ class LlamaCppEngine(StepWorker[Sequence]):
                 require_nextn(self._model)
             for name, adapter_path in cfg.lora_adapters().items():
                 self._adapters.load(name, adapter_path)
-            check_kv_fits(kv_cache_cells(cfg, self._model.n_ctx_train()), model_kv_bytes_per_cell(self._model),
-                          cfg.kv_layout)
+            kv_cells = kv_cache_cells(cfg, self._model.n_ctx_train())
+            check_kv_fits(kv_cells, model_kv_bytes_per_cell(self._model), cfg.kv_layout)
             self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
         except EngineError:  # LoRAAdapterError too
             self._model.close()  # frees the adapters loaded so far with it
             self._model = None
             self._adapters.forget()
             raise
-        params = context_params(cfg, kv_cache_cells(cfg, self._model.n_ctx_train()))
+        params = context_params(cfg, kv_cells)
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
         if not self._ctx:
