@@ -19,10 +19,11 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None) -> RemoteServer:
     """``glmserve serve --engine vllm`` on ``model`` (a Hugging Face folder), skipped without vLLM;
-    ``env``: more environment variables for the server."""
+    ``env``: more environment variables for the server. Its ``stop()`` does not wait for the
+    exit (vLLM's engine core takes about 5 s to stop; the next test need not wait for it)."""
     pytest.importorskip("vllm")
     return RemoteServer("--engine", "vllm", "--model", str(model), "--dtype", "float32", "--enforce-eager", *args,
-                        env={**VLLM_ENV, **(env or {})}, n_threads=None, startup_timeout=600)
+                        env={**VLLM_ENV, **(env or {})}, n_threads=None, startup_timeout=600, wait_on_stop=False)
 
 
 def greedy_streams(url: str, model: str, messages: list[list[dict]], max_tokens: int = 32,

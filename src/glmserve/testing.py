@@ -3,6 +3,7 @@ pattern), for black-box tests and benchmarks."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import socket
@@ -55,10 +56,15 @@ class RemoteServer:
     ``log()`` is its output so far; ``stop()`` terminates it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, n_threads: int | None = 2,
-                 startup_timeout: float = STARTUP_TIMEOUT_S, command: list[str] | None = None) -> None:
+                 startup_timeout: float = STARTUP_TIMEOUT_S, command: list[str] | None = None,
+                 wait_on_stop: bool = True) -> None:
         """``n_threads``: ``--n-threads`` (None: not passed, for engines without it);
         ``startup_timeout``: seconds to wait for ``/health``; ``command``: another OpenAI server's
-        command line to run instead of ``glmserve serve ARGS`` (``--port PORT`` is appended)."""
+        command line to run instead of ``glmserve serve ARGS`` (``--port PORT`` is appended);
+        ``wait_on_stop``: False for a server whose exit takes long (vLLM's engine core takes
+        about 5 s to stop): ``stop()`` then returns once it is signalled, and the process is
+        waited for when this Python process exits (``reap``)."""
+        self.wait_on_stop = wait_on_stop
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+", prefix="glmserve-", suffix=".log", delete=False)
@@ -112,11 +118,29 @@ class RemoteServer:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120, **kwargs)
 
     def stop(self) -> None:
+        """SIGTERM (a graceful shutdown), SIGKILL after 30 s; with ``wait_on_stop`` False the
+        wait happens at exit (``reap``)."""
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            if not self.wait_on_stop:
+                _stopping.append(self)
+                return
+        self._reap()
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         shutil.rmtree(self._state_dir, ignore_errors=True)
+
+
+_stopping: list[RemoteServer] = []
+
+
+@atexit.register
+def reap() -> None:
+    """Wait for the servers stopped without waiting (``wait_on_stop`` False) to exit."""
+    while _stopping:
+        _stopping.pop()._reap()
