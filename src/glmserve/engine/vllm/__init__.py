@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from glmserve.engine.peft_lora import check_adapter
 from glmserve.engine.settings import own_fields
 from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.models import resolve_hf_model
@@ -28,16 +29,21 @@ def default_max_num_seqs(settings: VllmSettings) -> int:
 
 
 def build(settings: VllmSettings) -> VllmEngine:
-    """The engine for ``settings`` (not started). Raises ``ModelNotFoundError``, ``EngineError``
-    (an ``--engine-arg`` vLLM does not know), or ``ImportError`` without vLLM."""
+    """The engine for ``settings`` (not started), its ``--lora`` adapters checked against the
+    model's weights first (``peft_lora.check_adapter``, before vLLM is imported). Raises
+    ``ModelNotFoundError``, ``EngineError`` (``LoRAAdapterError`` for an adapter that does not
+    fit), or ``ImportError`` without vLLM."""
     # vLLM logs to stdout unless told otherwise; diagnostics belong on stderr (glmserve chat
     # prints replies on stdout). Set before vLLM is imported; its spawned processes inherit it.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if settings.batch_invariant:  # vLLM's batch-invariant mode; read by vLLM and its workers
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    model = resolve_hf_model(settings.model)
+    for name, path in settings.lora_adapters().items():  # before vLLM's import: a misfit stops start-up at once
+        check_adapter(name, path, model.path)
     from glmserve.engine.vllm.engine import VllmEngine
 
-    return VllmEngine(resolve_hf_model(settings.model), settings)
+    return VllmEngine(model, settings)
 
 
 __all__ = ["VllmSettings", "SETTINGS", "build", "default_max_num_seqs"]

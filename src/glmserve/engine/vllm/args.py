@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.peft_lora import LORA_RANKS, check_adapter, lora_rank
+from glmserve.engine.peft_lora import LORA_RANKS, lora_rank
 from glmserve.models import ModelNotFoundError, resolve_hf_model
 
 if TYPE_CHECKING:
@@ -81,9 +81,7 @@ def engine_args(model: Path, settings: VllmSettings) -> AsyncEngineArgs:
                 "distributed_executor_backend": settings.distributed_executor_backend,
                 "kv_cache_memory_bytes": settings.kv_cache_memory, "speculative_config": speculative}
     args.update({k: v for k, v in optional.items() if v is not None})
-    if lora:
-        for name, path in lora.items():
-            check_adapter(name, path, model)
+    if lora:  # each adapter was checked against the model's weights by build()
         ranks = [lora_rank(path) for path in lora.values()]
         rank = next((r for r in LORA_RANKS if r >= max(ranks)), None)
         if rank is None:
