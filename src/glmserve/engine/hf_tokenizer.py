@@ -2,6 +2,10 @@
 
 Shared by the engines that serve Hugging Face models (transformers, vllm); needs the
 ``transformers`` package only for the tokenizer object it is given, not to import.
+``HFTokenizer.detokenizer`` gives a ``StreamDetokenizer`` (the ``tokenizers`` library's Rust
+``DecodeStream``, as vLLM's ``FastIncrementalDetokenizer``: about 0.7 us a token on SmolLM2's
+tokenizer) for a fast tokenizer, an ``IncrementalDetokenizer`` (two Python ``decode`` calls a
+token, about 5.5 us) for any other; both give the same text.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ class HFTokenizer:
         self._special = frozenset(special)
         eos = {self.eos_id, *extra_eos_ids} - {None}
         self.eog_ids = frozenset(eos)
+        self._backend = _decode_stream_backend(tokenizer)
+
+    def detokenizer(self, prompt_tail: list[int], shown: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
+        """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``)."""
+        if self._backend is not None:
+            return StreamDetokenizer(self.hf, self._backend, prompt_tail, shown)
+        return IncrementalDetokenizer(self.hf, prompt_tail, shown)
 
     def encode(self, text: str) -> list[int]:
         """Raises ``UnicodeEncodeError`` for text that is not valid Unicode (a lone surrogate),
@@ -88,4 +99,76 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._ids[self._prefix:self._read])
         text = self._decode(self._ids[self._prefix:])
         self._prefix = self._read = len(self._ids)
+        return text[len(prefix_text):] if len(text) > len(prefix_text) else ""
+
+
+def _decode_stream_backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` behind a fast Hugging Face tokenizer, when the installed
+    ``tokenizers`` has ``DecodeStream`` with prompt ids (0.21 and later); else None."""
+    try:
+        from tokenizers import Tokenizer
+        from tokenizers.decoders import DecodeStream
+
+        DecodeStream(ids=[], skip_special_tokens=True)
+    except (ImportError, TypeError):
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
+class StreamDetokenizer(IncrementalDetokenizer):
+    """``IncrementalDetokenizer``'s text from the ``tokenizers`` library's ``DecodeStream``
+    (which holds back a character split across byte-level tokens, as the window does), primed
+    with ``prompt_tail``. ``flush`` and a shown special token decode what the stream holds back
+    the window's way; after a shown token the stream starts anew, as the window does. A stream
+    that the library finds in an invalid state (non-monotonic UTF-8 output, vLLM issue 17448)
+    starts anew at the token, as vLLM's detokenizer does."""
+
+    __slots__ = ("_backend", "_new_stream", "_stream", "_held", "_context")
+
+    def __init__(self, tokenizer: Any, backend: Any, prompt_tail: list[int], shown: frozenset[int] = frozenset()):
+        from tokenizers.decoders import DecodeStream
+
+        self._tok, self._backend, self._shown = tokenizer, backend, shown
+        self._new_stream = DecodeStream
+        tail = list(prompt_tail)
+        while tail and self._decode(tail).startswith("\ufffd"):  # a character begun before the tail:
+            del tail[0]  # DecodeStream would count its bytes as new text
+        self._stream = DecodeStream(ids=tail, skip_special_tokens=True)
+        self._context = tail[-4:]  # the last ids whose text went out (for flush)
+        self._held: list[int] = []  # ids fed since the last text
+
+    def feed(self, token_id: int) -> str:
+        if token_id in self._shown:
+            text = self.flush() + self._tok.convert_ids_to_tokens(token_id)
+            self._stream, self._context = self._new_stream(skip_special_tokens=True), []
+            return text
+        try:
+            text = self._stream.step(self._backend, token_id)
+        except Exception as exc:  # tokenizers raises a plain Exception for the invalid prefix
+            if not str(exc).startswith("Invalid prefix encountered"):
+                raise
+            self._stream = self._new_stream(skip_special_tokens=True)
+            text = self._stream.step(self._backend, token_id)
+        if text is None:
+            self._held.append(token_id)
+            return ""
+        context = self._context
+        if self._held:
+            context += self._held
+            self._held = []
+        context.append(token_id)
+        if len(context) > 16:
+            del context[:-4]
+        return text
+
+    def flush(self) -> str:
+        """What the stream holds back (an incomplete character becomes U+FFFD)."""
+        if not self._held:
+            return ""
+        context = self._context[-4:]
+        text, prefix_text = self._decode(context + self._held), self._decode(context)
+        self._context = context + self._held
+        self._held = []
+        self._stream = self._new_stream(ids=list(self._context), skip_special_tokens=True)
         return text[len(prefix_text):] if len(text) > len(prefix_text) else ""

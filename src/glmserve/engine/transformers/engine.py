@@ -145,7 +145,7 @@ class TransformersEngine(StepWorker[_Seq]):
         self._admission.acquire()
         stream = OutputStream(loop)
         seq = _Seq(request, stream, Sampler(sp, self._n_vocab, mask),
-                   IncrementalDetokenizer(self.tokenizer.hf, request.prompt_token_ids[-4:], request.shown_special_ids),
+                   self.tokenizer.detokenizer(request.prompt_token_ids[-4:], request.shown_special_ids),
                    stop_ids, request.lora or BASE_ADAPTER, len(request.prompt_token_ids))
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)

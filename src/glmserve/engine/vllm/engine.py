@@ -14,7 +14,7 @@ parsers, stop strings, limits, errors), so every feature behaves as on the other
   sequence is freed at the next step). Requests from a second event loop are refused.
 - Requests go in as prompt token ids (``TokensPrompt``) with ``SamplingParams`` mapped field
   for field, outputs come back as deltas (``RequestOutputKind.DELTA``) of token ids; vLLM does
-  not detokenize (``detokenize=False``): the shared ``IncrementalDetokenizer`` does, as for the
+  not detokenize (``detokenize=False``): the shared ``HFTokenizer.detokenizer`` does, as for the
   transformers engine.
 - Grammars (GBNF) go to vLLM's structured outputs with the xgrammar backend
   (``StructuredOutputsParams(grammar=...)``); vLLM's own xgrammar check runs at admission, so a
@@ -26,7 +26,7 @@ parsers, stop strings, limits, errors), so every feature behaves as on the other
   size vLLM reports (``RequestOutput.prompt_token_ids``) is the one usage counts. A prompt vLLM
   refuses (image tokens past the context, a placeholder count that does not match the images)
   ends the request as ``invalid`` (a 400). Fetching, decoding and limits stay the media policy's.
-- LoRA adapters (PEFT folders) are checked against the model's weights before vLLM starts
+- LoRA adapters (PEFT folders) are checked against the model's weights before vLLM is imported
   (``peft_lora.check_adapter``), so an adapter that does not fit stops start-up; vLLM loads one at
   its first request (``LoRARequest``); requests for different adapters share a batch. With
   ``--lora`` at start, more adapters (up to that rank) load and unload at run time.
@@ -51,7 +51,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
 from glmserve.engine.base import EngineError, GrammarError, LoRAAdapterError, one_line
-from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
+from glmserve.engine.hf_tokenizer import HFTokenizer
 from glmserve.engine.peft_lora import check_adapter, lora_rank
 from glmserve.engine.rules import check_request, stop_token_ids
 from glmserve.engine.admission import AdmissionControl
@@ -297,7 +297,7 @@ class VllmEngine:
         reason, also when the request is aborted (task cancelled) or vLLM fails. ``lora_request``:
         the adapter as it was when the request was admitted."""
         request_id, prompt = request.request_id, request.prompt_token_ids
-        detok = IncrementalDetokenizer(self.tokenizer.hf, prompt[-4:], request.shown_special_ids)
+        detok = self.tokenizer.detokenizer(prompt[-4:], request.shown_special_ids)
         stop_ids = frozenset(params.stop_token_ids or ())
         n_prompt, n_generated, n_cached = len(prompt), 0, 0
         finish: FinishReason | None = None
