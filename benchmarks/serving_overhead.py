@@ -314,13 +314,18 @@ def profile(args) -> None:
     if py_spy is None:
         raise SystemExit("--profile needs py-spy (pip install 'glmserve[bench]')")
     raw = args.profile.with_suffix(".raw")
-    server = start_server(args.tokens)
+    if args.vllm_model is not None:  # glmserve --engine vllm's API process (vLLM's engine core is another)
+        from compare_vllm_serve import NAME  # benchmarks/compare_vllm_serve.py
+
+        server, model, ignore_eos = vllm_servers(args)["glmserve"](), NAME, True
+    else:
+        server, model, ignore_eos = start_server(args.tokens), MODEL, False
     try:
-        asyncio.run(load(server.url, args.cases[0], 4, 8, args.tokens))
-        spy = subprocess.Popen([py_spy, "record", "--pid", str(server.proc.pid), "--format", "raw", "--rate", "1000", "--gil",
-                                "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        asyncio.run(load(server.url, args.cases[0], 4, 8, args.tokens, model, ignore_eos))
+        spy = subprocess.Popen([py_spy, "record", "--pid", str(server.proc.pid), "--format", "raw", "--rate", "1000",
+                                "--gil", "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)  # attached
-        measure(server, args.cases[0], args.concurrency[0], args.tokens)
+        measure(server, args.cases[0], args.concurrency[0], args.tokens, model, ignore_eos)
         spy.send_signal(2)  # py-spy writes its output when interrupted
         spy.wait(timeout=60)
     finally:
