@@ -29,6 +29,12 @@ class HFTokenizer:
         eos = {self.eos_id, *extra_eos_ids} - {None}
         self.eog_ids = frozenset(eos)
         self._backend = _decode_stream_backend(tokenizer)
+        # the Rust tokenizer, called directly where it encodes as the wrapper does (no truncation
+        # or padding set): thread-safe without vLLM's pool of tokenizer copies, which deep-copies
+        # the tokenizer for each thread that finds the pool empty
+        rust = getattr(tokenizer, "backend_tokenizer", None)
+        self._rust = rust if rust is not None and getattr(rust, "truncation", 0) is None and \
+            getattr(rust, "padding", 0) is None else None
 
     def detokenizer(self, prompt_tail: list[int], shown: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
         """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``)."""
@@ -40,7 +46,11 @@ class HFTokenizer:
         """Raises ``UnicodeEncodeError`` for text that is not valid Unicode (a lone surrogate),
         as llama.cpp's tokenizer does; Hugging Face tokenizers raise a bare ``TypeError``."""
         try:
-            return self.hf.encode(text, add_special_tokens=False) if text else []
+            if not text:
+                return []
+            if self._rust is not None:
+                return self._rust.encode(text, add_special_tokens=False).ids
+            return self.hf.encode(text, add_special_tokens=False)
         except TypeError:
             text.encode("utf-8")
             raise
@@ -55,6 +65,8 @@ class HFTokenizer:
         return token_id in self._special
 
     def decode(self, token_ids: list[int]) -> str:
+        if self._rust is not None:
+            return self._rust.decode(token_ids, skip_special_tokens=False)
         return self.hf.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def token_text(self, token_id: int | None) -> str:

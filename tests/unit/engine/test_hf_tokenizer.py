@@ -1,4 +1,6 @@
-"""``HFTokenizer.detokenizer``: over a fast tokenizer, the ``tokenizers`` library's
+"""``HFTokenizer``: encoding and decoding through the Rust tokenizer give what the Hugging Face
+wrapper gives (which it is bypassed for: vLLM's wrapper deep-copies the tokenizer per thread),
+and a tokenizer with truncation set stays with the wrapper. ``HFTokenizer.detokenizer``: over a fast tokenizer, the ``tokenizers`` library's
 ``DecodeStream`` (``StreamDetokenizer``) gives, token for token, the text of the window
 detokenizer (``IncrementalDetokenizer``, two ``decode`` calls a token) it replaces: characters
 split across byte-level tokens held back until whole, special tokens silent but those shown
@@ -79,3 +81,23 @@ def test_the_stream_text_is_the_decoded_reply(tok):
     ids = tok.encode(text, add_special_tokens=False)
     detok = HFTokenizer(tok).detokenizer([])
     assert "".join(_outputs(detok, ids)) == text
+
+
+def test_encode_and_decode_through_rust_equal_the_wrapper(tok):
+    hf = HFTokenizer(tok)
+    assert hf._rust is tok.backend_tokenizer
+    text = "[gMASK]<sop><|user|>\n" + "".join(TEXTS) + "<|assistant|>\n</think>"
+    ids = hf.encode(text)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    assert hf.decode(ids) == tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
+    assert hf.encode("") == []
+    with pytest.raises(UnicodeEncodeError):
+        hf.encode("a\ud800b")
+
+
+def test_a_tokenizer_that_truncates_stays_with_the_wrapper():
+    tok = glm_tokenizer("{{ messages }}")
+    tok.backend_tokenizer.enable_truncation(4)
+    hf = HFTokenizer(tok)
+    assert hf._rust is None
+    assert len(hf.encode("".join(TEXTS))) > 4  # the wrapper encodes without truncation
