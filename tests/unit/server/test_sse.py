@@ -153,3 +153,32 @@ def test_an_error_item_ends_the_stream_without_done():
 
     out = asyncio.run(run())
     assert len(out) == 1 and b'"message":"boom"' in out[0]
+
+
+def test_event_stream_sends_each_event_and_keeps_a_send_timeout():
+    """``event_stream``'s response (sse-starlette's without the per-event cancel scope when no
+    send timeout is set): every event reaches ``send`` after the response start, ``[DONE]`` last;
+    with a send timeout, a send that stalls still ends the stream with sse-starlette's error."""
+    from sse_starlette.sse import SendTimeoutError
+
+    from glmserve.server.sse import event_stream
+
+    async def run(send_timeout: float | None, stall: bool) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if stall and message.get("body"):
+                await asyncio.Event().wait()
+
+        response = event_stream(Source(3).items(), 10.0)
+        response.send_timeout = send_timeout
+        await response._stream_response(send)
+        return sent
+
+    sent = asyncio.run(run(None, stall=False))
+    assert sent[0]["type"] == "http.response.start"
+    assert [m["body"] for m in sent[1:] if m.get("body")] == [b'data: {"n":0}\r\n\r\n', b'data: {"n":1}\r\n\r\n',
+                                                              b'data: {"n":2}\r\n\r\n', b"data: [DONE]\r\n\r\n"]
+    with pytest.raises(SendTimeoutError):
+        asyncio.run(run(0.05, stall=True))
