@@ -1,5 +1,5 @@
 """A client that goes away mid-generation aborts its engine request; the server keeps serving.
-On every engine."""
+On every engine (vLLM: these tests run on tests/e2e/test_vllm_engine.py's server)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import DEFAULT_MODEL, RemoteServer, vllm_server
+from tests.conftest import DEFAULT_MODEL, RemoteServer
 
 LONG = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Count to one thousand."}],
         "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
@@ -29,13 +29,10 @@ def _server(request, *args: str) -> RemoteServer:
         pytest.importorskip("torch")
         hf = request.getfixturevalue("smollm2_hf")
         args += ("--engine", "transformers", "--model", str(hf), "--served-model-name", DEFAULT_MODEL)
-    elif request.param == "vllm":
-        pytest.importorskip("vllm")
-        return vllm_server(request.getfixturevalue("smollm2_hf"), "--served-model-name", DEFAULT_MODEL, *args)
     return RemoteServer(*args)
 
 
-@pytest.fixture(scope="module", params=["llama_cpp", "transformers", "vllm"])
+@pytest.fixture(scope="module", params=["llama_cpp", "transformers"])
 def srv(request):
     server = _server(request)
     yield server

@@ -1,9 +1,9 @@
 """``--speculative ngram`` and ``--speculative draft`` end to end, through the ``openai`` client: the same greedy answers as a
 server without speculation (plain, streamed, with stop strings and with a json_schema), the
 same sampling distribution at temperature 1, vLLM's spec-decode counters in ``/metrics``, and
-an abort while drafts are being verified frees the sequence; on ``--engine vllm``, vLLM's own
-ngram speculation with the same answers and counters; a repeated request is drafted from the
-n-gram pool of earlier generations.
+an abort while drafts are being verified frees the sequence; a repeated request is drafted from
+the n-gram pool of earlier generations. (``--engine vllm``'s mapping onto vLLM's own ngram
+speculation: tests/e2e/test_vllm_engine.py.)
 
 Both servers get the same requests in the same order, from an empty KV cache: the README's known
 limit (attention rounding follows the order of KV cells after heavy cache reuse) applies to both
@@ -21,11 +21,10 @@ import re
 import time
 
 import httpx
-import openai
 import pytest
 
 from glmserve.models import default_model_path
-from tests.conftest import DEFAULT_MODEL, RemoteServer, vllm_server
+from tests.conftest import DEFAULT_MODEL, RemoteServer
 
 CODE = '''def total(items, scale=2):
     """Sum the values of items, scaled."""
@@ -228,36 +227,6 @@ def test_abort_while_drafting_frees_the_sequence(servers):
     r = spec.client().chat.completions.create(
         model=DEFAULT_MODEL, messages=_messages(PROMPTS[0]), temperature=0, max_tokens=40, n=2)
     assert [c.finish_reason for c in r.choices] == ["length", "length"]
-
-
-def test_vllm_maps_speculative_to_its_own(smollm2_hf):
-    """``--engine vllm --speculative ngram``: vLLM's ngram speculative_config; greedy answers equal
-    those of the same server without it, its drafts reach ``/metrics``, and a request vLLM's
-    speculation cannot serve (``logit_bias``) is a 400. (``--speculative draft`` and ``mtp`` map
-    onto vLLM's ``draft_model`` and ``mtp`` the same way: ``tests/unit/engine/test_vllm_args.py``;
-    ``mtp`` is served end to end in ``test_mtp.py``.)"""
-    folder = smollm2_hf
-    prompts = PROMPTS[:4] + PROMPTS[10:12]
-    answers, counters = [], []
-    for extra in ((), ("--speculative", "ngram", "--spec-draft-max", "4")):
-        server = vllm_server(folder, "--served-model-name", DEFAULT_MODEL, "--max-num-seqs", "2", "--n-ctx", "1024",
-                             *extra)
-        try:
-            client = server.client()
-            answers.append([client.chat.completions.create(model=DEFAULT_MODEL, messages=_messages(p), temperature=0,
-                                                           max_tokens=40).choices[0].message.content
-                            for p in prompts])
-            if extra:
-                counters.append(_spec_counters(server))
-                assert "speculative decoding: vLLM's {'method': 'ngram'" in server.log()
-                with pytest.raises(openai.BadRequestError, match="logit_bias"):
-                    client.chat.completions.create(model=DEFAULT_MODEL, messages=_messages(prompts[0]), max_tokens=4,
-                                                   logit_bias={"42": 5})
-        finally:
-            server.stop()
-    assert answers[1] == answers[0]
-    assert counters[0]["spec_decode_num_drafts"] > 0
-    assert 0 < counters[0]["spec_decode_num_accepted_tokens"] <= counters[0]["spec_decode_num_draft_tokens"]
 
 
 # --batch-invariant: prompts whose greedy answers hold near-ties (code with one identifier renamed,

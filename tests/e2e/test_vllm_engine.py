@@ -3,7 +3,9 @@ GGUF converted to a Hugging Face folder, answers and streams, sampling fields, t
 bad-input table, constrained tool calls and response formats (hermes fixture template), a PEFT
 LoRA adapter per request (equal to the merged weights; batched equal to alone),
 overload 429s, start-up errors, and batch lines at vLLM's lower priority (``--scheduling-policy
-priority``, which the module's server runs with). Disconnect aborts: tests/e2e/test_disconnect.py."""
+priority``, which the module's server runs with), a client gone mid-generation aborts its request
+(tests/e2e/test_disconnect.py's tests, on this module's server), and vLLM's own ngram
+speculation (``--speculative ngram``: the same greedy answers as this module's server)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import openai
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, VLLM_ENV, greedy_streams, vllm_server
+from tests.e2e import test_disconnect, test_speculative
 from tests.e2e.test_errors import BAD_BODIES, _assert_error, _post
 from tests.e2e.test_tools import SCHEMAS, TOOLS, assert_valid_tool_calls
 from tests.e2e.test_reasoning_budget import _reasoning_is_cut_at_the_budget
@@ -34,6 +37,7 @@ PROMPTS = ["What is the capital of France?", "List three fruits.", "What is 2 + 
            "Write a haiku about autumn.", "Tell me a joke about cats.", "Describe the ocean in a few words.",
            "Explain what a CPU does in one sentence."]
 MAX_NUM_SEQS, MAX_QUEUE = 4, 4
+N_CTX = 4096  # test_disconnect's long requests: 3000 tokens
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,8 @@ def folders(smollm2_hf, tmp_path_factory):
 def srv(smollm2_hf, folders):
     server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--lora", f"tuned={folders['adapter']}",
                          "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
-                         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--n-ctx", "2048",
-                         "--allow-runtime-lora-updating", "--scheduling-policy", "priority")
+                         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE), "--n-ctx", str(N_CTX),
+                         "--allow-runtime-lora-updating", "--scheduling-policy", "priority", "--log-level", "info")
     yield server
     server.stop()
 
@@ -136,7 +140,7 @@ def test_bad_request_is_400(srv, body, param):
 
 
 def test_prompt_longer_than_context_is_400(srv):
-    body = {"model": NAME, "messages": [{"role": "user", "content": "hello " * 3000}], "max_tokens": 4}
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hello " * (N_CTX + 100)}], "max_tokens": 4}
     _assert_error(_post(srv, body), 400, code="context_length_exceeded")
 
 
@@ -345,3 +349,39 @@ def test_glm_models_on_vllm(tmp_path, architecture, template, parser):
             _reasoning_is_cut_at_the_budget(srv, "tiny-glm")
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("check", [test_disconnect.test_stream_disconnect_aborts,
+                                   test_disconnect.test_plain_request_disconnect_aborts], ids=["stream", "plain"])
+def test_client_gone_mid_generation_aborts(srv, check):
+    """test_disconnect.py's checks on vLLM (this module's server, logging at info)."""
+    check(srv)
+
+
+def test_vllm_maps_speculative_to_its_own(srv, smollm2_hf):
+    """``--engine vllm --speculative ngram``: vLLM's ngram speculative_config; greedy answers equal
+    those of this module's server (the same template, no speculation), its drafts reach
+    ``/metrics``, and a request vLLM's speculation cannot serve (``logit_bias``) is a 400.
+    (``--speculative draft`` and ``mtp`` map onto vLLM's ``draft_model`` and ``mtp`` the same
+    way: ``tests/unit/engine/test_vllm_args.py``; ``mtp`` is served end to end in ``test_mtp.py``.)"""
+    prompts = test_speculative.PROMPTS[:4] + test_speculative.PROMPTS[10:12]
+
+    def answers(client: openai.OpenAI) -> list[str]:
+        return [client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": p}], temperature=0,
+                                               max_tokens=40).choices[0].message.content for p in prompts]
+
+    server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--max-num-seqs", "2", "--n-ctx", "1024",
+                         "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
+                         "--speculative", "ngram", "--spec-draft-max", "4")
+    try:
+        client = server.client()
+        assert answers(client) == answers(srv.client())
+        counters = test_speculative._spec_counters(server)
+        assert "speculative decoding: vLLM's {'method': 'ngram'" in server.log()
+        with pytest.raises(openai.BadRequestError, match="logit_bias"):
+            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompts[0]}],
+                                           max_tokens=4, logit_bias={"42": 5})
+    finally:
+        server.stop()
+    assert counters["spec_decode_num_drafts"] > 0
+    assert 0 < counters["spec_decode_num_accepted_tokens"] <= counters["spec_decode_num_draft_tokens"]
