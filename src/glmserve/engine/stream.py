@@ -8,6 +8,7 @@ flushes it (thread-safe, one event-loop wake-up); the request's ``RequestStream`
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Callable
 
 from glmserve.engine.types import GenerationOutput
@@ -15,26 +16,38 @@ from glmserve.engine.types import GenerationOutput
 
 class OutputStream:
     """A one-consumer queue bound to the event loop that created it; engine threads fill it
-    through ``OutputBatch``."""
+    through ``OutputBatch``. A deque and one waiting future: ``asyncio.Queue``'s loop checks,
+    getter list and wake-up bookkeeping cost more than a single consumer needs, once per token."""
 
-    __slots__ = ("_loop", "_queue")
+    __slots__ = ("_loop", "_items", "_waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """``loop``: the consumer's event loop (default: the running one)."""
         self._loop = loop or asyncio.get_running_loop()
-        self._queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        self._items: collections.deque[GenerationOutput] = collections.deque()
+        self._waiter: asyncio.Future | None = None
 
     async def get(self) -> GenerationOutput:
-        return await self._queue.get()
+        """The next output, waiting for one (one consumer at a time)."""
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
     def put_nowait(self, output: GenerationOutput) -> None:
         """Hand over ``output`` from the consumer's own event loop (other threads: ``OutputBatch``)."""
-        self._queue.put_nowait(output)
+        self._items.append(output)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
-def _put_all(pairs: list[tuple[asyncio.Queue, GenerationOutput]]) -> None:
-    for q, output in pairs:
-        q.put_nowait(output)
+def _put_all(pairs: list[tuple[OutputStream, GenerationOutput]]) -> None:
+    for stream, output in pairs:
+        stream.put_nowait(output)
 
 
 class OutputBatch:
@@ -53,9 +66,9 @@ class OutputBatch:
         if not self._items:
             return
         items, self._items = self._items, []
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, GenerationOutput]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputStream, GenerationOutput]]] = {}
         for stream, output in items:
-            by_loop.setdefault(stream._loop, []).append((stream._queue, output))
+            by_loop.setdefault(stream._loop, []).append((stream, output))
         for loop, pairs in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, pairs)

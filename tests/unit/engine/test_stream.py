@@ -68,3 +68,21 @@ def test_closing_a_stream_before_its_last_output_aborts_the_request():
 
     asyncio.run(run())
     assert aborted == ["r"]
+
+
+def test_a_cancelled_wait_leaves_the_stream_usable():
+    """A consumer cancelled while it waits (an abort) leaves no stale waiter behind: a later
+    output goes to the next ``get``."""
+    async def run():
+        stream = OutputStream()
+        waiting = asyncio.create_task(stream.get())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        assert (await asyncio.gather(waiting, return_exceptions=True))[0].__class__ is asyncio.CancelledError
+        stream.put_nowait(_out(5, "stop"))
+        later = asyncio.create_task(stream.get())
+        stream.put_nowait(_out(6))  # queued behind
+        return await later, await stream.get()
+
+    first, second = asyncio.run(run())
+    assert (first.token_ids, second.token_ids) == ([5], [6])
