@@ -28,13 +28,12 @@ class HFTokenizer:
         self._special = frozenset(special)
         eos = {self.eos_id, *extra_eos_ids} - {None}
         self.eog_ids = frozenset(eos)
-        self._backend = _decode_stream_backend(tokenizer)
-        # the Rust tokenizer, called directly where it encodes as the wrapper does (no truncation
-        # or padding set): thread-safe without vLLM's pool of tokenizer copies, which deep-copies
-        # the tokenizer for each thread that finds the pool empty
-        rust = getattr(tokenizer, "backend_tokenizer", None)
-        self._rust = rust if rust is not None and getattr(rust, "truncation", 0) is None and \
-            getattr(rust, "padding", 0) is None else None
+        rust = _rust_tokenizer(tokenizer)
+        self._backend = rust if rust is not None and _has_decode_stream() else None
+        # encoding and decoding call the Rust tokenizer directly where it encodes as the wrapper
+        # does (no truncation or padding set): thread-safe without vLLM's pool of tokenizer
+        # copies, which deep-copies the tokenizer for each thread that finds the pool empty
+        self._rust = rust if rust is not None and rust.truncation is None and rust.padding is None else None
 
     def detokenizer(self, prompt_tail: list[int], shown: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
         """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``)."""
@@ -114,18 +113,25 @@ class IncrementalDetokenizer:
         return text[len(prefix_text):] if len(text) > len(prefix_text) else ""
 
 
-def _decode_stream_backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` behind a fast Hugging Face tokenizer, when the installed
-    ``tokenizers`` has ``DecodeStream`` with prompt ids (0.21 and later); else None."""
+def _rust_tokenizer(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` behind a fast Hugging Face tokenizer, else None."""
     try:
         from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
+def _has_decode_stream() -> bool:
+    """Whether the installed ``tokenizers`` has ``DecodeStream`` with prompt ids (0.21 and later)."""
+    try:
         from tokenizers.decoders import DecodeStream
 
         DecodeStream(ids=[], skip_special_tokens=True)
     except (ImportError, TypeError):
-        return None
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend if isinstance(backend, Tokenizer) else None
+        return False
+    return True
 
 
 class StreamDetokenizer(IncrementalDetokenizer):
