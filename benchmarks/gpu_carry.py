@@ -68,13 +68,11 @@ def device_packages(kinds_md: Path) -> set[str]:
 
 def download(spec: str, dest: Path) -> Path:
     """One cp312 manylinux wheel of ``spec``, no dependencies."""
-    before = set(dest.glob("*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp",
                     *(f"--platform={p}" for p in PLATFORMS), "-d", str(dest), spec], check=True)
     name = canonicalize_name(Requirement(spec).name)
-    return next(w for w in sorted(set(dest.glob("*.whl")) | before)
-                if canonicalize_name(w.name.split("-")[0]) == name)
+    return next(w for w in sorted(dest.glob("*.whl")) if canonicalize_name(w.name.split("-")[0]) == name)
 
 
 def requires(wheel: Path, extras: set[str]) -> list[Requirement]:

@@ -258,8 +258,7 @@ def correctness(args, work: Path, logs: list[str]) -> list[tuple[str, str, str]]
             from tests.hf_models import tiny_idefics3
 
             # split into tiles: vLLM before 0.32 counts 0 patches for an unsplit image (hf_models.tiny_idefics3)
-            vision = tiny_idefics3(args.model, work / "tiny-idefics3", vision_head_dim=args.vision_head_dim,
-                                   image_splitting=True)
+            vision = tiny_idefics3(args.model, work / "tiny-idefics3", image_splitting=True)
         except ImportError as exc:
             rows.append(("image (vision model)", "SKIP", f"cannot build the tiny Idefics3: {exc}"))
     if vision is not None:
@@ -357,7 +356,6 @@ def main() -> None:
     ap.add_argument("--skip", choices=["correctness", "text", "performance"], action="append", default=[],
                     help="correctness: all its cases; text: the text model's (the vision case still runs, and "
                          "--model needs only its tokenizer files); performance: the comparison")
-    ap.add_argument("--vision-head-dim", type=int, default=16, help="head size of the tiny Idefics3's vision tower")
     ap.add_argument("--report", default="gpu_check", help="results/NAME.md and .json to write")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
                     help="each server's share of the GPU (both compared servers run at once: 0.4 on one GPU)")

