@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import logging
 import threading
 from pathlib import Path
 
 from vllm import SamplingParams as VllmSamplingParams
 from vllm import __version__ as vllm_version
-from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.usage.usage_lib import UsageContext
@@ -55,32 +53,20 @@ from glmserve.engine.hf_tokenizer import HFTokenizer
 from glmserve.engine.peft_lora import check_adapter, lora_rank
 from glmserve.engine.rules import check_request, stop_token_ids
 from glmserve.engine.admission import AdmissionControl
-from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (
     EngineStats,
-    FinishReason,
-    GenerationOutput,
     GenerationRequest,
     ModelInfo,
     SamplingParams,
     SpecDecodeCounters,
-    TokenLogprob,
 )
 from glmserve.engine.vllm.args import engine_args
 from glmserve.engine.vllm.settings import VllmSettings
+from glmserve.engine.vllm.request import VllmRequestStream
 from glmserve.engine.vllm.spec_metrics import SpecDecodeLogger
 from glmserve.models import ResolvedModel
 
-try:  # vLLM's request errors (4xx to its own server): VLLMClientError in newer vLLM, ValueError before
-    from vllm.exceptions import VLLMClientError
-except ImportError:  # pragma: no cover - older vLLM
-    VLLMClientError = ValueError
-
 log = logging.getLogger("glmserve.engine.vllm")
-
-# vLLM's finish reasons -> glmserve's (vLLM's "repetition" stop is a stop too)
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
-
 
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
@@ -108,7 +94,7 @@ class VllmEngine:
         self._admission: AdmissionControl  # at start(): vLLM decides max_num_seqs when it is not set
         self._loop: asyncio.AbstractEventLoop | None = None  # the consumers' loop, set by the first request
         self._llm: AsyncLLM | None = None
-        self._tasks: dict[str, concurrent.futures.Future] = {}
+        self._live: set[str] = set()  # the ids of the requests admitted and not ended
         self._lora_requests: dict[str, LoRARequest] = {}
         self._lora_in_flight: collections.Counter[str] = collections.Counter()  # admitted requests per adapter
         self._lora_idle = threading.Condition()  # guards both; generate() may run on any thread
@@ -166,15 +152,14 @@ class VllmEngine:
         """Abort what is still running and stop vLLM's engine core."""
         if self.spec_decode is not None and self.spec_decode.num_drafts:
             log.info("speculative decoding: %s", self.spec_decode.describe())
-        for future in list(self._tasks.values()):
-            future.cancel()
+        self._abort(list(self._live))  # their readers get finish_reason "abort", not a stream that never ends
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
 
     # ---- requests (any thread) ----------------------------------------------------------
 
-    def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
+    def generate(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> VllmRequestStream:
         if self._llm is None:
             raise EngineError("engine is not running")
         loop = loop or asyncio.get_running_loop()
@@ -185,7 +170,6 @@ class VllmEngine:
         check_request(request, self.model_info)
         params = self._sampling_params(request.sampling)  # a bad grammar is a 400 even when full
         self._admission.acquire()
-        stream = OutputStream(loop)
         request_id, lora = request.request_id, request.lora
         lora_request = None
         if lora is not None:
@@ -195,18 +179,17 @@ class VllmEngine:
                     self._admission.release()  # never the base model under the adapter's name
                     raise LoRAAdapterError(f"LoRA adapter {lora!r} is not loaded")
                 self._lora_in_flight[lora] += 1
-        future = asyncio.run_coroutine_threadsafe(self._run(request, params, stream, lora_request), loop)
-        self._tasks[request_id] = future
+        self._live.add(request_id)
 
-        def done(_: concurrent.futures.Future) -> None:
-            self._tasks.pop(request_id, None)
+        def release() -> None:  # once, when the request ends (VllmRequestStream)
+            self._live.discard(request_id)
+            self._admission.release()
             if lora is not None:
                 with self._lora_idle:
                     self._lora_in_flight[lora] -= 1
                     self._lora_idle.notify_all()
 
-        future.add_done_callback(done)
-        return RequestStream(request_id, stream, self.abort)
+        return VllmRequestStream(self._llm, self.tokenizer, request, params, lora_request, release)
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """See ``Engine.load_lora_adapter``. vLLM sizes its LoRA slots and largest rank at start,
@@ -256,9 +239,16 @@ class VllmEngine:
         raise EngineError("embeddings are not served by the vllm engine")
 
     def abort(self, request_id: str) -> None:
-        future = self._tasks.get(request_id)
-        if future is not None:
-            future.cancel()  # cancels the task on the consumers' loop; vLLM then aborts the request
+        """Abort ``request_id`` in vLLM (on the consumers' loop; from any thread): its stream ends
+        with vLLM's ``finish_reason="abort"``."""
+        self._abort([request_id])
+
+    def _abort(self, request_ids: list[str]) -> None:
+        llm, loop = self._llm, self._loop
+        if llm is not None and loop is not None and request_ids and not loop.is_closed():
+            # vLLM's output processor ends each stream at once; the engine core's abort may fail
+            # after shutdown, quietly (nobody waits on this future)
+            asyncio.run_coroutine_threadsafe(llm.abort(request_ids), loop)
 
     def stats(self) -> EngineStats:
         running, waiting = self._admission.split()
@@ -289,62 +279,6 @@ class VllmEngine:
                 raise GrammarError(f"the grammar does not compile: {one_line(exc)}") from exc
         return params
 
-    # ---- on the consumers' event loop ----------------------------------------------------
-
-    async def _run(self, request: GenerationRequest, params: VllmSamplingParams, stream: OutputStream,
-                   lora_request: LoRARequest | None) -> None:
-        """Iterate vLLM's outputs of ``request`` into ``stream``; the last output has a finish
-        reason, also when the request is aborted (task cancelled) or vLLM fails. ``lora_request``:
-        the adapter as it was when the request was admitted."""
-        request_id, prompt = request.request_id, request.prompt_token_ids
-        detok = self.tokenizer.detokenizer(prompt[-4:], request.shown_special_ids)
-        stop_ids = frozenset(params.stop_token_ids or ())
-        n_prompt, n_generated, n_cached = len(prompt), 0, 0
-        finish: FinishReason | None = None
-        error: str | None = None
-        sent = False  # the output with the finish reason went out
-        engine_prompt = TokensPrompt(prompt_token_ids=prompt)
-        if request.cache_salt is not None:
-            engine_prompt["cache_salt"] = request.cache_salt  # vLLM's prefix caching keeps salts apart
-        if request.multimodal is not None:
-            engine_prompt["multi_modal_data"] = request.multimodal
-        invalid = False
-        try:
-            async for out in self._llm.generate(engine_prompt, params, request_id, lora_request=lora_request,
-                                                priority=request.priority):  # used under --scheduling-policy priority
-                n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids else n_prompt
-                completion = out.outputs[0]
-                n_cached = out.num_cached_tokens or n_cached
-                tokens = list(completion.token_ids)
-                n_generated += len(tokens)
-                finish = _FINISH.get(completion.finish_reason, "stop") if completion.finish_reason else None
-                shown = tokens[:-1] if finish == "stop" and tokens and tokens[-1] in stop_ids else tokens
-                text = "".join(detok.feed(t) for t in shown)
-                if finish is not None:
-                    text += detok.flush()
-                stream.put_nowait(GenerationOutput(request_id, tokens, text, finish, None, n_prompt, n_cached,
-                                                   _logprobs(tokens, completion.logprobs, params.logprobs)))
-                sent = finish is not None
-            if finish is None:
-                finish, error = "error", "vLLM ended the request without a finish reason"
-        except asyncio.CancelledError:
-            log.info("request %s aborted after %d tokens", request_id, n_generated)
-            finish = "abort"
-        except Exception as exc:  # a failed request (or a dead engine core) ends this request only
-            # vLLM's check of the prompt at admission, before any output: a 400
-            invalid = isinstance(exc, (VLLMClientError, ValueError)) and n_generated == 0
-            if invalid:
-                log.info("request %s refused by vLLM: %s", request_id, one_line(exc))
-            else:
-                log.error("request %s failed in vLLM: %s", request_id, one_line(exc))
-            finish, error = "error", one_line(exc) if invalid else f"{type(exc).__name__}: {one_line(exc)}"
-        finally:
-            self._admission.release()
-        if not sent:
-            stream.put_nowait(GenerationOutput(request_id, finish_reason=finish, error=error, invalid=invalid,
-                                               num_prompt_tokens=n_prompt, num_cached_tokens=n_cached))
-
-
 class VllmImages:
     """``process(text, images)`` -> ``(token_ids, multi_modal_data)``: the prompt's token ids with
     its image placeholders as the chat template wrote them, and ``{"image": images}`` (decoded
@@ -365,16 +299,3 @@ def _takes_images(model_config) -> bool:
         return model_config.multimodal_config.get_limit_per_prompt("image") > 0
     except (AttributeError, KeyError, ValueError):  # vLLM versions differ here; multimodal means images
         return True
-
-
-def _logprobs(tokens: list[int], per_token, k: int | None) -> list[TokenLogprob] | None:
-    """vLLM's per-token ``{token id: Logprob}`` (the sampled token and the top ``k``, ranked;
-    raw log-probabilities, vLLM's default ``logprobs_mode``) as glmserve's."""
-    if k is None or per_token is None:
-        return None
-    out = []
-    for token, entries in zip(tokens, per_token):
-        ranked = sorted(((tid, e) for tid, e in entries.items() if e.rank is not None and e.rank <= k),
-                        key=lambda item: item[1].rank)
-        out.append(TokenLogprob(token, entries[token].logprob, tuple((tid, e.logprob) for tid, e in ranked[:k])))
-    return out
