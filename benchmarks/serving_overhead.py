@@ -107,7 +107,11 @@ def serve(port: int, tokens: int) -> None:
     from glmserve.serving.chat.service import ChatService
 
     service = ChatService(SyntheticEngine(tokens), MODEL, ChatTemplate(TEMPLATE.read_text()), "glm45")
-    uvicorn.run(create_app(service, ui=False), host="127.0.0.1", port=port, log_level="warning")
+    try:  # the HTTP protocol glmserve serve runs
+        from glmserve.server.http_protocol import guarded_protocol as protocol
+    except ImportError:  # a --baseline-src checkout from before it: h11's, as it served then
+        from glmserve.server.http_protocol import protocol_with_header_timeout as protocol
+    uvicorn.run(create_app(service, ui=False), host="127.0.0.1", port=port, log_level="warning", http=protocol(30.0))
 
 
 # case -> (path, body); every body asks for TOKENS output tokens (filled in by body())

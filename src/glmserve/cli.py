@@ -193,7 +193,7 @@ def serve(args: list[str]) -> int:
 
     from glmserve.composition import build_app
     from glmserve.runtime.start import STARTUP_ERRORS
-    from glmserve.server.http_protocol import protocol_with_header_timeout
+    from glmserve.server.http_protocol import guarded_protocol
     from glmserve.server.logs import log_config
 
     logging.config.dictConfig(log_config(settings.log_level))
@@ -215,7 +215,7 @@ def serve(args: list[str]) -> int:
         signal.signal(sig, lambda *_: None)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=log_config(settings.log_level),
                 timeout_graceful_shutdown=settings.shutdown_timeout + 1,
-                http=protocol_with_header_timeout(settings.client_header_timeout),
+                http=guarded_protocol(settings.client_header_timeout),
                 timeout_keep_alive=settings.timeout_keep_alive)
     return 0
 

@@ -208,6 +208,42 @@ def test_trickling_headers_are_cut_off(srv):
     _healthy(srv)
 
 
+@pytest.mark.parametrize("pieces", [1, 40], ids=["one-write", "in-pieces"])
+def test_oversized_headers_are_431(srv, pieces):
+    # 40 KiB of headers (the bound is 16 KiB), sent at once or in 1 KiB pieces
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000)
+                                                              for i in range(40))
+    step = len(head) // pieces + 1
+    with _raw(srv, head[:step]) as sock:
+        try:
+            for i in range(step, len(head), step):
+                sock.sendall(head[i:i + step])
+        except OSError:  # closed while the rest was being sent
+            pass
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_header_fields_too_large"
+    _healthy(srv)
+
+
+def test_headers_with_a_large_body_and_keep_alive(srv):
+    # headers within the bound, sent in the same reads as a 1 MiB body: only the headers count;
+    # then the connection serves a second request
+    body = json.dumps({"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                       "user": "u" * (1 << 20)}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"X-Pad: {'a' * 8000}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with httpx.Client(base_url=srv.url, timeout=60) as client:
+        reply = client.post("/v1/chat/completions", content=body, headers={
+            "content-type": "application/json", "x-pad": "a" * 8000})
+        assert reply.status_code in (200, 400), reply.text[:300]
+        assert client.get("/health").status_code == 200
+    with _raw(srv, head + body) as sock:
+        sock.settimeout(60)
+        assert sock.recv(64).startswith(b"HTTP/1.1 ")
+    _healthy(srv)
+
+
 def test_garbage_request_line(srv):
     with _raw(srv, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 garbage\r\n\r\n") as sock:
         answer = _read_all(sock)

@@ -1,11 +1,19 @@
-"""uvicorn's HTTP/1.1 (h11) protocol with a deadline for request headers.
+"""uvicorn's HTTP/1.1 protocol on httptools (llhttp, in C), with a deadline and a size bound for
+request headers.
 
-uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and bounds a header's size
-(``h11_max_incomplete_event_size``), but waits forever for headers that trickle in (a
-"slowloris" client holds its connection and socket as long as it likes). Here a connection
-that has begun a request must deliver its complete headers within ``header_timeout`` seconds
-(nginx's ``client_header_timeout``), or it is closed. The body's deadline is the app's
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but waits forever for
+headers that trickle in (a "slowloris" client holds its connection and socket as long as it
+likes), and on httptools it buffers a request's headers without a bound. Here a connection that
+has begun a request must deliver its complete headers within ``header_timeout`` seconds
+(nginx's ``client_header_timeout``), or it is closed; and headers still incomplete past
+``max_header_bytes`` (uvicorn's h11 default, 16 KiB; the bytes read since the request began, so a
+read holding headers and the start of the body counts whole when the headers do not end in it)
+are answered with 431 and the connection closed. The body's deadline is the app's
 (``server/limits.py``), since the app is what waits for it.
+
+httptools rather than uvicorn's h11 protocol: h11's state machine is Python run for every SSE
+chunk, which ``benchmarks/serving_overhead.py`` counts per streamed token; vLLM's server runs on
+httptools too.
 """
 
 from __future__ import annotations
@@ -13,31 +21,77 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("glmserve.http")
 
+MAX_HEADER_BYTES = 16 * 1024
+LINGER_S = 2.0
+_TOO_LARGE = (b'{"error":{"message":"the request\'s headers are larger than the server accepts",'
+              b'"type":"invalid_request_error","param":null,"code":"request_header_fields_too_large"}}')
 
-class HeaderTimeoutH11Protocol(H11Protocol):
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """See module docstring; ``header_timeout`` is set by ``guarded_protocol``."""
+
     header_timeout: float = 30.0
+    max_header_bytes: int = MAX_HEADER_BYTES
 
     _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes: int | None = 0  # bytes read while a request's headers are incomplete; None: complete
+    _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._header_bytes = 0
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # the rest of a refused request: read and dropped until the lingering close
+            return
+        if self._header_bytes is not None:
+            self._header_bytes += len(data)
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE:  # a request's headers are still incomplete
-            self._arm_header_timer()
-        else:
+        if self._header_bytes is None:
             self._disarm_header_timer()
+        elif self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+            self._refuse_headers()
+        else:
+            self._arm_header_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_bytes is None:  # pipelined: began within a read that held the last request's end
+            self._header_bytes = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._header_bytes is None:  # the next bytes begin a request
+            self._header_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._header_bytes = None
+        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
         super().connection_lost(exc)
+
+    def _refuse_headers(self) -> None:
+        """431, then a lingering close (nginx's): the answer and a FIN go out, what the client
+        still sends is dropped for ``LINGER_S``, then the connection closes (closed at once, the
+        unread bytes would reset it and the client could lose the answer)."""
+        log.info("closing a connection whose request headers passed %d bytes", self.max_header_bytes)
+        self._disarm_header_timer()
+        if self.cycle is not None and not self.cycle.response_complete:  # a response is still going out
+            self.transport.close()
+            return
+        self._refused = True
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TOO_LARGE), _TOO_LARGE))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None and not self.transport.is_closing():
@@ -50,12 +104,12 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def _header_timeout_expired(self) -> None:
         self._header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing() and (
+        if self._header_bytes is not None and not self.transport.is_closing() and (
                 self.cycle is None or self.cycle.response_complete):
             log.info("closing a connection whose request headers did not arrive within %.0f s", self.header_timeout)
             self.transport.close()
 
 
-def protocol_with_header_timeout(seconds: float) -> type[H11Protocol]:
+def guarded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
     """The protocol class to pass to ``uvicorn.run(http=...)``."""
-    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout": seconds})
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"header_timeout": header_timeout})
