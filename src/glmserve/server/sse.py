@@ -101,48 +101,60 @@ ANTHROPIC = SSEDialect(
     ping=lambda: ServerSentEvent(event="ping", data='{"type":"ping"}'), dump=lambda m: m.model_dump())
 
 
-async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: anyio.Event,
-                                grace_s: float, dialect: SSEDialect = OPENAI) -> AsyncIterator[bytes]:
+async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: anyio.Event, grace_s: float,
+                                dialect: SSEDialect = OPENAI,
+                                close: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[bytes]:
     """``source``'s payloads as SSE events (bytes), until it ends (then ``[DONE]``), or until
     ``grace_s`` after ``shutdown`` is set (then an error event).
 
-    Each item is awaited in this task, with no task or ``asyncio.wait`` per item: a deadline
-    (``asyncio.timeout_at``, None until shutdown) guards each ``anext(source)``, and a shutdown
-    during a pending step moves that step's deadline to ``grace_s`` away. However this generator
-    ends (the stream's end, a client disconnect cancelling it while a step is pending, a failed
-    write closing it at a ``yield``), ``source`` is closed, which aborts the engine request; the
-    clean-up is shielded from anyio's cancellation, which sse-starlette re-delivers at every
-    await."""
-    loop = asyncio.get_running_loop()
+    Each item is awaited in this task, with no task, ``asyncio.wait`` or timeout context per
+    item (``asyncio.timeout_at`` cost ~2 µs per token): until a shutdown nothing guards a step;
+    then a timer at the deadline cancels the step pending then (and only a cancellation of its
+    own, as ``asyncio.timeout`` tells them apart: ``Task.uncancel``), and a step that begins
+    after the deadline is not awaited. However this generator ends (the stream's end, a client
+    disconnect cancelling it while a step is pending, a failed write closing it at a
+    ``yield``), ``close`` (default: ``source.aclose``) is awaited, which aborts the engine
+    request; the clean-up is shielded from anyio's cancellation, which sse-starlette re-delivers
+    at every await."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
     shutdown_seen = asyncio.ensure_future(shutdown.wait())
     deadline: float | None = None
-    step: asyncio.Timeout | None = None  # the deadline of the step in progress
+    pending = expired = False  # a step awaits the source; the deadline cancelled it
+    timer: asyncio.TimerHandle | None = None
+
+    def expire() -> None:
+        nonlocal expired
+        if pending and not expired:
+            expired = True
+            task.cancel()
 
     def on_shutdown(_: asyncio.Future) -> None:
-        nonlocal deadline
+        nonlocal deadline, timer
         if not shutdown_seen.cancelled():
             deadline = loop.time() + grace_s
-            if step is not None:
-                step.reschedule(deadline)
+            timer = loop.call_at(deadline, expire)
 
     shutdown_seen.add_done_callback(on_shutdown)
     try:
         while True:
+            if deadline is not None and loop.time() >= deadline:
+                yield _shutdown_event(dialect)
+                return
             try:
-                async with asyncio.timeout_at(deadline) as step:
+                pending = True
+                try:
                     item = await anext(source)
+                finally:
+                    pending = False
             except StopAsyncIteration:
                 if dialect.done is not None:
                     yield _event(dialect.done)
                 return
-            except TimeoutError:
-                if not step.expired():  # the source's own
+            except asyncio.CancelledError:
+                if not expired or task.uncancel() > 0:  # not (only) the deadline's
                     raise
-                log.warning("a stream was ended by the server's shutdown")
-                yield _event(one_line(dialect.error(SHUTTING_DOWN)))
+                yield _shutdown_event(dialect)
                 return
-            finally:
-                step = None
             payload = one_line(dialect.payload(item))
             yield _event(payload)
             if dialect.ends(item):  # logged with the request's id (server/logs.py)
@@ -151,7 +163,14 @@ async def stream_until_shutdown(source: AsyncIterator[StreamItem], shutdown: any
     finally:
         with anyio.CancelScope(shield=True):
             shutdown_seen.cancel()
-            await source.aclose()
+            if timer is not None:
+                timer.cancel()
+            await (source.aclose() if close is None else close())
+
+
+def _shutdown_event(dialect: SSEDialect) -> bytes:
+    log.warning("a stream was ended by the server's shutdown")
+    return _event(one_line(dialect.error(SHUTTING_DOWN)))
 
 
 def _event(payload: str | dict) -> bytes:
@@ -177,19 +196,40 @@ class _EventSourceResponse(EventSourceResponse):
 
 
 def event_stream(source: AsyncIterator[StreamItem], shutdown_timeout_s: float,
-                 dialect: SSEDialect = OPENAI) -> EventSourceResponse:
+                 dialect: SSEDialect = OPENAI, release: Callable[[], None] | None = None) -> EventSourceResponse:
     """An SSE response of ``source``'s items. ``source`` is closed when the response ends, also
-    when the client left before the stream was first read (``background``)."""
+    when the client left before the stream was first read (``background``); then ``release``
+    is called (once)."""
     shutdown = anyio.Event()
     grace = max(0.0, shutdown_timeout_s - 1.0)
+    close = _closer(source, release)
     return _EventSourceResponse(
-        stream_until_shutdown(source, shutdown, grace, dialect),
+        stream_until_shutdown(source, shutdown, grace, dialect, close),
         ping=PING_INTERVAL_S,
         ping_message_factory=dialect.ping,
         shutdown_event=shutdown,
         shutdown_grace_period=grace + 0.5,
-        background=BackgroundTask(source.aclose),
+        background=BackgroundTask(close),
     )
+
+
+def _closer(source: AsyncIterator[StreamItem], release: Callable[[], None] | None) -> Callable[[], Awaitable[None]]:
+    """``close()``: closes ``source``, then calls ``release``; once, however often it is called
+    (a generator's ``finally`` would not run for a stream never read)."""
+    closed = False
+
+    async def close() -> None:
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        try:
+            await source.aclose()
+        finally:
+            if release is not None:
+                release()
+
+    return close
 
 
 async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None], request: Request,
@@ -209,28 +249,4 @@ async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None
             release()
         # None: the client went away; nobody reads this
         return Response(status_code=499) if result is None else JSONResponse(dialect.dump(result))
-    return event_stream(result if release is None else _Releasing(result, release),
-                        request.app.state.shutdown_timeout, dialect)
-
-
-class _Releasing:
-    """``source``'s items; ``aclose()`` closes ``source``, then calls ``release`` (once, also
-    when the stream was never read: a generator's ``finally`` would not run then)."""
-
-    def __init__(self, source: AsyncIterator[StreamItem], release: Callable[[], None]) -> None:
-        self._source, self._release, self._closed = source, release, False
-
-    def __aiter__(self) -> _Releasing:
-        return self
-
-    async def __anext__(self) -> StreamItem:
-        return await anext(self._source)
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._source.aclose()
-        finally:
-            self._release()
+    return event_stream(result, request.app.state.shutdown_timeout, dialect, release)

@@ -88,6 +88,44 @@ def test_shutdown_ends_a_stalled_stream_after_its_grace_with_an_error_event():
     assert source.closed
 
 
+def test_a_step_that_would_begin_after_the_grace_is_not_awaited():
+    source = Source(10)
+
+    async def run():
+        shutdown, out = anyio.Event(), []
+        async for event in stream_until_shutdown(source.items(), shutdown, 0.05):
+            out.append(event)
+            shutdown.set()
+            await asyncio.sleep(0.2)  # the consumer is slow: the grace runs out between steps
+        return out
+
+    out = asyncio.run(run())
+    assert len(out) == 2 and b'"code":"server_shutting_down"' in out[1]
+    assert source.closed
+
+
+def test_a_cancellation_during_the_grace_is_not_taken_for_its_end():
+    source = Source(1, stall=True)
+    events = []
+
+    async def consume(shutdown):
+        async for event in stream_until_shutdown(source.items(), shutdown, 5.0):
+            events.append(event)
+
+    async def run():
+        shutdown = anyio.Event()
+        task = asyncio.create_task(consume(shutdown))
+        await asyncio.sleep(0.05)  # the stalled step is pending
+        shutdown.set()
+        await asyncio.sleep(0.05)  # the grace (5 s) timer is armed
+        task.cancel()  # the client left
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert len(events) == 1 and source.closed
+
+
 def test_a_stream_that_keeps_going_finishes_within_the_grace():
     source = Source(50)
 
