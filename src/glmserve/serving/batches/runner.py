@@ -64,7 +64,8 @@ class Activity:
                 done = True
                 self.count -= 1
                 self.last_left = time.monotonic()
-                self.changed.set()
+                if not self.count:  # quiet from now on: the runner may start lines after QUIET_S
+                    self.changed.set()
         return leave
 
 
@@ -91,6 +92,7 @@ class BatchRunner:
     async def run_forever(self) -> None:
         store = self.service.batches
         last_beat = last_finish = 0.0
+        was_running, woken = False, True
         while True:
             try:
                 now = time.monotonic()
@@ -104,12 +106,16 @@ class BatchRunner:
                     if free > 0 else []
                 for line in claimed:
                     self._running[line.id] = asyncio.create_task(self._run(line))
-                if now - last_finish > self.poll_s or (not claimed and not self._running):
+                # batches are checked for their end every poll_s, and at once when the service woke
+                # the runner (a batch created or cancelled) or the last lines running here have ended;
+                # not when interactive requests come and go (a database round trip each)
+                if now - last_finish > self.poll_s or woken or (was_running and not claimed and not self._running):
                     for batch_id in await asyncio.to_thread(store.expired):
                         await self.service.finish_if_done(batch_id, expire=True)
                     for batch_id in await asyncio.to_thread(store.unfinished):
                         await self.service.finish_if_done(batch_id)
                     last_finish = now
+                was_running = bool(self._running)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 (a database hiccup must not end the runner)
@@ -121,6 +127,7 @@ class BatchRunner:
             finally:
                 for w in waits[:2]:
                     w.cancel()
+            woken = self._wake.is_set()
             self._wake.clear()
             self.activity.changed.clear()
 

@@ -126,13 +126,17 @@ class ServedModel:
                             template_kwargs=template_kwargs(req, self.default_template_kwargs)).token_ids
 
     async def admit_all(self, runs: list[Run], grammar_param: str | None = None) -> None:
-        """Admit every run (off the event loop), or none: when one is refused, the runs
-        already admitted are aborted and its ``APIError`` is raised."""
+        """Admit every run, or none: when one is refused, the runs already admitted are aborted
+        and its ``APIError`` is raised. A run with a grammar is admitted off the event loop (the
+        engine compiles the grammar then)."""
         loop = asyncio.get_running_loop()
         admitted = []
         try:
             for run in runs:
-                run.outputs = await asyncio.to_thread(self.admit, run.model, run.request, loop, grammar_param)
+                if run.request.sampling.grammar is None:  # a count and a check: no thread hop for it
+                    run.outputs = self.admit(run.model, run.request, loop, grammar_param)
+                else:
+                    run.outputs = await asyncio.to_thread(self.admit, run.model, run.request, loop, grammar_param)
                 admitted.append(run)
         except BaseException:
             for run in admitted:
