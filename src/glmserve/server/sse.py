@@ -77,6 +77,8 @@ def one_line(payload: str | dict) -> str | dict:
 
 
 def _openai_payload(item: StreamItem) -> str:
+    if isinstance(item, str):  # already JSON (ChatService.create(encoded=True))
+        return item
     if isinstance(item, ErrorResponse):
         return item.model_dump_json()
     return item.model_dump_json(exclude_none=True)
