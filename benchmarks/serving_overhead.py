@@ -226,9 +226,12 @@ def vllm_servers(args) -> dict[str, Callable[[], RemoteServer]]:
 
     engine = argparse.Namespace(model=args.vllm_model, dtype="float32", max_num_seqs=args.max_num_seqs,
                                 n_ctx=2048, enforce_eager=True)
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    # keep-alive past the load's gaps on both (5 s by default): at 128 streams the loaded client
+    # can send its next request on a connection just as the server closes it as idle (reset)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"}
     flags = ["--engine", "vllm", "--model", str(args.vllm_model), "--served-model-name", NAME, "--dtype", "float32",
-             "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", "2048", "--max-queue", "4096", "--enforce-eager"]
+             "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", "2048", "--max-queue", "4096", "--enforce-eager",
+             "--timeout-keep-alive", "60"]
     starters = {"glmserve": lambda: RemoteServer(*flags, env=env, n_threads=None, startup_timeout=900),
                 "vllm serve": lambda: vllm_server(engine, env)}
     if args.baseline_src is not None:  # another checkout's glmserve on the same engine
@@ -252,6 +255,7 @@ def run_rounds(args) -> dict[tuple[str, str, int], list[dict]]:
     systems = list(starters)
     for r in range(args.rounds):
         for system in systems[r % len(systems):] + systems[:r % len(systems)]:
+            print(f"round {r + 1}: {system}", file=sys.stderr, flush=True)
             server = starters[system]()
             try:
                 for case in args.cases[r % len(args.cases):] + args.cases[:r % len(args.cases)]:

@@ -6,12 +6,13 @@ parsers, stop strings, limits, errors), so every feature behaves as on the other
 
 - ``AsyncLLM`` is built in ``start`` with no event loop running; its output handler starts on
   the loop of the first request (the server's, or ``LLM``'s), and every request runs there:
-  ``generate`` (callable from any thread) schedules one task per request on the consumer's
-  loop, iterating ``AsyncLLM.generate`` and putting outputs straight into the request's
-  ``OutputStream``. One loop, no thread hop per token (an engine thread with a loop of its own
-  cost ~6 ms per token at concurrency 1 on this 2-core CPU, GIL hand-offs). ``abort`` cancels
-  the task, and vLLM aborts the request in its core when its generator is closed (the
-  sequence is freed at the next step). Requests from a second event loop are refused.
+  ``generate`` returns a ``VllmRequestStream`` (``engine/vllm/request.py``) whose reader
+  iterates ``AsyncLLM.generate`` in its own task, as vLLM's server does: one loop, no task per
+  request and no thread or queue hop per token (an engine thread with a loop of its own cost
+  ~6 ms per token at concurrency 1 on this 2-core CPU, GIL hand-offs). A stream closed early
+  aborts its request in vLLM (the sequence is freed at the next step); ``abort`` and
+  ``shutdown`` abort through vLLM's output processor, so that a reader's stream ends.
+  Requests from a second event loop are refused.
 - Requests go in as prompt token ids (``TokensPrompt``) with ``SamplingParams`` mapped field
   for field, outputs come back as deltas (``RequestOutputKind.DELTA``) of token ids; vLLM does
   not detokenize (``detokenize=False``): the shared ``HFTokenizer.detokenizer`` does, as for the
