@@ -13,7 +13,8 @@ parsers, stop strings, limits, errors), so every feature behaves as on the other
   aborts its request in vLLM (the sequence is freed at the next step); ``abort`` and
   ``shutdown`` abort through vLLM's output processor, so that a reader's stream ends.
   Requests from a second event loop are refused.
-- Requests go in as prompt token ids (``TokensPrompt``) with ``SamplingParams`` mapped field
+- Requests go in as rendered prompt token ids (``tokens_input``; with images a ``TokensPrompt``
+  for vLLM's multimodal processor) with ``SamplingParams`` mapped field
   for field, outputs come back as deltas (``RequestOutputKind.DELTA``) of token ids; vLLM does
   not detokenize (``detokenize=False``): the shared ``HFTokenizer.detokenizer`` does, as for the
   transformers engine.

@@ -17,6 +17,12 @@ from contextlib import aclosing
 
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.inputs import TokensPrompt
+
+try:  # a prompt already rendered (token ids): vLLM checks it on the event loop, no thread hop
+    from vllm.inputs.engine import tokens_input
+except ImportError:  # pragma: no cover - vLLM before rendered inputs: token ids are taken as they are
+    def tokens_input(prompt_token_ids: list[int]) -> TokensPrompt:
+        return TokensPrompt(prompt_token_ids=prompt_token_ids)
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -100,11 +106,12 @@ async def _outputs(llm: AsyncLLM, tokenizer: HFTokenizer, request: GenerationReq
     stop_ids = frozenset(params.stop_token_ids or ())
     want = params.logprobs  # top logprobs asked for (None: none)
     n_prompt, n_generated, n_cached = len(prompt), 0, 0
-    engine_prompt = TokensPrompt(prompt_token_ids=prompt)
+    # token ids go in rendered (no renderer pass, no thread hop per request, in vLLM's own
+    # server's form); with images, vLLM's multimodal processor expands the placeholders first
+    engine_prompt = tokens_input(prompt) if request.multimodal is None else \
+        TokensPrompt(prompt_token_ids=prompt, multi_modal_data=request.multimodal)
     if request.cache_salt is not None:
         engine_prompt["cache_salt"] = request.cache_salt  # vLLM's prefix caching keeps salts apart
-    if request.multimodal is not None:
-        engine_prompt["multi_modal_data"] = request.multimodal
     last: GenerationOutput | None = None
     try:
         async with aclosing(llm.generate(engine_prompt, params, request_id, lora_request=lora_request,
