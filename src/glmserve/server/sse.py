@@ -77,7 +77,7 @@ def one_line(payload: str | dict) -> str | dict:
 
 
 def _openai_payload(item: StreamItem) -> str:
-    if isinstance(item, str):  # already JSON (ChatService.create(encoded=True))
+    if isinstance(item, str):  # already JSON (ChatService.create(text_form="json"))
         return item
     if isinstance(item, ErrorResponse):
         return item.model_dump_json()
@@ -93,12 +93,12 @@ OPENAI = SSEDialect(
     error=lambda exc: exc.body().model_dump_json(), ping=None, dump=lambda m: m.model_dump(exclude_none=True))
 # /v1/responses: OpenAI's streams, but the response object keeps its null fields (the Open
 # Responses ResponseResource requires each one, null or not)
-RESPONSES = SSEDialect(
-    payload=lambda item: item.model_dump_json(), ends=OPENAI.ends, done=DONE, error=OPENAI.error, ping=None,
-    dump=lambda m: m.model_dump())
-ANTHROPIC = SSEDialect(
-    payload=lambda event: {"event": event.type, "data": event.model_dump_json()},
-    ends=lambda event: event.type == "error",
+RESPONSES = SSEDialect(  # an event, or one already encoded (ResponsesService.create(encoded=True))
+    payload=lambda item: item if type(item) is str else item.model_dump_json(), ends=OPENAI.ends, done=DONE,
+    error=OPENAI.error, ping=None, dump=lambda m: m.model_dump())
+ANTHROPIC = SSEDialect(  # an event, or one already encoded as {"event", "data"} (MessagesService(encoded=True))
+    payload=lambda event: event if type(event) is dict else {"event": event.type, "data": event.model_dump_json()},
+    ends=lambda event: type(event) is not dict and event.type == "error",
     done=None, error=lambda exc: _anthropic_event("error", anthropic.error_body(exc)),
     ping=lambda: ServerSentEvent(event="ping", data='{"type":"ping"}'), dump=lambda m: m.model_dump())
 

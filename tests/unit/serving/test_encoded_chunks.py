@@ -1,19 +1,33 @@
 """Chunks of text written as JSON from a template (``FilledJSON``, ``ChatService.create(
-encoded=True)``, what ``/v1/chat/completions`` streams): byte for byte the JSON of the chunk
-objects they stand for, for every character and through the real chat pipeline."""
+text_form="json")``, what ``/v1/chat/completions`` streams) or given as ``TextDelta``s
+(``text_form="delta"``, what Messages and Responses read): byte for byte the JSON of the chunk
+objects they stand for, for every character and through the real chat pipeline (text,
+reasoning and tool calls)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from glmserve.chat import ChatTemplate
-from glmserve.protocol.chat import ChatCompletionChunk, ChatCompletionRequest, ChunkChoice, DeltaMessage
+from glmserve.protocol.anthropic import MessagesRequest
+from glmserve.protocol.responses import ResponseEvent, ResponsesRequest
+from glmserve.protocol.chat import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChunkChoice,
+    DeltaFunction,
+    DeltaMessage,
+    DeltaToolCall,
+)
 from glmserve.serving.chat.service import ChatService
-from glmserve.serving.generation.chunks import MARK, FilledJSON
+from glmserve.serving.generation.chunks import MARK, FilledJSON, NumberedJSON, TextDelta
+from glmserve.serving.messages.service import MessagesService
+from glmserve.serving.responses.service import ResponsesService
 from tests.unit.fakes import FakeEngine
 
 GLM47 = (Path(__file__).parents[2] / "fixtures" / "glm" / "glm-4.7.jinja").read_text()
@@ -41,19 +55,26 @@ def test_a_template_must_hold_the_mark_once():
         FilledJSON(_chunk(DeltaMessage(content="no mark")))
     with pytest.raises(ValueError, match="2 times"):
         FilledJSON(_chunk(DeltaMessage(content=MARK, reasoning_content=MARK)))
+    numbered = NumberedJSON(ResponseEvent(type="t", sequence_number=0, delta=MARK), "sequence_number")
+    assert numbered.fill(12, 'a"b') == ResponseEvent(type="t", sequence_number=12, delta='a"b').model_dump_json()
+    with pytest.raises(ValueError, match="0 times"):
+        NumberedJSON(ResponseEvent(type="t", sequence_number=1, delta=MARK), "sequence_number")
+    with pytest.raises(ValueError, match="0 times"):  # after the text
+        NumberedJSON(ResponseEvent(type="t", sequence_number=1, delta=MARK, n=0), "n")
 
 
-async def _collect(service: ChatService, body: dict, encoded: bool) -> list:
-    stream = await service.create(ChatCompletionRequest.model_validate(body), encoded=encoded)
+async def _collect(service: ChatService, body: dict, text_form: str) -> list:
+    stream = await service.create(ChatCompletionRequest.model_validate(body), text_form=text_form)
     items = [item async for item in stream]
     await stream.aclose()
     return items
 
 
 def _json(items: list) -> list[str]:
-    """Each item's JSON, the random id and the time set aside."""
+    """Each item's JSON, the random ids (the completion's, the calls') and the time set aside."""
     dumped = [i if isinstance(i, str) else i.model_dump_json(exclude_none=True) for i in items]
-    return [re.sub(r'"created":\d+', '"created":0', re.sub(r'"id":"chatcmpl-[^"]+"', '"id":"x"', i)) for i in dumped]
+    return [re.sub(r'"created":\d+', '"created":0', re.sub(r'"id":"(chatcmpl|call)-?_?[^"]+"', '"id":"x"', i))
+            for i in dumped]
 
 
 @pytest.mark.parametrize("extra", [{}, {"n": 2}, {"stream_options": {"include_usage": True}}])
@@ -64,7 +85,7 @@ def test_an_encoded_stream_is_the_objects_json(extra):
     engine = FakeEngine(reply=f"{TRICKY}</think>{TRICKY}", context_length=8000)
     service = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47", max_n=2)
     body = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}], "stream": True, **extra}
-    plain, encoded = asyncio.run(_collect(service, body, False)), asyncio.run(_collect(service, body, True))
+    plain, encoded = asyncio.run(_collect(service, body, "chunk")), asyncio.run(_collect(service, body, "json"))
     assert not any(isinstance(i, str) for i in plain)
     assert _json(encoded) == _json(plain)
     # each choice's chunks but its first (the role), its last piece of text (it came with the
@@ -79,5 +100,137 @@ def test_an_encoded_stream_is_the_objects_json(extra):
 def test_logprobs_keep_chunks_as_objects():
     service = ChatService(FakeEngine(reply="Hello", context_length=8000), "glm", ChatTemplate(GLM47))
     body = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}], "stream": True, "logprobs": True}
-    items = asyncio.run(_collect(service, body, True))
-    assert len(items) > 3 and not any(isinstance(i, str) for i in items)
+    for text_form in ("json", "delta"):
+        items = asyncio.run(_collect(service, body, text_form))
+        assert len(items) > 3 and all(isinstance(i, ChatCompletionChunk) for i in items)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+# GLM-4.7's call format (tests/fixtures/glm/glm-4.7.jinja): text, then two calls
+CALLS = (f"{TRICKY}<tool_call>get_weather<arg_key>city</arg_key><arg_value>{TRICKY}</arg_value>"
+         "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"
+         "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>")
+
+
+def _as_chunk(item, like: ChatCompletionChunk):
+    """A ``TextDelta`` as the chunk it stands for (OpenAI's delta for its kind), in the stream
+    whose first chunk is ``like``; any other item as it is."""
+    if not isinstance(item, TextDelta):
+        return item
+    delta = {"content": lambda: DeltaMessage(content=item.text),
+             "reasoning": lambda: DeltaMessage(reasoning_content=item.text),
+             "arguments": lambda: DeltaMessage(tool_calls=[
+                 DeltaToolCall(index=item.call, function=DeltaFunction(arguments=item.text))])}[item.kind]()
+    return ChatCompletionChunk(id=like.id, created=like.created, model=like.model,
+                               choices=[ChunkChoice(index=item.choice, delta=delta)])
+
+
+@pytest.mark.parametrize("reply, extra", [
+    (f"{TRICKY}</think>{TRICKY}", {"n": 2}),
+    (CALLS, {"tools": [WEATHER]}),
+    (f"{TRICKY}</think>{CALLS}", {"tools": [WEATHER], "stream_options": {"include_usage": True}}),
+])
+def test_text_deltas_and_encoded_tool_arguments_are_the_objects(reply, extra):
+    """Text, reasoning and tool calls (each argument piece a chunk of its own): the stream of
+    ``TextDelta``s, each read as the chunk it stands for, and the encoded stream are the
+    object stream's JSON; the pieces of text and of arguments came as deltas (and as JSON)."""
+    engine = FakeEngine(reply=reply, context_length=8000)
+    service = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47", max_n=2)
+    body = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}], "stream": True, **extra}
+    plain = asyncio.run(_collect(service, body, "chunk"))
+    deltas = asyncio.run(_collect(service, body, "delta"))
+    encoded = asyncio.run(_collect(service, body, "json"))
+    assert _json([_as_chunk(i, deltas[0]) for i in deltas]) == _json(plain) == _json(encoded)
+    pieces = [i for i in deltas if isinstance(i, TextDelta)]
+    assert pieces and all(i.text for i in pieces)
+    assert [i for i, item in enumerate(deltas) if isinstance(item, TextDelta)] == \
+        [i for i, item in enumerate(encoded) if isinstance(item, str)]
+    if "tools" in extra:  # both calls' arguments, escapes and all
+        assert {i.call for i in pieces if i.kind == "arguments"} == {0, 1}
+        assert any('"arguments":"' in i and '\\u0000' in i for i in encoded if isinstance(i, str))
+    else:
+        assert {i.choice for i in pieces} == {0, 1} and {i.kind for i in pieces} == {"content", "reasoning"}
+
+
+async def _message_events(body: dict, encoded: bool, reply: str) -> list:
+    chat = ChatService(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47), "glm47")
+    stream = await MessagesService(chat.model, chat).create(MessagesRequest.model_validate(body), encoded=encoded)
+    items = [item async for item in stream]
+    await stream.aclose()
+    return items
+
+
+def _sse(items: list) -> list[tuple[str, str]]:
+    """Each event as the SSE layer sends it (``ANTHROPIC``): its type and JSON, ids set aside."""
+    sent = [i if isinstance(i, dict) else {"event": i.type, "data": i.model_dump_json()} for i in items]
+    return [(i["event"], re.sub(r'"(msg|toolu)_[0-9a-f]+"', '"x"', i["data"])) for i in sent]
+
+
+@pytest.mark.parametrize("thinking", ["enabled", "disabled"])
+def test_an_encoded_messages_stream_is_the_events_json(thinking):
+    """Thinking, text and two tool calls through ``/v1/messages``' stream: the encoded events
+    are the event objects' types and JSON, and every delta but a block's first (which opens a
+    text or thinking block) came encoded."""
+    body = {"model": "glm", "max_tokens": 4000, "stream": True, "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+            "thinking": {"type": thinking, **({"budget_tokens": 2000} if thinking == "enabled" else {})}}
+    reply = f"{TRICKY}</think>{CALLS}" if thinking == "enabled" else CALLS  # CALLS: text, then the calls
+    plain = asyncio.run(_message_events(body, False, reply))
+    encoded = asyncio.run(_message_events(body, True, reply))
+    assert not any(isinstance(i, dict) for i in plain)
+    assert _sse(encoded) == _sse(plain)
+    events = [(kind, json.loads(data)) for kind, data in _sse(plain)]
+    deltas = [data["delta"] for kind, data in events if kind == "content_block_delta"]
+    assert {d["type"] for d in deltas} == {"text_delta", "input_json_delta"} | (
+        {"thinking_delta"} if thinking == "enabled" else set())
+    assert "".join(d.get("text", "") for d in deltas) == TRICKY
+    assert "".join(d.get("thinking", "") for d in deltas) == (TRICKY if thinking == "enabled" else "")
+    arguments: dict[int, str] = {}
+    for kind, data in events:
+        if kind == "content_block_delta" and data["delta"]["type"] == "input_json_delta":
+            arguments[data["index"]] = arguments.get(data["index"], "") + data["delta"]["partial_json"]
+    assert [json.loads(a) for a in arguments.values()] == [{"city": TRICKY, "days": 3}, {"city": "Oslo"}]
+    opened_by_a_delta = sum(kind == "content_block_start" and data["content_block"]["type"] != "tool_use"
+                            for kind, data in events)
+    assert sum(isinstance(i, dict) for i in encoded) == len(deltas) - opened_by_a_delta > 10
+
+
+async def _response_events(body: dict, encoded: bool, reply: str) -> list:
+    chat = ChatService(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47), "glm47")
+    stream = await ResponsesService(chat.model, chat).create(ResponsesRequest.model_validate(body), encoded=encoded)
+    items = [item async for item in stream]
+    await stream.aclose()
+    return items
+
+
+def test_an_encoded_responses_stream_is_the_events_json():
+    """Reasoning, text and two tool calls through ``/v1/responses``' stream: the encoded events
+    are the event objects' JSON (ids and times set aside), numbered in order, and every delta
+    but the first of a text item (it opens the item) came encoded."""
+    body = {"model": "glm", "input": "Hi", "stream": True, "reasoning": {"effort": "high"},
+            "tools": [{"type": "function", **WEATHER["function"]}]}
+    reply = f"{TRICKY}</think>{CALLS}"
+    plain = asyncio.run(_response_events(body, False, reply))
+    encoded = asyncio.run(_response_events(body, True, reply))
+    assert not any(isinstance(i, str) for i in plain)
+
+    def sent(items: list) -> list[str]:
+        dumped = [i if isinstance(i, str) else i.model_dump_json() for i in items]
+        ids = [re.sub(r'"(resp|msg|rs|fc|call)_[0-9a-f]+"', '"x"', i) for i in dumped]
+        return [re.sub(r'"(created|completed)_at":\d+', r'"\1_at":0', i) for i in ids]
+
+    assert sent(encoded) == sent(plain)
+    events = [json.loads(i) for i in sent(plain)]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e["type"].endswith(".delta")]
+    assert {e["type"] for e in deltas} == {"response.reasoning_text.delta", "response.output_text.delta",
+                                           "response.function_call_arguments.delta"}
+    assert "".join(e["delta"] for e in deltas if e["type"] == "response.output_text.delta") == TRICKY
+    assert "".join(e["delta"] for e in deltas if e["type"] == "response.reasoning_text.delta") == TRICKY
+    done = events[-1]["response"]["output"]
+    assert [json.loads(i["arguments"]) for i in done if i["type"] == "function_call"] == [
+        {"city": TRICKY, "days": 3}, {"city": "Oslo"}]
+    text_items = sum(e["type"] == "response.output_item.added" and e["item"]["type"] != "function_call"
+                     for e in events)
+    assert sum(isinstance(i, str) for i in encoded) == len(deltas) - text_items > 10

@@ -16,5 +16,5 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500, 503),
 })
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.chat.create(body, encoded=True),
+    return await respond_with_model(request, body.model, lambda runtime: runtime.chat.create(body, text_form="json"),
                                     keep_alive=body.keep_alive, cache_salt=body.cache_salt)

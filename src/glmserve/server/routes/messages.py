@@ -21,8 +21,8 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500, 529, anthropic=True),
 })
 async def create_message(body: MessagesRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.messages.create(body), ANTHROPIC,
-                                    keep_alive=body.keep_alive)
+    return await respond_with_model(request, body.model, lambda runtime: runtime.messages.create(body, encoded=True),
+                                    ANTHROPIC, keep_alive=body.keep_alive)
 
 
 @router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, anthropic=True))

@@ -37,7 +37,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         lease = await request.app.state.models.acquire(body.model, body.keep_alive, generation=True)
         scope_cache(request, body.cache_salt)
         return await respond(storage.start(lease.runtime.responses, body, who, lease.release), request, RESPONSES)
-    return await respond_with_model(request, body.model, lambda runtime: storage.create(runtime.responses, body, who),
+    return await respond_with_model(request, body.model,
+                                    lambda runtime: storage.create(runtime.responses, body, who, encoded=True),
                                     RESPONSES, keep_alive=body.keep_alive, cache_salt=body.cache_salt)
 
 

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Literal
 
 from glmserve.engine.base import Engine
 from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest, TokenLogprob
@@ -31,7 +31,7 @@ from glmserve.protocol.chat import (
     TopLogprob,
 )
 from glmserve.protocol.errors import APIError
-from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, StreamItem
+from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, StreamItem, TextDelta
 from glmserve.serving.generation.merge import merged
 from glmserve.serving.generation.model import ServedModel
 from glmserve.serving.generation.prompt import build_prompt
@@ -69,13 +69,16 @@ class ChatService:
 
     async def create(self, req: ChatCompletionRequest, *, max_tokens_ceiling: bool = False,
                      priority: int = INTERACTIVE_PRIORITY,
-                     encoded: bool = False) -> ChatCompletion | AsyncIterator[StreamItem]:
+                     text_form: Literal["chunk", "json", "delta"] = "chunk",
+                     ) -> ChatCompletion | AsyncIterator[StreamItem]:
         """``max_tokens_ceiling``: a ``max_tokens`` larger than what the prompt leaves of the
         context is lowered to fit (Anthropic clients send one ceiling whatever the model)
         instead of refused with a 400; ``priority``: the engine requests' (``GenerationRequest``;
-        batch lines run at ``BATCH_PRIORITY``); ``encoded``: a stream's chunks of text alone
-        (content or reasoning, no logprobs) come as their JSON (``str``, what
-        ``model_dump_json(exclude_none=True)`` gives), for a caller that only sends them."""
+        batch lines run at ``BATCH_PRIORITY``); ``text_form``: how a stream gives a chunk that
+        holds one piece of text alone (a ``TextDelta``: content, reasoning or a tool call's next
+        arguments; no finish reason, no logprobs): as the chunk (``chunk``), as its JSON
+        (``json``: a ``str``, what ``model_dump_json(exclude_none=True)`` gives, for a caller
+        that only sends it) or as the ``TextDelta`` (``delta``, for the APIs mapped onto chat)."""
         self.model.check_model(req.model)
         req, default_ceiling = with_defaults(req, self.model.generation_defaults)
         max_tokens_ceiling = max_tokens_ceiling or default_ceiling
@@ -89,7 +92,7 @@ class ChatService:
         await self.model.admit_all(runs, "response_format" if req.response_format else "tools")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ChunkStream(self._stream(runs, include_usage, encoded), *(run.outputs for run in runs),
+            return ChunkStream(self._stream(runs, include_usage, text_form), *(run.outputs for run in runs),
                                prompt_tokens=len(runs[0].request.prompt_token_ids))
         return await self._complete(runs)
 
@@ -196,10 +199,8 @@ class ChatService:
         )
 
     def _event_chunks(self, run: Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
-        if event.kind == "content":
-            return [self._chunk(run, DeltaMessage(content=event.text))]
-        if event.kind == "reasoning":
-            return [self._chunk(run, DeltaMessage(reasoning_content=event.text))]
+        if event.kind != "tool_call":
+            return [self._chunk(run, _delta(event.kind, event.text))]
         # a call as OpenAI streams one: id, type and name first, then the arguments in pieces
         chunks = []
         if event.name:
@@ -207,28 +208,34 @@ class ChatService:
                                  function=DeltaFunction(name=event.name, arguments=""))
             chunks.append(self._chunk(run, DeltaMessage(tool_calls=[head])))
         if event.arguments:
-            body = DeltaToolCall(index=event.index, function=DeltaFunction(arguments=event.arguments))
-            chunks.append(self._chunk(run, DeltaMessage(tool_calls=[body])))
+            chunks.append(self._chunk(run, _delta("arguments", event.arguments, event.index)))
         return chunks
 
-    def _text_json(self, run: Run) -> dict[str, FilledJSON]:
-        """The JSON of ``run``'s chunks of text alone, by event kind (``content``, ``reasoning``)."""
-        return {"content": FilledJSON(self._chunk(run, DeltaMessage(content=MARK))),
-                "reasoning": FilledJSON(self._chunk(run, DeltaMessage(reasoning_content=MARK)))}
+    def _piece_json(self, templates: dict[tuple[str, int], FilledJSON], run: Run, piece: TextDelta) -> str:
+        """``piece``'s chunk in ``run`` as JSON, from the template for its kind and call, made
+        on first use (``templates``: the run's)."""
+        key = (piece.kind, piece.call)
+        template = templates.get(key)
+        if template is None:
+            template = templates[key] = FilledJSON(self._chunk(run, _delta(piece.kind, MARK, piece.call)))
+        return template.fill(piece.text)
 
-    async def _stream(self, runs: list[Run], include_usage: bool, encoded: bool = False) -> AsyncIterator[StreamItem]:
+    async def _stream(self, runs: list[Run], include_usage: bool,
+                      text_form: Literal["chunk", "json", "delta"] = "chunk") -> AsyncIterator[StreamItem]:
         for run in runs:
             yield self._chunk(run, DeltaMessage(role="assistant", content=""))
         carried: list[list[TokenLogprob]] = [[] for _ in runs]  # logprobs of tokens that made no chunk yet
-        # the chunks of text alone as JSON, where asked for (the ~5 µs of a chunk's models per token)
-        text_json = [self._text_json(run) if encoded and not run.wants_logprobs else None for run in runs]
+        # a piece of text alone skips the chunk's models (~5 µs per token) where the caller asked
+        fast = [text_form != "chunk" and not run.wants_logprobs for run in runs]
+        templates: list[dict[tuple[str, int], FilledJSON]] = [{} for _ in runs]
         try:
             async with aclosing(merged([self._events(run) for run in runs])) as parsed:
                 async for i, (events, finish_reason, logprobs) in parsed:
-                    fill = text_json[i]
-                    if fill is not None and finish_reason is None and len(events) == 1 and events[0].kind in fill:
-                        yield fill[events[0].kind].fill(events[0].text)  # the usual token: one piece of text
-                        continue
+                    if fast[i] and finish_reason is None and len(events) == 1:  # the usual token
+                        piece = _piece(events[0], i)
+                        if piece is not None:
+                            yield piece if text_form == "delta" else self._piece_json(templates[i], runs[i], piece)
+                            continue
                     chunks = [chunk for event in events for chunk in self._event_chunks(runs[i], event)]
                     if finish_reason is not None:
                         chunks.append(self._chunk(runs[i], DeltaMessage(), finish_reason))
@@ -249,3 +256,21 @@ class ChatService:
 
 def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _piece(event: DeltaEvent, choice: int = 0) -> TextDelta | None:
+    """``event`` as a ``TextDelta``, if it is one: non-empty text, or a piece of a call's
+    arguments after its head."""
+    if event.kind == "tool_call":
+        return TextDelta("arguments", event.arguments, event.index, choice) \
+            if event.arguments and not event.name else None
+    return TextDelta(event.kind, event.text, 0, choice) if event.text else None
+
+
+def _delta(kind: str, text: str, call: int = 0) -> DeltaMessage:
+    """The chunk delta of a ``TextDelta``'s ``kind``, ``text`` and ``call``."""
+    if kind == "content":
+        return DeltaMessage(content=text)
+    if kind == "reasoning":
+        return DeltaMessage(reasoning_content=text)
+    return DeltaMessage(tool_calls=[DeltaToolCall(index=call, function=DeltaFunction(arguments=text))])

@@ -1,11 +1,14 @@
 """``ChunkStream``: the stream a service's ``create`` returns for ``stream=True`` (chat,
-completions, responses, messages), with the engine requests it must abort when closed; and
-``FilledJSON``, a chunk's JSON written from a template (for a caller that only sends it)."""
+completions, responses, messages), with the engine requests it must abort when closed;
+``TextDelta``, the piece of text most tokens of a streamed chat reply make, for the APIs mapped
+onto chat; and ``FilledJSON`` (``NumberedJSON``), a chunk's (an event's) JSON written from a
+template, for a caller that only sends it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from json.encoder import encode_basestring
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel
 
@@ -13,9 +16,24 @@ from glmserve.engine.types import GenerationOutput
 from glmserve.protocol.chat import ChatCompletionChunk
 from glmserve.protocol.errors import ErrorResponse
 
-# a chunk, an error body, or a chunk already encoded as JSON (``FilledJSON``: only where the
-# caller asked for them, ``ChatService.create(encoded=True)``)
-StreamItem = ChatCompletionChunk | ErrorResponse | str
+
+class TextDelta(NamedTuple):
+    """The next piece of one choice's reply, alone in its chunk (no finish reason, no logprobs):
+    ``kind`` ``content`` or ``reasoning`` text, or ``arguments``, the next piece of the JSON
+    arguments of tool call ``call`` (0-based within the reply), whose head came before in a
+    chunk. ``text`` is never empty. What most tokens of a streamed reply make; the services
+    mapped onto chat read it instead of a ``ChatCompletionChunk`` built for it
+    (``ChatService.create(text_form="delta")``)."""
+
+    kind: Literal["content", "reasoning", "arguments"]
+    text: str
+    call: int = 0
+    choice: int = 0
+
+
+# a chunk, an error body, or, only where the caller asked for them (``ChatService.create``'s
+# ``text_form``), a chunk of text alone as its JSON (``FilledJSON``) or as a ``TextDelta``
+StreamItem = ChatCompletionChunk | ErrorResponse | TextDelta | str
 
 MARK = "\x00glmserve-text\x00"  # stands for the text in a template; JSON writes it as one run of escapes
 
@@ -39,6 +57,26 @@ class FilledJSON:
 
     def fill(self, text: str) -> str:
         return self._head + encode_basestring(text) + self._tail
+
+
+class NumberedJSON:
+    """``fill(number, text)``: as ``FilledJSON.fill``, for a template whose integer ``field``
+    (before the text, 0 in the template) is numbered event by event (the Responses API's
+    ``sequence_number``). Raises ``ValueError`` unless the mark is in one place and ``field``
+    is 0 in one place before it."""
+
+    __slots__ = ("_head", "_middle", "_tail")
+
+    def __init__(self, template: BaseModel, field: str) -> None:
+        filled = FilledJSON(template)
+        key = f'"{field}":0'
+        parts = filled._head.split(key)
+        if len(parts) != 2:
+            raise ValueError(f"{key} is {len(parts) - 1} times before the mark, not once")
+        self._head, self._middle, self._tail = parts[0] + key[:-1], parts[1], filled._tail
+
+    def fill(self, number: int, text: str) -> str:
+        return f"{self._head}{number}{self._middle}{encode_basestring(text)}{self._tail}"
 
 
 class ChunkStream:

@@ -14,7 +14,10 @@ Stream (Anthropic's "Streaming messages"): ``message_start``, ``ping``, then per
 ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
 ``input_json_delta``) / ``content_block_stop`` (one block at a time, never interleaved), then
 ``message_delta`` (stop reason, final usage) and ``message_stop``; a failure after the start is
-an ``error`` event.
+an ``error`` event. The stream reads the chat stream's pieces of text as ``TextDelta``s (no chunk
+objects built for them); for a caller that only sends the events (``create(encoded=True)``, the
+route), a ``content_block_delta`` of the open block comes already encoded: ``{"event", "data"}``
+with its JSON written from the block's template (``FilledJSON``), the event object's JSON.
 """
 
 from __future__ import annotations
@@ -39,11 +42,16 @@ from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.model import ServedModel
-from glmserve.serving.generation.chunks import ChunkStream
+from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, TextDelta
 from glmserve.serving.messages.request import thinking_mode, to_chat_request
 from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_template_defaults
 
 _STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+# a TextDelta's kind -> the block it goes to, that block's empty start and its delta's type and field
+_BLOCKS = {"content": ("text", {"type": "text", "text": ""}, "text_delta", "text"),
+           "reasoning": ("thinking", {"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta",
+                         "thinking"),
+           "arguments": ("tool_use", None, "input_json_delta", "partial_json")}
 
 
 def _id(prefix: str) -> str:
@@ -78,7 +86,8 @@ def _input(arguments: str) -> dict:
 class MessagesService:
     """Serve ``/v1/messages`` and ``/v1/messages/count_tokens`` over a ``ChatService``.
     ``create(req)`` returns a ``Message`` or, for ``stream=True``, an async iterator of
-    ``MessageStreamEvent``s. Client errors raise ``APIError`` before anything is generated."""
+    ``MessageStreamEvent``s (with ``encoded=True`` some as ``{"event", "data"}``, the event's
+    type and JSON). Client errors raise ``APIError`` before anything is generated."""
 
     def __init__(self, model: ServedModel, chat: ChatService) -> None:
         self.model, self.chat = model, chat
@@ -94,8 +103,8 @@ class MessagesService:
         self.model.check_model(chat_req.model)
         return CountTokensResponse(input_tokens=len(self.model.prompt_token_ids(chat_req)))
 
-    async def create(self, req: MessagesRequest,
-                     priority: int = INTERACTIVE_PRIORITY) -> Message | AsyncIterator[MessageStreamEvent]:
+    async def create(self, req: MessagesRequest, priority: int = INTERACTIVE_PRIORITY,
+                     encoded: bool = False) -> Message | AsyncIterator[MessageStreamEvent | dict]:
         chat_req = self._chat_request(req)
         show_thinking = thinking_mode(req) != "disabled"
         if not req.stream:
@@ -112,17 +121,20 @@ class MessagesService:
             return Message(id=_id("msg"), model=req.model, content=content, stop_reason=stop_reason,
                            stop_sequence=stop_sequence, usage=_usage(completion.usage))
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
-        chunks = await self.chat.create(stream_req, max_tokens_ceiling=True, priority=priority)
-        return ChunkStream(self._events(req.model, chunks, show_thinking), chunks)
+        chunks = await self.chat.create(stream_req, max_tokens_ceiling=True, priority=priority, text_form="delta")
+        return ChunkStream(self._events(req.model, chunks, show_thinking, encoded), chunks)
 
     @staticmethod
-    async def _events(model: str, chunks: ChunkStream, show_thinking: bool) -> AsyncIterator[MessageStreamEvent]:
-        """Anthropic's events for ``chunks``: one state machine opens and closes blocks, so a
-        block is closed before the next one opens. ``show_thinking``: reasoning deltas become a
-        ``thinking`` block (else they are dropped)."""
+    async def _events(model: str, chunks: ChunkStream, show_thinking: bool,
+                      encoded: bool = False) -> AsyncIterator[MessageStreamEvent | dict]:
+        """Anthropic's events for ``chunks`` (chunks and ``TextDelta``s): one state machine
+        opens and closes blocks, so a block is closed before the next one opens.
+        ``show_thinking``: reasoning deltas become a ``thinking`` block (else they are dropped);
+        ``encoded``: see the module docstring."""
         index = -1
         open_kind: str | None = None
         finish_reason, stop_string, usage = None, None, None
+        templates: dict[str, FilledJSON] = {}  # the open block's content_block_delta by kind
 
         def event(kind: str, **fields: Any) -> MessageStreamEvent:
             return MessageStreamEvent(type=kind, **fields)
@@ -138,16 +150,34 @@ class MessagesService:
             nonlocal index, open_kind
             out = close()
             index, open_kind = index + 1, kind
+            templates.clear()
             return out + [event("content_block_start", index=index, content_block=block)]
 
         def delta(kind: str, block: dict, fields: dict) -> list[MessageStreamEvent]:
             out = open_(kind, block) if open_kind != kind else []
             return out + [event("content_block_delta", index=index, delta=fields)]
 
+        def piece(p: TextDelta) -> list[MessageStreamEvent | dict]:
+            """The events of a piece of text (of a tool call's arguments: only while its block is open)."""
+            kind, block, delta_type, field = _BLOCKS[p.kind]
+            if kind == "thinking" and not show_thinking or kind == "tool_use" and open_kind != kind:
+                return []
+            if not encoded or open_kind != kind:
+                return delta(kind, block, {"type": delta_type, field: p.text})
+            template = templates.get(kind)
+            if template is None:
+                template = templates[kind] = FilledJSON(
+                    event("content_block_delta", index=index, delta={"type": delta_type, field: MARK}))
+            return [{"event": "content_block_delta", "data": template.fill(p.text)}]
+
         start = Message(id=_id("msg"), model=model, usage=Usage(input_tokens=chunks.prompt_tokens, output_tokens=0))
         yield event("message_start", message=start.model_dump())
         yield event("ping")
         async for chunk in chunks:
+            if type(chunk) is TextDelta:  # the usual token
+                for e in piece(chunk):
+                    yield e
+                continue
             if isinstance(chunk, ErrorResponse):
                 for e in close():
                     yield e
@@ -159,21 +189,20 @@ class MessagesService:
                 d = choice.delta
                 finish_reason = choice.finish_reason or finish_reason
                 stop_string = choice.stop_reason or stop_string
-                if d.reasoning_content and show_thinking:
-                    for e in delta("thinking", {"type": "thinking", "thinking": "", "signature": ""},
-                                   {"type": "thinking_delta", "thinking": d.reasoning_content}):
+                if d.reasoning_content:
+                    for e in piece(TextDelta("reasoning", d.reasoning_content)):
                         yield e
                 if d.content:
-                    for e in delta("text", {"type": "text", "text": ""}, {"type": "text_delta", "text": d.content}):
+                    for e in piece(TextDelta("content", d.content)):
                         yield e
                 for call in d.tool_calls or []:
                     if call.id:  # a new call: its id and name come first
                         for e in open_("tool_use", {"type": "tool_use", "id": _id("toolu"),
                                                     "name": call.function.name or "", "input": {}}):
                             yield e
-                    elif call.function.arguments and open_kind == "tool_use":
-                        yield event("content_block_delta", index=index,
-                                    delta={"type": "input_json_delta", "partial_json": call.function.arguments})
+                    elif call.function.arguments:
+                        for e in piece(TextDelta("arguments", call.function.arguments, call.index)):
+                            yield e
         for e in close():
             yield e
         stop_reason, stop_sequence = _stop(finish_reason, stop_string)

@@ -20,7 +20,10 @@ Stream events (OpenAI's): ``response.created``, ``response.in_progress``, then p
 ``response.content_part.added``/``done``, ``response.function_call_arguments.delta``,
 ``response.reasoning_text.delta``) and ``...done`` events, ``response.output_item.done``, and
 last ``response.completed`` (or ``response.incomplete``) carrying the whole response; a failure
-after the start is an ``error`` event.
+after the start is an ``error`` event. The stream reads the chat stream's pieces of text as
+``TextDelta``s (no chunk objects built for them); for a caller that only sends the events
+(``create(encoded=True)``, the route), a delta of the open item comes already encoded: its JSON
+(a ``str``) written from the item's template (``NumberedJSON``), the event object's JSON.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from glmserve.protocol.responses import (
 )
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.model import ServedModel
-from glmserve.serving.generation.chunks import ChunkStream
+from glmserve.serving.generation.chunks import MARK, ChunkStream, NumberedJSON, TextDelta
 from glmserve.serving.responses.request import function_tools, to_chat_request
 from glmserve.serving.generation.sampling import with_defaults
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
@@ -54,6 +57,10 @@ from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_t
 
 
 Sealer = Callable[[str], str]  # reasoning text -> encrypted_content (ReasoningSeal.seal)
+# a TextDelta's kind -> the item it goes to, its delta event and that event's fields beside the delta
+_PIECES = {"content": ("message", "response.output_text.delta", {"content_index": 0}),
+           "reasoning": ("reasoning", "response.reasoning_text.delta", {"content_index": 0}),
+           "arguments": ("function_call", "response.function_call_arguments.delta", {})}
 
 
 def _id(prefix: str) -> str:
@@ -130,8 +137,10 @@ class ResponsesService:
             raise invalid_request("this server has no key to open encrypted_content with", param)
         return self.seal.open(token, param)
 
-    async def create(self, req: ResponsesRequest,
-                     priority: int = INTERACTIVE_PRIORITY) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
+    async def create(self, req: ResponsesRequest, priority: int = INTERACTIVE_PRIORITY,
+                     encoded: bool = False) -> Response | AsyncIterator[ResponseEvent | ErrorResponse | str]:
+        """The response, or for ``stream`` its events (``encoded``: some as their JSON, see the
+        module docstring). Raises ``APIError`` before anything is generated."""
         _checked(req, self.seal)
         tools, namespaces = function_tools(req)
         chat_req = with_template_defaults(to_chat_request(req, tools, self._open), PRESERVED_THINKING,
@@ -161,8 +170,8 @@ class ResponsesService:
             return self._finish(shell, self._items(completion, namespaces, seal),
                                 completion.choices[0].finish_reason, completion.usage)
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
-        chunks = await self.chat.create(stream_req, priority=priority)
-        return ChunkStream(self._events(shell, chunks, namespaces, seal), chunks)
+        chunks = await self.chat.create(stream_req, priority=priority, text_form="delta")
+        return ChunkStream(self._events(shell, chunks, namespaces, seal, encoded), chunks)
 
     def _truncated(self, req: ChatCompletionRequest) -> ChatCompletionRequest:
         """``req`` without its oldest turns, as few as make the prompt fit the context with room
@@ -213,12 +222,14 @@ class ResponsesService:
             "completed_at": None if incomplete else int(time.time()),
             "incomplete_details": IncompleteDetails(reason="max_output_tokens") if incomplete else None})
 
-    async def _events(self, shell: Response, chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse],
-                      namespaces: dict[str, str], seal: Sealer | None) -> AsyncIterator[ResponseEvent]:
+    async def _events(self, shell: Response, chunks: AsyncIterator[ChatCompletionChunk | ErrorResponse | TextDelta],
+                      namespaces: dict[str, str], seal: Sealer | None,
+                      encoded: bool = False) -> AsyncIterator[ResponseEvent | str]:
         seq = 0
         items: list[dict] = []
         open_item: dict | None = None  # the item being streamed: {"kind", "id", "text", ...}
         finish_reason, usage = None, None
+        templates: dict[str, NumberedJSON] = {}  # the open item's delta event, by event type
 
         def event(kind: str, **fields: Any) -> ResponseEvent:
             nonlocal seq
@@ -255,6 +266,7 @@ class ResponsesService:
             out = close()
             item_id = _id({"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind])
             open_item = {"kind": kind, "id": item_id, "text": "", **extra}
+            templates.clear()
             index = len(items)
             if kind == "message":
                 added = _message_item(item_id, "", "in_progress")
@@ -267,17 +279,38 @@ class ResponsesService:
                 added = _call_item(item_id, extra["call_id"], extra["name"], "", namespaces, "in_progress")
             return out + [event("response.output_item.added", output_index=index, item=added)]
 
-        def text_delta(kind: str, event_type: str, text: str, **extra: Any) -> list[ResponseEvent]:
-            """``text`` added to the open ``kind`` item (opened first if another is open)."""
-            out = open_(kind) if open_item is None or open_item["kind"] != kind else []
-            open_item["text"] += text
-            return out + [event(event_type, item_id=open_item["id"], output_index=len(items), content_index=0,
-                                delta=text, **extra)]
+        def piece(p: TextDelta) -> list[ResponseEvent | str]:
+            """``p`` added to the open item of its kind (a text item is opened first if another is
+            open; a call's arguments go to the open call, opened by its head)."""
+            nonlocal seq
+            kind, event_type, fields = _PIECES[p.kind]
+            out = []
+            if kind == "function_call":
+                if open_item is None:
+                    return []
+            elif open_item is None or open_item["kind"] != kind:
+                out = open_(kind)
+            open_item["text"] += p.text
+            extra = {"logprobs": []} if kind == "message" else {}
+            if out or not encoded:
+                return out + [event(event_type, item_id=open_item["id"], output_index=len(items), **fields,
+                                    delta=p.text, **extra)]
+            template = templates.get(event_type)
+            if template is None:
+                template = templates[event_type] = NumberedJSON(ResponseEvent(
+                    type=event_type, sequence_number=0, item_id=open_item["id"], output_index=len(items), **fields,
+                    delta=MARK, **extra), "sequence_number")
+            seq += 1
+            return [template.fill(seq - 1, p.text)]
 
         started = shell.model_dump()
         yield event("response.created", response=started)
         yield event("response.in_progress", response=started)
         async for chunk in chunks:
+            if type(chunk) is TextDelta:  # the usual token
+                for e in piece(chunk):
+                    yield e
+                continue
             if isinstance(chunk, ErrorResponse):
                 for e in close():
                     yield e
@@ -288,19 +321,18 @@ class ResponsesService:
                 delta = choice.delta
                 finish_reason = choice.finish_reason or finish_reason
                 if delta.reasoning_content:
-                    for e in text_delta("reasoning", "response.reasoning_text.delta", delta.reasoning_content):
+                    for e in piece(TextDelta("reasoning", delta.reasoning_content)):
                         yield e
                 if delta.content:
-                    for e in text_delta("message", "response.output_text.delta", delta.content, logprobs=[]):
+                    for e in piece(TextDelta("content", delta.content)):
                         yield e
                 for call in delta.tool_calls or []:
                     if call.id:  # a new call: its id and name come first
                         for e in open_("function_call", call_id=call.id, name=call.function.name or ""):
                             yield e
-                    elif call.function and call.function.arguments and open_item is not None:
-                        open_item["text"] += call.function.arguments
-                        yield event("response.function_call_arguments.delta", item_id=open_item["id"],
-                                    output_index=len(items), delta=call.function.arguments)
+                    elif call.function and call.function.arguments:
+                        for e in piece(TextDelta("arguments", call.function.arguments, call.index)):
+                            yield e
         for e in close("incomplete" if finish_reason == "length" else "completed"):
             yield e
         final = self._finish(shell, items, finish_reason, usage)

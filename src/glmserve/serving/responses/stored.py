@@ -102,13 +102,15 @@ class ResponseStorage:
         return generate, _Keep(self, owner, before + new, new, store, req.conversation)
 
     async def create(self, service: ResponsesService, req: ResponsesRequest, owner: str,
-                     priority: int = INTERACTIVE_PRIORITY) -> Response | AsyncIterator[ResponseEvent | ErrorResponse]:
+                     priority: int = INTERACTIVE_PRIORITY,
+                     encoded: bool = False) -> Response | AsyncIterator[ResponseEvent | ErrorResponse | str]:
         """``service.create`` with the request's stored context, its answer kept (stored when
         ``store``, added to its conversation): a ``Response``, or its events (kept once the
         last has passed). Not for ``background`` (``start``). Raises ``APIError`` before
-        anything is generated. ``priority``: the engine requests' (batch lines: ``BATCH_PRIORITY``)."""
+        anything is generated. ``priority``: the engine requests' (batch lines: ``BATCH_PRIORITY``);
+        ``encoded``: ``ResponsesService.create``'s."""
         generate, keep = await self._resolved(req, owner)
-        result = await service.create(generate, priority)
+        result = await service.create(generate, priority, encoded)
         if not keep.needed:
             return result
         if isinstance(result, Response):
