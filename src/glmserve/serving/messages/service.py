@@ -134,7 +134,7 @@ class MessagesService:
         index = -1
         open_kind: str | None = None
         finish_reason, stop_string, usage = None, None, None
-        templates: dict[str, FilledJSON] = {}  # the open block's content_block_delta by kind
+        template: FilledJSON | None = None  # the open block's content_block_delta, encoded
 
         def event(kind: str, **fields: Any) -> MessageStreamEvent:
             return MessageStreamEvent(type=kind, **fields)
@@ -147,10 +147,9 @@ class MessagesService:
             return [event("content_block_stop", index=index)]
 
         def open_(kind: str, block: dict) -> list[MessageStreamEvent]:
-            nonlocal index, open_kind
+            nonlocal index, open_kind, template
             out = close()
-            index, open_kind = index + 1, kind
-            templates.clear()
+            index, open_kind, template = index + 1, kind, None
             return out + [event("content_block_start", index=index, content_block=block)]
 
         def delta(kind: str, block: dict, fields: dict) -> list[MessageStreamEvent]:
@@ -159,14 +158,14 @@ class MessagesService:
 
         def piece(p: TextDelta) -> list[MessageStreamEvent | dict]:
             """The events of a piece of text (of a tool call's arguments: only while its block is open)."""
+            nonlocal template
             kind, block, delta_type, field = _BLOCKS[p.kind]
             if kind == "thinking" and not show_thinking or kind == "tool_use" and open_kind != kind:
                 return []
             if not encoded or open_kind != kind:
                 return delta(kind, block, {"type": delta_type, field: p.text})
-            template = templates.get(kind)
             if template is None:
-                template = templates[kind] = FilledJSON(
+                template = FilledJSON(
                     event("content_block_delta", index=index, delta={"type": delta_type, field: MARK}))
             return [{"event": "content_block_delta", "data": template.fill(p.text)}]
 

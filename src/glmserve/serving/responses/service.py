@@ -227,9 +227,9 @@ class ResponsesService:
                       encoded: bool = False) -> AsyncIterator[ResponseEvent | str]:
         seq = 0
         items: list[dict] = []
-        open_item: dict | None = None  # the item being streamed: {"kind", "id", "text", ...}
+        open_item: dict | None = None  # the item being streamed: {"kind", "id", "pieces", ...}
         finish_reason, usage = None, None
-        templates: dict[str, NumberedJSON] = {}  # the open item's delta event, by event type
+        template: NumberedJSON | None = None  # the open item's delta event, encoded
 
         def event(kind: str, **fields: Any) -> ResponseEvent:
             nonlocal seq
@@ -243,6 +243,7 @@ class ResponsesService:
             if open_item is None:
                 return []
             item, index, open_item = open_item, len(items), None
+            item["text"] = "".join(item.pop("pieces"))  # joined once: a += per piece copies the text each time
             if item["kind"] == "message":
                 done = _message_item(item["id"], item["text"], status)
                 part = done["content"][0]
@@ -262,11 +263,11 @@ class ResponsesService:
             return out + [event("response.output_item.done", output_index=index, item=done)]
 
         def open_(kind: str, **extra: Any) -> list[ResponseEvent]:
-            nonlocal open_item
+            nonlocal open_item, template
             out = close()
             item_id = _id({"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind])
-            open_item = {"kind": kind, "id": item_id, "text": "", **extra}
-            templates.clear()
+            open_item = {"kind": kind, "id": item_id, "pieces": [], **extra}
+            template = None
             index = len(items)
             if kind == "message":
                 added = _message_item(item_id, "", "in_progress")
@@ -282,7 +283,7 @@ class ResponsesService:
         def piece(p: TextDelta) -> list[ResponseEvent | str]:
             """``p`` added to the open item of its kind (a text item is opened first if another is
             open; a call's arguments go to the open call, opened by its head)."""
-            nonlocal seq
+            nonlocal seq, template
             kind, event_type, fields = _PIECES[p.kind]
             out = []
             if kind == "function_call":
@@ -290,14 +291,13 @@ class ResponsesService:
                     return []
             elif open_item is None or open_item["kind"] != kind:
                 out = open_(kind)
-            open_item["text"] += p.text
+            open_item["pieces"].append(p.text)
             extra = {"logprobs": []} if kind == "message" else {}
             if out or not encoded:
                 return out + [event(event_type, item_id=open_item["id"], output_index=len(items), **fields,
                                     delta=p.text, **extra)]
-            template = templates.get(event_type)
             if template is None:
-                template = templates[event_type] = NumberedJSON(ResponseEvent(
+                template = NumberedJSON(ResponseEvent(
                     type=event_type, sequence_number=0, item_id=open_item["id"], output_index=len(items), **fields,
                     delta=MARK, **extra), "sequence_number")
             seq += 1
