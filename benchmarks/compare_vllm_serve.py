@@ -12,12 +12,23 @@ order swapped every round, with fresh prompts per round (no prefix-cache hits ac
 
 On this CPU the model is the embedded SmolLM2 converted to a Hugging Face folder (the tests
 leave it in .pytest_cache/d/smollm2-135m-instruct-hf).
+
+``--engine-steps`` also shows what vLLM's engine did under each server: every scheduler step
+that ran tokens is logged (a ``sitecustomize`` on both servers' ``PYTHONPATH`` wraps
+``Scheduler.schedule``), and a second table gives per level the steps, the median time of a
+step that prefilled nothing (a decode step: engine time per token of the batch) and how each
+round's requests entered in prefill steps (the number of new requests per step). Two servers
+whose engines ran the same steps in the same time differ only in what their API processes did
+between steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from glmserve.bench.metrics import Summary
@@ -27,6 +38,43 @@ from rounds import bench_round, medians, save, table  # benchmarks/rounds.py
 
 DEFAULT_FOLDER = Path(__file__).parent.parent / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
 NAME = "model"
+STEP_HOOK = """import os, time
+if os.environ.get("GLMSERVE_BENCH_STEP_LOG"):
+    from vllm.v1.core.sched import scheduler as _scheduler
+    _schedule = _scheduler.Scheduler.schedule
+    def schedule(self, *args, **kwargs):
+        out = _schedule(self, *args, **kwargs)
+        if out.total_num_scheduled_tokens:
+            with open(os.environ["GLMSERVE_BENCH_STEP_LOG"], "a") as f:
+                f.write(f"{time.monotonic()} {out.total_num_scheduled_tokens} {len(out.scheduled_new_reqs)}\\n")
+        return out
+    _scheduler.Scheduler.schedule = schedule
+"""
+
+
+class StepLog:
+    """The scheduler steps one server's vLLM engine ran (``STEP_HOOK``'s file): a line per
+    step, ``monotonic-time scheduled-tokens new-requests``."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.path = folder / f"{name}.steps"
+        self.path.write_text("")
+
+    def env(self, folder: Path) -> dict[str, str]:
+        path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+        return {"PYTHONPATH": path, "GLMSERVE_BENCH_STEP_LOG": str(self.path)}
+
+    def mark(self) -> int:
+        return len(self.path.read_text().splitlines())
+
+    def since(self, mark: int) -> dict:
+        """The steps after line ``mark``: their count, the median decode step (ms; a step's time
+        is until the next step's start) and the new requests of each prefill step."""
+        rows = [line.split() for line in self.path.read_text().splitlines()[mark:]]
+        times, new = [float(r[0]) for r in rows], [int(r[2]) for r in rows]
+        decode = [(b - a) * 1000 for a, b, n in zip(times, times[1:], new) if n == 0]
+        return {"steps": len(rows), "decode_step_ms": statistics.median(decode) if decode else 0.0,
+                "prefills": "+".join(str(n) for n in new if n)}
 
 
 def vllm_server(args, env: dict[str, str]) -> RemoteServer:
@@ -51,41 +99,72 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE (CPU only)")
+    ap.add_argument("--engine-steps", action="store_true", help="log and report vLLM's scheduler steps")
     args = ap.parse_args()
-    env = {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib}
+    with tempfile.TemporaryDirectory() as folder:
+        run(args, Path(folder))
+
+
+def run(args: argparse.Namespace, folder: Path) -> None:
+    """Both servers, ``args.rounds`` alternating rounds, the report saved; ``folder``: the step
+    hook and logs (``--engine-steps``)."""
+    labels = ["glmserve --engine vllm", "vllm serve"]
+    logs = {label: StepLog(folder, f"system{i}") for i, label in enumerate(labels)}
+    if args.engine_steps:
+        (folder / "sitecustomize.py").write_text(STEP_HOOK)
+    env = {label: {"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib,
+                   **(logs[label].env(folder) if args.engine_steps else {})} for label in labels}
     flags = ["--engine", "vllm", "--model", str(args.model), "--served-model-name", NAME, "--dtype", args.dtype,
              "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", str(args.n_ctx), "--max-queue", "1024",
              *(["--enforce-eager"] if args.enforce_eager else [])]
-    ours = RemoteServer(*flags, env=env, n_threads=None, startup_timeout=900)
+    ours = RemoteServer(*flags, env=env[labels[0]], n_threads=None, startup_timeout=900)
     try:
-        theirs = vllm_server(args, env)
+        theirs = vllm_server(args, env[labels[1]])
     except BaseException:
         ours.stop()
         raise
-    rows: dict[str, list[list[Summary]]] = {"glmserve --engine vllm": [], "vllm serve": []}
+    rows: dict[str, list[list[Summary]]] = {label: [] for label in labels}
+    steps: dict[str, dict[int, list[dict]]] = {label: {c: [] for c in args.concurrency} for label in labels}
     try:
         for r in range(args.rounds):
-            order = [("glmserve --engine vllm", ours.url), ("vllm serve", theirs.url)]
+            order = [(labels[0], ours.url), (labels[1], theirs.url)]
             for label, url in order if r % 2 == 0 else order[::-1]:
-                rows[label].append(bench_round(url, NAME, label, args.concurrency, args.input_len,
-                                                    args.output_len, seed=r))
+                summaries = []
+                for c in args.concurrency:
+                    mark = logs[label].mark()
+                    summaries += bench_round(url, NAME, label, [c], args.input_len, args.output_len, seed=r)
+                    if args.engine_steps:
+                        steps[label][c].append(logs[label].since(mark))
+                rows[label].append(summaries)
     finally:
         ours.stop()
         theirs.stop()
     stats = {label: {c: medians(rounds, c) for c in args.concurrency} for label, rounds in rows.items()}
-    lines = table(stats, args.concurrency)
     ratios = []
     for c in args.concurrency:
-        o, t = stats["glmserve --engine vllm"][c], stats["vllm serve"][c]
+        o, t = stats[labels[0]][c], stats[labels[1]][c]
         ratios.append(f"- c={c}: throughput glmserve / vLLM {o['output_tok_s'] / t['output_tok_s']:.3f}, "
-                      f"TTFT p50 glmserve / vLLM {o['ttft_p50_ms'] / t['ttft_p50_ms']:.3f} (target: throughput >= 0.95, "
-                      "TTFT <= 1.05)")
+                      f"TTFT p50 glmserve / vLLM {o['ttft_p50_ms'] / t['ttft_p50_ms']:.3f} "
+                      "(target: throughput >= 0.98)")
+    step_lines = []
+    if args.engine_steps:
+        step_lines = ["", "vLLM's engine under each server, by round: scheduler steps | median decode step ms | "
+                      "new requests per prefill step", "", "| concurrency | system | per round |", "|---:|---|---|"]
+        for c in args.concurrency:
+            for label in labels:
+                rounds = [f"{s['steps']} / {s['decode_step_ms']:.1f} / {s['prefills']}" for s in steps[label][c]]
+                step_lines.append(f"| {c} | {label} | {'; '.join(rounds)} |")
+        for label in labels:
+            for c in args.concurrency:
+                stats[label][c]["engine_steps"] = steps[label][c]
     report = "\n".join([
         f"hardware: {hardware()} | model: {args.model.name} ({args.dtype}{', eager' if args.enforce_eager else ''}) | "
         f"max_num_seqs {args.max_num_seqs} | max_model_len {args.n_ctx} | input ~{args.input_len} tokens, output "
         f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} "
-        "alternating rounds, medians", "", *lines, "", *ratios])
-    save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats)
+        "alternating rounds, medians", "", *table(stats, args.concurrency), "", *ratios, *step_lines])
+    save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats,
+         command=" ".join(["python benchmarks/compare_vllm_serve.py", *sys.argv[1:]]))
+
 
 if __name__ == "__main__":
     main()
