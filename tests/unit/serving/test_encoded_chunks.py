@@ -15,7 +15,7 @@ import pytest
 
 from glmserve.chat import ChatTemplate
 from glmserve.protocol.anthropic import MessagesRequest
-from glmserve.protocol.responses import ResponseEvent, ResponsesRequest
+from glmserve.protocol.responses import Response, ResponseEvent, ResponsesRequest
 from glmserve.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -234,3 +234,28 @@ def test_an_encoded_responses_stream_is_the_events_json():
     text_items = sum(e["type"] == "response.output_item.added" and e["item"]["type"] != "function_call"
                      for e in events)
     assert sum(isinstance(i, str) for i in encoded) == len(deltas) - text_items > 10
+
+
+@pytest.mark.parametrize("encoded", [False, True])
+def test_responses_drop_arguments_with_no_call_open(encoded):
+    """A piece of a call's arguments while a message is open (no call head came first) makes
+    no event and leaves the message's text and its encoded deltas as they were."""
+
+    async def chunks():
+        yield TextDelta("content", "Hello")
+        yield TextDelta("arguments", '{"city": "Oslo"}')
+        yield TextDelta("content", ' "there"')
+        yield ChatCompletionChunk(id="chatcmpl-1", created=1, model="glm",
+                                  choices=[ChunkChoice(index=0, delta=DeltaMessage(), finish_reason="stop")])
+
+    async def events():
+        shell = Response(id="resp_1", created_at=1, status="in_progress", model="glm", tools=[], tool_choice="auto",
+                         parallel_tool_calls=True, text={"format": {"type": "text"}})
+        service = ResponsesService.__new__(ResponsesService)  # _events reads nothing of the service
+        return [e async for e in service._events(shell, chunks(), {}, None, encoded)]
+
+    sent = [json.loads(e if isinstance(e, str) else e.model_dump_json()) for e in asyncio.run(events())]
+    assert [e["delta"] for e in sent if e["type"].endswith(".delta")] == ["Hello", ' "there"']
+    assert {e["type"] for e in sent if e["type"].endswith(".delta")} == {"response.output_text.delta"}
+    assert sent[-1]["response"]["output"][0]["content"][0]["text"] == 'Hello "there"'
+    assert [e["sequence_number"] for e in sent] == list(range(len(sent)))

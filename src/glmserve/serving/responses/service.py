@@ -161,7 +161,8 @@ class ResponsesService:
                          max_output_tokens=req.max_output_tokens, max_tool_calls=req.max_tool_calls,
                          metadata=req.metadata or {}, user=req.user, store=bool(req.store),
                          background=bool(req.background), previous_response_id=req.previous_response_id,
-                         conversation={"id": req.conversation} if req.conversation else None, safety_identifier=req.safety_identifier,
+                         conversation={"id": req.conversation} if req.conversation else None,
+                         safety_identifier=req.safety_identifier,
                          prompt_cache_key=req.prompt_cache_key,
                          text=req.text.model_dump(by_alias=True, exclude_none=True) if req.text else {
                              "format": {"type": "text"}})
@@ -282,12 +283,13 @@ class ResponsesService:
 
         def piece(p: TextDelta) -> list[ResponseEvent | str]:
             """``p`` added to the open item of its kind (a text item is opened first if another is
-            open; a call's arguments go to the open call, opened by its head)."""
+            open; a call's arguments go to the open call, opened by its head, and are dropped
+            when no call is open)."""
             nonlocal seq, template
             kind, event_type, fields = _PIECES[p.kind]
             out = []
             if kind == "function_call":
-                if open_item is None:
+                if open_item is None or open_item["kind"] != kind:
                     return []
             elif open_item is None or open_item["kind"] != kind:
                 out = open_(kind)
