@@ -39,6 +39,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     _header_timer: asyncio.TimerHandle | None = None
     _header_bytes: int | None = 0  # bytes read while a request's headers are incomplete; None: complete
+    _message_open = False  # a request is being parsed: its first byte came, its last not yet
     _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -61,12 +62,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._message_open = True
         if self._header_bytes is None:  # pipelined: began within a read that held the last request's end
             self._header_bytes = 0
 
+    def on_message_complete(self) -> None:
+        self._message_open = False
+        super().on_message_complete()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._header_bytes is None:  # the next bytes begin a request
+        # the next bytes begin a request, unless the next request is being read already: a
+        # client may send it once it has the response's last byte, before the app has finished
+        # (its body must not count as headers)
+        if self._header_bytes is None and not self._message_open:
             self._header_bytes = 0
 
     def on_headers_complete(self) -> None:
