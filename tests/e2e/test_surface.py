@@ -1,7 +1,10 @@
 """OpenAI surface beyond chat: ``/tokenize`` and ``/detokenize`` (vLLM's shapes),
-``logit_bias``, and the error for an unknown route, on the default server."""
+``logit_bias``, the error for an unknown route, and the choices' fields OpenAI writes as null, on
+the default server."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
@@ -110,3 +113,24 @@ def test_n_choices_plain_and_streamed(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**{**kw, "n": 9})  # over --max-n (8)
     assert err.value.body["param"] == "n"
+
+
+def _sse_json(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("path, ask", [("/v1/chat/completions", {"messages": ASK}),
+                                       ("/v1/completions", {"prompt": "The capital of France is"})])
+def test_choices_write_finish_reason_and_logprobs_as_null_as_openai_does(server, path, ask):
+    # raw JSON, as a client reading the stream itself sees it (the openai client fills absent fields with None)
+    body = {"model": DEFAULT_MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **ask}
+    plain = _post(server, path, body).json()["choices"][0]
+    assert plain["finish_reason"] == "length" and plain["logprobs"] is None
+    chunks = _sse_json(server, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert len(choices) >= 6 and chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert all(c["logprobs"] is None for c in choices)
+    assert not any("stop_reason" in c for c in choices)  # vLLM's extension: only when a stop string ended it

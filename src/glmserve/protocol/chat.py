@@ -12,7 +12,7 @@ before the reasoning is ended, ``serving/generation/reasoning_budget.py``); in r
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer,
                       model_validator)
@@ -201,20 +201,33 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class ChatMessage(BaseModel):
+class KeepsNull(BaseModel):
+    """A response object whose ``KEEP_NULL`` fields are written as ``null`` when unset, also
+    when it is dumped with ``exclude_none`` (which drops every other unset field, e.g. vLLM's
+    ``stop_reason``): OpenAI sends these fields in every object, ``null`` or not, and clients
+    that read the JSON themselves test them (``choice.finish_reason !== null``)."""
+
+    KEEP_NULL: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _keep_null(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if all(name in data for name in self.KEEP_NULL):
+            return data
+        # in the fields' order, as OpenAI writes them
+        return {name: data[name] if name in data else None for name in type(self).model_fields
+                if name in data or name in self.KEEP_NULL}
+
+
+class ChatMessage(KeepsNull):
     """The reply; ``content`` is always present, ``null`` beside ``tool_calls`` as OpenAI sends it
     (also when the response is dumped with ``exclude_none``)."""
 
+    KEEP_NULL = ("content",)
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _keep_content(self, handler: SerializerFunctionWrapHandler) -> dict:
-        data = handler(self)
-        data.setdefault("content", self.content)
-        return data
 
 
 class TopLogprob(BaseModel):
@@ -237,7 +250,8 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprobEntry] | None = None
 
 
-class Choice(BaseModel):
+class Choice(KeepsNull):
+    KEEP_NULL = ("finish_reason", "logprobs")
     index: int = 0
     message: ChatMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None
@@ -273,7 +287,11 @@ class DeltaMessage(BaseModel):
     tool_calls: list[DeltaToolCall] | None = None
 
 
-class ChunkChoice(BaseModel):
+class ChunkChoice(KeepsNull):
+    """A choice's piece; ``finish_reason`` and ``logprobs`` are ``null`` until set, as OpenAI
+    streams them."""
+
+    KEEP_NULL = ("finish_reason", "logprobs")
     index: int = 0
     delta: DeltaMessage
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None

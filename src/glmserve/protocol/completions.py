@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import MAX_STOP_SEQUENCES, KeepAlive, StopString, StreamOptions, Usage, _Lenient
+from glmserve.protocol.chat import (MAX_STOP_SEQUENCES, KeepAlive, KeepsNull, StopString, StreamOptions, Usage,
+                                    _Lenient)
 
 MAX_PROMPTS = 128  # prompts in one request (each is one engine request)
 
@@ -53,7 +54,11 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(KeepsNull):
+    """One prompt's text; ``logprobs`` and ``finish_reason`` are ``null`` until set, as OpenAI
+    writes them."""
+
+    KEEP_NULL = ("logprobs", "finish_reason")
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
