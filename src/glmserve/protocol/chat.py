@@ -212,11 +212,9 @@ class KeepsNull(BaseModel):
     @model_serializer(mode="wrap")
     def _keep_null(self, handler: SerializerFunctionWrapHandler) -> dict:
         data = handler(self)
-        if all(name in data for name in self.KEEP_NULL):
-            return data
-        # in the fields' order, as OpenAI writes them
-        return {name: data[name] if name in data else None for name in type(self).model_fields
-                if name in data or name in self.KEEP_NULL}
+        for name in self.KEEP_NULL:
+            data.setdefault(name, None)
+        return data
 
 
 class ChatMessage(KeepsNull):
