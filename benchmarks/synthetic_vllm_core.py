@@ -2,16 +2,17 @@
 ``AsyncLLM`` in the API process keeps its input processor, output processor, detokenizer and
 output handler, but its engine core client is ``SyntheticCoreClient``, which runs no model: each
 step gives every running request one token at once. glmserve ``--engine vllm`` and ``vllm serve``
-then spend the API process's CPU on their own serving stacks only, on the same outputs, without
-the engine's step times and the machine's noise in them.
+then spend the API process's CPU on their own serving stacks only, on the same outputs, with no
+engine step in them.
 
 The steps are paced as a real engine's are when its step takes longer than the serving work
 (vLLM on a CPU or at a large batch): the next step starts once the server has taken every output
 of the last one from vLLM's per-request ``RequestOutputCollector``, so no server is handed merged
 deltas (fewer, larger chunks) for being slower; a request whose outputs are only put at its end
-(``RequestOutputKind.FINAL_ONLY``, vLLM's server's non-streamed replies) holds up no step. Tokens are those of ordinary English text in the
-model's own tokenizer, so that detokenization does its usual work. A request ends with
-``FinishReason.LENGTH`` at its ``max_tokens``, as ``ignore_eos`` would have it.
+(``RequestOutputKind.FINAL_ONLY``, vLLM's server's non-streamed replies) holds up no step. Tokens
+are those of ordinary English text in the model's own tokenizer, so that detokenization does its
+usual work. A request ends with ``FinishReason.LENGTH`` at its ``max_tokens``, as ``ignore_eos``
+would have it.
 
 ``install()`` is called from a ``sitecustomize`` (``serving_overhead.py`` writes it) in both
 servers' processes: it makes ``EngineCoreClient.make_async_mp_client`` build this client and
