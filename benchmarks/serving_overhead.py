@@ -44,7 +44,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -240,9 +239,7 @@ def vllm_servers(args) -> dict[str, Callable[[], RemoteServer]]:
     # can send its next request on a connection just as the server closes it as idle (reset)
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"}
     if args.vllm_core == "synthetic":  # both servers' AsyncLLM on synthetic_vllm_core.py's client
-        site = Path(tempfile.mkdtemp(prefix="synthetic-core-"))
-        (site / "sitecustomize.py").write_text("import synthetic_vllm_core\nsynthetic_vllm_core.install()\n")
-        env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "benchmarks")])
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks" / "synthetic_site"), str(ROOT / "benchmarks")])
     flags = ["--engine", "vllm", "--model", str(args.vllm_model), "--served-model-name", NAME, "--dtype", "float32",
              "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", "2048", "--max-queue", "4096", "--enforce-eager",
              "--timeout-keep-alive", "60"]
@@ -304,17 +301,21 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="py-spy's top functions of the first case and concurrency")
     ap.add_argument("--save", metavar="NAME", help="keep the table in benchmarks/results/NAME.md and .json")
     args = ap.parse_args()
+    if args.vllm_model is None and args.vllm_core != "engine":
+        ap.error("--vllm-core is vLLM's engine core: it needs --vllm-model")
     if args.command == "serve":
         return serve(args.port, args.tokens)
     if args.profile is not None:
         return profile(args)
     runs = run_rounds(args)
-    engine = (f"{args.vllm_model.name} on vLLM {_vllm_version()} (CPU, float32, eager, max_num_seqs "
-              f"{args.max_num_seqs}), ignore_eos" + (", vLLM's engine core synthetic (synthetic_vllm_core.py: no "
-                                                     "model, a token per running request per step)"
-                                                     if args.vllm_core == "synthetic" else "")
-              if args.vllm_model is not None
-              else f"a synthetic engine (no model), {PIECE} characters per token")
+    if args.vllm_model is None:
+        engine = f"a synthetic engine (no model), {PIECE} characters per token"
+    else:
+        engine = (f"{args.vllm_model.name} on vLLM {_vllm_version()} (CPU, float32, eager, max_num_seqs "
+                  f"{args.max_num_seqs}), ignore_eos")
+        if args.vllm_core == "synthetic":
+            engine += ", vLLM's engine core synthetic (synthetic_vllm_core.py: no model, a token per running " \
+                      "request per step)"
     lines = [f"hardware: {hardware()}; engine: {engine}; {args.tokens} output tokens per request; "
              f"{args.rounds} alternating rounds, medians; CPU time of the server's API process", "",
              "| system | case | concurrency | serving CPU µs / token (median) | per round | tok/s (median) |",

@@ -14,8 +14,8 @@ are those of ordinary English text in the model's own tokenizer, so that detoken
 usual work. A request ends with ``FinishReason.LENGTH`` at its ``max_tokens``, as ``ignore_eos``
 would have it.
 
-``install()`` is called from a ``sitecustomize`` (``serving_overhead.py`` writes it) in both
-servers' processes: it makes ``EngineCoreClient.make_async_mp_client`` build this client and
+``install()`` is called from ``synthetic_site/sitecustomize.py``, which ``serving_overhead.py`` puts
+on both servers' ``PYTHONPATH``: it makes ``EngineCoreClient.make_async_mp_client`` build this client and
 wraps the collector's ``put``, ``get`` and ``get_nowait`` to tell it what is waiting to be taken.
 """
 

@@ -2,8 +2,9 @@
 installed vLLM's real ``AsyncLLM``: every request gets one token per step up to its
 ``max_tokens``, the tokens are its ordinary text, a slow reader is never handed merged deltas (the
 steps wait for it), and neither a request left early nor one read whole at its end (vLLM's
-server's non-streamed replies) stalls the others. Run in a subprocess:
-``install()`` patches vLLM for the whole process."""
+server's non-streamed replies) stalls the others. Run in a subprocess with
+``synthetic_site`` on its ``PYTHONPATH``, as the benchmark runs its servers: ``install()`` patches
+vLLM for the whole process."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
 
 PROBE = """
 import asyncio, json, sys
-import synthetic_vllm_core as core
-core.install()
+import synthetic_vllm_core as core  # installed by synthetic_site/sitecustomize.py, as on the benchmark's servers
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
@@ -57,7 +57,8 @@ asyncio.run(main(sys.argv[1]))
 @pytest.fixture(scope="module")
 def probe(smollm2_hf):
     pytest.importorskip("vllm")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))}
+    path = [str(BENCHMARKS / "synthetic_site"), str(BENCHMARKS), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     done = subprocess.run([sys.executable, "-c", PROBE, str(smollm2_hf)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
