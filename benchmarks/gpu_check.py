@@ -14,9 +14,10 @@ image to the text model refused with a 400. A case that cannot run says why (SKI
 on ``--perf-model`` with the same dtype, ``max_model_len`` and load format, CUDA graphs on
 unless ``--enforce-eager``, batch sizes left to vLLM on both (glmserve's unset
 ``--max-num-seqs`` is vLLM's own default); ``glmserve bench`` load (streaming, greedy,
-ignore_eos, fixed output length) at each concurrency, the order of the two servers swapped
-every round; medians of output tok/s, TTFT p50, TPOT p50, and failed requests. With no weights
-at hand, ``--perf-model glm-4-9b-dummy`` (the default) writes a GLM-4-9B-shaped ``config.json``
+ignore_eos, fixed output length) at each concurrency, the two servers alternating level by
+level, the order swapped at every level and every round (``rounds.interleave``); medians of
+output tok/s, TTFT p50, TPOT p50, and failed requests. With no weights at hand,
+``--perf-model glm-4-9b-dummy`` (the default) writes a GLM-4-9B-shaped ``config.json``
 (``GlmForCausalLM``, hidden 4096, 40 layers, 32 heads, 2 KV heads, intermediate 13696,
 vocabulary of ``--tokenizer``) and both servers load it with ``load_format=dummy`` (random
 weights: the speed of GLM-4-9B, not its answers).
@@ -55,9 +56,10 @@ from pathlib import Path
 import jsonschema
 import openai
 
+from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.testing import RemoteServer
-from rounds import bench_round, medians, save, table  # benchmarks/rounds.py
+from rounds import interleave, medians, save, table  # benchmarks/rounds.py
 
 ROOT = Path(__file__).parent.parent
 SMOLLM2 = ROOT / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
@@ -301,15 +303,13 @@ def performance(args, work: Path) -> tuple[list[str], dict]:
     try:
         for label, start in servers.items():
             running[label] = start()
-        rows: dict[str, list] = {label: [] for label in servers}
-        for r in range(args.rounds):
-            order = list(servers) if r % 2 == 0 else list(servers)[::-1]
-            for label in order:
-                rows[label].append(bench_round(running[label].url, NAME, label, args.concurrency, args.input_len,
-                                               args.output_len, seed=r))
-                for s in rows[label][-1]:  # as it comes: a run stopped before the table still tells
-                    print(f"round {r + 1} {label} c={s.concurrency}: {s.output_throughput:.1f} tok/s, TTFT p50 "
-                          f"{s.ttft_ms['p50']:.1f} ms, TPOT p50 {s.tpot_ms['p50']:.2f} ms", flush=True)
+        def watch(label: str, r: int, c: int) -> Callable[[Summary], None]:
+            return lambda s: print(  # as it comes: a run stopped before the table still tells
+                f"round {r + 1} {label} c={c}: {s.output_throughput:.1f} tok/s, TTFT p50 {s.ttft_ms['p50']:.1f} ms, "
+                f"TPOT p50 {s.tpot_ms['p50']:.2f} ms", flush=True)
+
+        rows = interleave({label: srv.url for label, srv in running.items()}, args.rounds, args.concurrency,
+                          args.input_len, args.output_len, NAME, watch)
         cards = running["glmserve --engine vllm"].client().models.list().data
     finally:
         for srv in running.values():
@@ -320,8 +320,8 @@ def performance(args, work: Path) -> tuple[list[str], dict]:
              f"{', load_format=dummy' if theirs_load else ''}) | max_model_len {args.n_ctx} | glmserve in force: "
              f"max_num_seqs {card.get('max_num_seqs')}, max_num_batched_tokens {card.get('max_num_batched_tokens')}, "
              f"max_queue {card.get('max_queue')} | input ~{args.input_len} tokens, output {args.output_len} "
-             f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} alternating rounds, "
-             "medians", "", *table(stats, args.concurrency), ""]
+             f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} rounds, the servers "
+             "alternating level by level, medians", "", *table(stats, args.concurrency), ""]
     for c in args.concurrency:
         o, t = stats["glmserve --engine vllm"][c], stats["vllm serve"][c]
         lines.append(f"- c={c}: output tok/s glmserve / vLLM {o['output_tok_s'] / t['output_tok_s']:.3f}, "

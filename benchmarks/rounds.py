@@ -1,5 +1,6 @@
 """What the serving benchmarks share: one round of ``glmserve bench`` at each concurrency,
-medians over alternating rounds, and the table they print."""
+alternating rounds (servers started in turn, or running side by side and interleaved level by
+level), medians over the rounds, and the table they print."""
 
 from __future__ import annotations
 
@@ -50,6 +51,29 @@ def alternate(names: list[str], start: Callable[[str], object], rounds: int, con
                     after(name, server)
             finally:
                 server.stop()
+    return rows
+
+
+def interleave(urls: dict[str, str], rounds: int, concurrency: list[int], input_len: int, output_len: int,
+               model: str, watch: Callable[[str, int, int], Callable[[Summary], None]] | None = None,
+               ) -> dict[str, list[list[Summary]]]:
+    """``rounds`` rounds of ``bench_round`` over servers already running (``urls``: {label: base
+    URL}): each level of ``concurrency`` runs on every server back to back, the order of the
+    servers rotated at every level and every round (A B, B A, A B, ... for two), so that one
+    level's runs on the servers are minutes apart at most and a drift in the machine's speed
+    falls on both. ``watch(label, round, c)``, if given, is called before each run and returns
+    a function called with its ``Summary``. Returns {label: [each round's summaries, by level]}."""
+    labels = list(urls)
+    rows: dict[str, list[list[Summary]]] = {label: [[] for _ in range(rounds)] for label in labels}
+    for r in range(rounds):
+        for i, c in enumerate(concurrency):
+            k = (r + i) % len(labels)
+            for label in labels[k:] + labels[:k]:
+                done = watch(label, r, c) if watch is not None else None
+                summary, = bench_round(urls[label], model, label, [c], input_len, output_len, seed=r)
+                rows[label][r].append(summary)
+                if done is not None:
+                    done(summary)
     return rows
 
 
