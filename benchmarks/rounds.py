@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -97,6 +98,36 @@ def table(stats: dict[str, dict[int, dict]], concurrency: list[int]) -> list[str
             lines.append(f"| {c} | {label} | {m['output_tok_s']:.1f} | {m['rounds']} | {m['ttft_p50_ms']:.0f} | "
                          f"{m['tpot_p50_ms']:.1f} | {m['failed']} |")
     return lines
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` summed over the live descendants of process ``pid`` (vLLM's engine core
+    under an API server), from ``/proc/PID/task/TID/children``."""
+    total, stack = 0.0, [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except FileNotFoundError:  # it ended meanwhile
+            continue
+        for task in tasks:
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                continue
+            for kid in kids:
+                try:
+                    total += cpu_seconds(kid)
+                except FileNotFoundError:
+                    continue
+                stack.append(kid)
+    return total
 
 
 def memory_mib(pid: int | str = "self") -> tuple[float, float]:

@@ -57,6 +57,7 @@ from glmserve.testing import RemoteServer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.unit.fakes import FakeEngine  # noqa: E402  (the serving tests' engine, its tokenizer)
+from rounds import cpu_seconds, save  # noqa: E402  (benchmarks/rounds.py)
 
 TEMPLATE = ROOT / "tests" / "fixtures" / "glm" / "glm-4.6.jinja"
 MODEL = "synthetic"
@@ -180,12 +181,6 @@ async def load(url: str, case: str, c: int, requests: int, tokens: int, model: s
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(c)))
     return total
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(server: RemoteServer, case: str, c: int, tokens: int, model: str = MODEL, ignore_eos: bool = False,
@@ -329,8 +324,6 @@ def main() -> None:
                      f"{tok_s:.0f} |")
     report = "\n".join(lines)
     if args.save:
-        from rounds import save  # benchmarks/rounds.py
-
         save(args.save, "Serving-layer CPU time per token", report, stats, command="python " + " ".join(sys.argv))
     else:
         print(report)

@@ -1,9 +1,11 @@
-"""``benchmarks/rounds.py``'s ``interleave``: every level runs on every server back to back, the
-servers' order rotated at every level and every round, and each run's summary goes to its
-server's round and to ``watch``."""
+"""``benchmarks/rounds.py``: ``interleave`` runs every level on every server back to back, the
+servers' order rotated at every level and every round, each run's summary going to its server's
+round and to ``watch``; ``children_cpu_seconds`` counts a server's engine process."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -51,3 +53,19 @@ def test_three_servers_rotate(monkeypatch):
     monkeypatch.setattr(rounds, "bench_round", lambda url, *a, seed: order.append(url) or [SimpleNamespace()])
     rounds.interleave({"a": "a", "b": "b", "c": "c"}, 1, [1, 2, 3], 32, 64, "m")
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_children_cpu_seconds_counts_grandchildren():
+    """A grandchild that spent 0.3 s of CPU (its own clock; /proc counts 10 ms ticks) is counted
+    under this process; none of this process's own time is."""
+
+    rounds = _rounds()
+    burn = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                              f"{burn!r}])"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "done\n"
+        assert 0.25 <= rounds.children_cpu_seconds(os.getpid()) - rounds.cpu_seconds(child.pid) < 1.0
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
