@@ -360,3 +360,50 @@ def test_batch_lines_reach_the_engine_at_batch_priority_and_routes_at_interactiv
             status, result = http.portal.call(dispatcher(app), "", url, body)
             assert status == 200, result
             assert len(engine.requests) == before + 1 and engine.requests[-1].priority == BATCH_PRIORITY, url
+
+
+def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_woken(tmp_path):
+    """With no batch unfinished, a runner leaves the database alone between looks (``idle_poll_s``),
+    not every ``poll_s``; a batch created through its own service wakes it at once, and one that
+    another server creates on the same database (no wake here) is found at a later look."""
+    service, calls = _service(tmp_path), Counter()
+    looks: Counter = Counter()
+    unfinished = service.batches.unfinished
+
+    def counted() -> list[str]:
+        looks["unfinished"] += 1
+        return unfinished()
+
+    service.batches.unfinished = counted
+
+    async def looked(n: int) -> bool:
+        return looks["unfinished"] >= n
+
+    async def scenario() -> None:
+        runner = BatchRunner(service, _answering("m", calls), lambda: 4, Activity(), poll_s=0.01, idle_poll_s=3600)
+        task = asyncio.create_task(runner.run_forever())
+        try:
+            await _until(lambda: looked(1))
+            await asyncio.sleep(0.5)  # fifty poll_s periods
+            assert looks["unfinished"] == 1
+            batch = await _batch(service, ["m", "m"])  # the service wakes its runner
+            await _until(lambda: _status_is(service, batch["id"], "completed"))
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await runner.close()
+        assert sum(calls.values()) == 2
+        other = _service(tmp_path)  # another server's, on the same database
+        runner = BatchRunner(service, _answering("m", calls), lambda: 4, Activity(), poll_s=0.01, idle_poll_s=0.2)
+        task = asyncio.create_task(runner.run_forever())
+        try:
+            seen = looks["unfinished"]
+            await _until(lambda: looked(seen + 1))  # the first look: nothing unfinished, idle
+            batch = await _batch(other, ["m"])
+            await _until(lambda: _status_is(service, batch["id"], "completed"))
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await runner.close()
+
+    asyncio.run(scenario())

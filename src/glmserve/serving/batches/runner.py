@@ -23,6 +23,7 @@ QUIET_S = 1.0  # no new line starts until interactive requests have left the eng
 TRANSIENT = (429, 503, 529)  # refusals for now (queue full, model busy, overloaded): retried, never a result
 MAX_LOST = 3  # a line whose runs ended this many times with nothing recorded (its server died) is failed
 MAX_BACKOFF_S = 60.0
+IDLE_POLL_S = 10.0  # no batch unfinished in the database: looked at again this often (or when woken)
 
 
 def backoff_s(retries: int) -> float:
@@ -77,12 +78,19 @@ class BatchRunner:
 
     A line is run once to a recorded result: a transient refusal (``TRANSIENT``) gives the line
     back with a back-off (``backoff_s``), a dispatch that raises records a 500-class error, and
-    a line whose runs were lost ``MAX_LOST`` times is recorded as failed without running."""
+    a line whose runs were lost ``MAX_LOST`` times is recorded as failed without running.
+
+    The database is looked at every ``poll_s`` seconds while a batch is unfinished there, and
+    every ``idle_poll_s`` while none is (an idle server: no query a second); the service wakes
+    the runner at once for a batch created or cancelled through it, so only a batch another
+    server created on the same database waits up to ``idle_poll_s`` for this runner (its own
+    server's runner starts it at once)."""
 
     def __init__(self, service: BatchService, dispatch: Dispatch, capacity: Callable[[], int],
-                 activity: Activity, poll_s: float = 1.0, models: Callable[[], Collection[str]] | None = None) -> None:
+                 activity: Activity, poll_s: float = 1.0, models: Callable[[], Collection[str]] | None = None,
+                 idle_poll_s: float = IDLE_POLL_S) -> None:
         self.service, self.dispatch, self.capacity, self.activity = service, dispatch, capacity, activity
-        self.poll_s = poll_s
+        self.poll_s, self.idle_poll_s = poll_s, idle_poll_s
         self.models = models
         self.runner_id = uuid.uuid4().hex
         self._running: dict[int, asyncio.Task] = {}
@@ -93,28 +101,29 @@ class BatchRunner:
         store = self.service.batches
         last_beat = last_finish = 0.0
         was_running, woken = False, True
+        idle = False  # the database held no unfinished batch at the last look, and no line ran here
         while True:
             try:
                 now = time.monotonic()
                 if now - last_beat > LEASE_S / 3:
-                    await asyncio.to_thread(store.heartbeat, self.runner_id, list(self._running))
+                    if self._running:  # the claims of the lines running here kept fresh
+                        await asyncio.to_thread(store.heartbeat, self.runner_id, list(self._running))
                     last_beat = now
-                quiet = self.activity.quiet_for() >= QUIET_S
-                free = self.capacity() - len(self._running) if quiet else 0
-                models = None if self.models is None else self.models()
-                claimed = await asyncio.to_thread(store.claim, self.runner_id, free, LEASE_S, models) \
-                    if free > 0 else []
-                for line in claimed:
-                    self._running[line.id] = asyncio.create_task(self._run(line))
-                # batches are checked for their end every poll_s, and at once when the service woke
-                # the runner (a batch created or cancelled) or the last lines running here have ended;
-                # not when interactive requests come and go (a database round trip each)
-                if now - last_finish > self.poll_s or woken or (was_running and not claimed and not self._running):
-                    for batch_id in await asyncio.to_thread(store.expired):
-                        await self.service.finish_if_done(batch_id, expire=True)
-                    for batch_id in await asyncio.to_thread(store.unfinished):
-                        await self.service.finish_if_done(batch_id)
-                    last_finish = now
+                # idle, the database is looked at again after idle_poll_s or when the service wakes
+                # the runner (a batch created here); another server's new batch waits that long here
+                if not idle or woken or now - last_finish > self.idle_poll_s:
+                    claimed = await self._claim()
+                    # batches are checked for their end every poll_s, and at once when the service
+                    # woke the runner (a batch created or cancelled) or the last lines running here
+                    # have ended; not when interactive requests come and go (a round trip each)
+                    if now - last_finish > self.poll_s or woken or (was_running and not claimed and
+                                                                    not self._running):
+                        unfinished = await asyncio.to_thread(store.unfinished)
+                        expired = set(await asyncio.to_thread(store.expired)) if unfinished else set()
+                        for batch_id in unfinished:
+                            await self.service.finish_if_done(batch_id, expire=batch_id in expired)
+                        last_finish = now
+                        idle = not unfinished and not self._running
                 was_running = bool(self._running)
             except asyncio.CancelledError:
                 raise
@@ -123,13 +132,27 @@ class BatchRunner:
             waits = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self.activity.changed.wait())]
             waits += list(self._running.values())
             try:
-                await asyncio.wait(waits, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waits, timeout=self.idle_poll_s if idle else self.poll_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits[:2]:
                     w.cancel()
             woken = self._wake.is_set()
             self._wake.clear()
             self.activity.changed.clear()
+
+    async def _claim(self) -> list[ClaimedLine]:
+        """Claim as many lines as may start now (none while interactive requests are in flight or
+        left less than ``QUIET_S`` ago) and start them."""
+        quiet = self.activity.quiet_for() >= QUIET_S
+        free = self.capacity() - len(self._running) if quiet else 0
+        if free <= 0:
+            return []
+        models = None if self.models is None else self.models()
+        claimed = await asyncio.to_thread(self.service.batches.claim, self.runner_id, free, LEASE_S, models)
+        for line in claimed:
+            self._running[line.id] = asyncio.create_task(self._run(line))
+        return claimed
 
     async def _run(self, line: ClaimedLine) -> None:
         store = self.service.batches

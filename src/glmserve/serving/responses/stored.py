@@ -307,6 +307,8 @@ class ResponseStorage:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             live = [rid for rid, run in self._runs.items() if run.task is not None and not run.task.done()]
+            if not live:  # no round trip for nothing (an idle server)
+                continue
             try:
                 await asyncio.to_thread(self._need_store().heartbeat, live)
             except Exception:  # noqa: BLE001 (a database hiccup must not end the task)
