@@ -1,5 +1,6 @@
-"""glmserve vs llama.cpp's C++ ``llama-server`` under the same load, in alternating rounds of one
-run; prints medians over the rounds and the issue's targets.
+"""glmserve vs llama.cpp's C++ ``llama-server`` under the same load, in balanced rounds of one
+run; prints medians over the rounds, and glmserve against llama-server as the median of per-round
+ratios with their range (docs/engineering/measuring.md).
 
 Systems (the embedded default GGUF, the same threads, 8 parallel sequences):
 - ``glmserve``: ``glmserve serve`` as shipped: ``--kv-layout split``, a KV stream of ``--n-ctx``
@@ -8,9 +9,10 @@ Systems (the embedded default GGUF, the same threads, 8 parallel sequences):
 - ``llama-server -np 8``: ``-c 8192`` split in 8 slots of 1024 cells (its default layout), so a
   request may use at most 1024 tokens.
 
-Each round starts each system in turn (the order rotates every round), runs ``glmserve bench``
-(streaming, greedy, ignore_eos, fixed output length) at each concurrency with fresh prompts,
-reads the server's resident memory, and stops it, so the systems never share the CPU.
+Each round starts each system in turn (ABBA order over an even number of rounds:
+``rounds.order``), runs ``glmserve bench`` (streaming, greedy, ignore_eos, fixed output length) at
+each concurrency with fresh prompts, each level after a discarded wave at its concurrency, reads
+the server's resident memory, and stops it, so the systems never share the CPU.
 
 Build llama-server from the llama-cpp-python source package with the same CMake flags:
 
@@ -19,15 +21,16 @@ Build llama-server from the llama-cpp-python source package with the same CMake 
         -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
     cmake --build build --target llama-server -j2
 
-    python benchmarks/compare_llama_server.py --llama-server build/bin/llama-server [--rounds 3]
+    python benchmarks/compare_llama_server.py --llama-server build/bin/llama-server [--rounds 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from rounds import alternate, medians, save, table  # benchmarks/rounds.py
+from rounds import alternate, check_rounds, medians, paired, paired_text, per_round, save, table  # noqa: I001
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -74,7 +77,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16])
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     args = ap.parse_args()
     specs = systems(args)
     names = list(specs)
@@ -93,17 +96,21 @@ def main() -> None:
     checks = []
     for c in args.concurrency:
         o, t = ours[c], theirs[c]
-        checks.append(f"- c={c}: output tok/s glmserve / llama-server {o['output_tok_s'] / t['output_tok_s']:.2f}; "
-                      f"TTFT p50 {o['ttft_p50_ms']:.0f} vs {t['ttft_p50_ms']:.0f} ms; TPOT p50 "
-                      f"{o['tpot_p50_ms']:.1f} vs {t['tpot_p50_ms']:.1f} ms")
+        throughput = paired(per_round(rows["glmserve"], c), per_round(rows[names[2]], c))
+        tpot = paired(*(per_round(rows[n], c, lambda s: s.tpot_ms["p50"]) for n in ("glmserve", names[2])))
+        o.update(paired_throughput=throughput, paired_tpot_p50=tpot)
+        checks.append(f"- c={c}: output tok/s glmserve / llama-server {paired_text(throughput)}; TPOT p50 "
+                      f"{paired_text(tpot)} ({o['tpot_p50_ms']:.1f} vs {t['tpot_p50_ms']:.1f} ms); TTFT p50 "
+                      f"{o['ttft_p50_ms']:.0f} vs {t['ttft_p50_ms']:.0f} ms")
     checks.append(f"- failed glmserve requests over all levels and rounds: "
                   f"{sum(m['failed'] for m in ours.values())}")
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"{args.parallel} parallel sequences | input ~{args.input_len} tokens, output {args.output_len} "
-        f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} alternating rounds, "
-        "medians", "", *lines, "", *memory, "", *checks])
-    save("compare_llama_server", "glmserve vs llama-server", report, stats)
+        f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency), after a discarded wave of c | "
+        f"{args.rounds} rounds in ABBA order; medians, and ratios as the median of per-round ratios", "", *lines, "", *memory, "", *checks])
+    save("compare_llama_server", "glmserve vs llama-server", report, stats,
+         command=" ".join(["python benchmarks/compare_llama_server.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

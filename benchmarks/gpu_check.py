@@ -59,7 +59,7 @@ import openai
 from glmserve.bench.metrics import Summary
 from glmserve.bench.report import hardware
 from glmserve.testing import RemoteServer
-from rounds import interleave, medians, save, table  # benchmarks/rounds.py
+from rounds import check_rounds, interleave, medians, paired, paired_text, per_round, save, table  # noqa: I001
 
 ROOT = Path(__file__).parent.parent
 SMOLLM2 = ROOT / ".pytest_cache" / "d" / "smollm2-135m-instruct-hf"
@@ -320,12 +320,18 @@ def performance(args, work: Path) -> tuple[list[str], dict]:
              f"{', load_format=dummy' if theirs_load else ''}) | max_model_len {args.n_ctx} | glmserve in force: "
              f"max_num_seqs {card.get('max_num_seqs')}, max_num_batched_tokens {card.get('max_num_batched_tokens')}, "
              f"max_queue {card.get('max_queue')} | input ~{args.input_len} tokens, output {args.output_len} "
-             f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency) | {args.rounds} rounds, the servers "
-             "alternating level by level, medians", "", *table(stats, args.concurrency), ""]
+             f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency), after a discarded wave of c | "
+             f"{args.rounds} rounds, the servers interleaved level by level in ABBA order; medians, and ratios as the "
+             "median of per-round ratios", "", *table(stats, args.concurrency), ""]
+    ours, theirs = rows["glmserve --engine vllm"], rows["vllm serve"]
     for c in args.concurrency:
-        o, t = stats["glmserve --engine vllm"][c], stats["vllm serve"][c]
-        lines.append(f"- c={c}: output tok/s glmserve / vLLM {o['output_tok_s'] / t['output_tok_s']:.3f}, "
-                     f"TTFT p50 {o['ttft_p50_ms'] / t['ttft_p50_ms']:.3f}, TPOT p50 {o['tpot_p50_ms'] / t['tpot_p50_ms']:.3f}")
+        throughput = paired(per_round(ours, c), per_round(theirs, c))
+        ttft, tpot = (paired(*(per_round(x, c, lambda s, k=k: getattr(s, k)["p50"]) for x in (ours, theirs)))
+                      for k in ("ttft_ms", "tpot_ms"))
+        stats["glmserve --engine vllm"][c].update(paired_throughput=throughput, paired_ttft_p50=ttft,
+                                                  paired_tpot_p50=tpot)
+        lines.append(f"- c={c}: output tok/s glmserve / vLLM {paired_text(throughput)}; TTFT p50 {paired_text(ttft)}; "
+                     f"TPOT p50 {paired_text(tpot)}")
     return lines, stats
 
 
@@ -352,7 +358,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32, 128, 256])
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     ap.add_argument("--skip", choices=["correctness", "text", "performance"], action="append", default=[],
                     help="correctness: all its cases; text: the text model's (the vision case still runs, and "
                          "--model needs only its tokenizer files); performance: the comparison")

@@ -15,11 +15,12 @@ checkpoint's NextN layer is right less often (GLM-4.5's MTP acceptance is report
 so the figure shows what the mechanism gives where the drafts are right.
 
 Two servers of that GGUF (the same threads, ``--max-num-seqs 1``): ``glmserve`` and ``glmserve
---speculative mtp``. Each request (the trained question, greedy, streamed) is sent to each server
-in turn, the order alternating, one request at a time; per request, decode tok/s is its tokens
-after the first over the time from its first token to its last. Every answer must be the trained
-one. Prints the medians, their ratio and the draft acceptance from ``/metrics``, and keeps them in
-``results/mtp.md`` and ``.json``.
+--speculative mtp``. After a warm-up pair, each request (the trained question, greedy, streamed) is
+sent to each server in turn, in ABBA order (``rounds.order``), one request at a time; per request,
+decode tok/s is its tokens after the first over the time from its first token to its last. Every
+answer must be the trained one. Prints the medians, the speed-up as the median of the pairs'
+ratios with their range (docs/engineering/measuring.md), and the draft acceptance from
+``/metrics``, and keeps them in ``results/mtp.md`` and ``.json``.
 
     python benchmarks/mtp.py [--requests 10] [--threads 2] [--no-widen]
 """
@@ -35,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
-from rounds import save, stream_chat  # benchmarks/rounds.py
+from rounds import check_rounds, order, paired, paired_text, save, stream_chat  # noqa: I001
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from glmserve.bench.report import hardware  # noqa: E402
@@ -75,7 +76,7 @@ async def one(url: str) -> tuple[float, int, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--requests", type=check_rounds, default=10, help="per system, an even number (ABBA order)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widen", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
@@ -88,8 +89,7 @@ def main() -> None:
             rates: dict[str, list[float]] = {name: [] for name in systems}
             lengths = set()
             for i in range(args.requests + 1):
-                order = list(systems) if i % 2 else list(systems)[::-1]
-                for name in order:
+                for name in order(list(systems), i - 1):
                     rate, tokens, text = asyncio.run(one(systems[name].url))
                     if text != ANSWER.rstrip("\n"):  # the newline before <|user|> is trimmed
                         raise SystemExit(f"{name} answered {text!r}, not the trained answer")
@@ -101,6 +101,7 @@ def main() -> None:
             for server in systems.values():
                 server.stop()
     base, mtp = (statistics.median(rates[name]) for name in systems)
+    speedup = paired(*(rates[name] for name in reversed(list(systems))))
     acceptance = spec["num_accepted_tokens"] / max(spec["num_draft_tokens"], 1)
     shape = ("widened to hidden 1024, MLPs 4096, experts 1024, 10 leading zero layers (12 layers); f16 GGUF"
              if args.widen else "2 layers, hidden 64; f32 GGUF")
@@ -112,11 +113,13 @@ def main() -> None:
         "| system | decode tok/s (median) | vs no speculation | drafts | draft tokens | accepted |",
         "|---|---:|---:|---:|---:|---:|",
         f"| glmserve | {base:.1f} | 1.00x | | | |",
-        f"| glmserve --speculative mtp | {mtp:.1f} | {mtp / base:.2f}x | {spec['num_drafts']:.0f} | "
+        f"| glmserve --speculative mtp | {mtp:.1f} | {speedup['median']:.2f}x | {spec['num_drafts']:.0f} | "
         f"{spec['num_draft_tokens']:.0f} | {spec['num_accepted_tokens']:.0f} ({acceptance:.0%}) |",
+        "",
+        f"Speed-up, the median of the pairs' ratios: {paired_text(speedup)}",
     ])
     save("mtp", "MTP speculative decoding, paired", report,
-         {"decode_tok_s": rates, "spec_decode": spec, "output_tokens": sorted(lengths)},
+         {"decode_tok_s": rates, "paired_speedup": speedup, "spec_decode": spec, "output_tokens": sorted(lengths)},
          command=f"python benchmarks/mtp.py --requests {args.requests} --threads {args.threads}"
                  + ("" if args.widen else " --no-widen"))
 

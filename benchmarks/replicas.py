@@ -20,7 +20,7 @@ import argparse
 
 from glmserve.bench.report import hardware
 from glmserve.testing import DEFAULT_MODEL, RemoteServer
-from rounds import alternate, medians, save, table  # benchmarks/rounds.py
+from rounds import alternate, check_rounds, medians, save, table  # benchmarks/rounds.py
 
 SYSTEMS = {
     "single": (),
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     args = ap.parse_args()
     rows = alternate(list(SYSTEMS), lambda name: start(name, args), args.rounds, args.concurrency,
                      args.input_len, args.output_len, DEFAULT_MODEL)

@@ -1,6 +1,8 @@
 """What the serving benchmarks share: one round of ``glmserve bench`` at each concurrency,
-alternating rounds (servers started in turn, or running side by side and interleaved level by
-level), medians over the rounds, and the table they print."""
+rounds in a balanced order (servers started in turn, or running side by side and interleaved
+level by level), a discarded warm-up at each level's concurrency, medians over the rounds,
+comparisons as the median of per-round (paired) ratios, CPU time from a nanosecond clock, and the
+table they print. How and why: docs/engineering/measuring.md."""
 
 from __future__ import annotations
 
@@ -22,29 +24,67 @@ TABLE_HEAD = ["| concurrency | system | output tok/s (median) | per round | TTFT
               "|---:|---|---:|---|---:|---:|---:|"]
 
 
+WARMUP_SEED = 10**6  # warm-up prompts are drawn from seeds past any measured run's
+
+
+def check_rounds(rounds: int) -> int:
+    """``rounds`` if it is even and positive (``order`` balances pairs of rounds); else
+    ``ValueError`` (benchmarks use it as an argparse ``type``)."""
+    rounds = int(rounds)
+    if rounds < 2 or rounds % 2:
+        raise ValueError(f"an even number of rounds (2, 4, ...) is needed for a balanced order, not {rounds}")
+    return rounds
+
+
+def order(labels: list[str], r: int, i: int = 0) -> list[str]:
+    """The order in which the systems ``labels`` run in round ``r`` at level ``i``: ABBA over the
+    rounds (round 2k runs a rotation of ``labels``, round 2k+1 the same rotation reversed), the
+    rotation advanced every pair of rounds and every level. So over each pair of rounds every
+    system's mean position is the same, and with two systems each goes first once per pair at
+    every level: a system that gains from going first (a warmer cache, a quieter spell) gains
+    equally often."""
+    k = (r // 2 + i) % len(labels)
+    rotated = labels[k:] + labels[:k]
+    return rotated[::-1] if r % 2 else rotated
+
+
 def bench_round(url: str, model: str, label: str, concurrency: list[int], input_len: int, output_len: int,
-                seed: int) -> list[Summary]:
+                seed: int, warmup: bool = True) -> list[Summary]:
     """``glmserve bench`` against ``url`` at each concurrency c: max(8, 4 c) streaming greedy
     requests of ``output_len`` tokens (ignore_eos), prompts of about ``input_len`` tokens drawn
-    from ``seed`` (and c, so that no two levels share prompts)."""
+    from ``seed`` (and c, so that no two levels share prompts); with ``warmup``, first one wave
+    of c requests at concurrency c on prompts of their own, discarded (the server's batch shapes,
+    buffers and caches for that level, made before anything is measured)."""
     out = []
     for c in concurrency:
+        if warmup:
+            warm_up(url, model, label, c, input_len, output_len, seed)
         settings = BenchSettings(url=url, model=model, label=label, concurrency=[c], num_requests=max(8, 4 * c),
                                  input_len=input_len, output_len=output_len, ignore_eos=True, seed=seed * 1000 + c)
         out += asyncio.run(run_all(settings))[1]
     return out
 
 
+def warm_up(url: str, model: str, label: str, c: int, input_len: int, output_len: int, seed: int) -> None:
+    """One wave of ``c`` requests at concurrency ``c`` (as ``bench_round``'s, on prompts of
+    their own), its figures discarded."""
+    settings = BenchSettings(url=url, model=model, label=label, concurrency=[c], num_requests=c, input_len=input_len,
+                             output_len=output_len, ignore_eos=True, seed=WARMUP_SEED + seed * 1000 + c)
+    asyncio.run(run_all(settings))
+
+
 def alternate(names: list[str], start: Callable[[str], object], rounds: int, concurrency: list[int],
               input_len: int, output_len: int, model: str,
               after: Callable[[str, object], None] | None = None) -> dict[str, list[list[Summary]]]:
-    """``rounds`` rounds; each starts every system in ``names`` in turn (``start(name)`` returns
-    a server with ``url`` and ``stop()``; the order rotates every round), runs ``bench_round`` on
-    it with the round's prompts, calls ``after(name, server)`` if given, and stops it, so the
-    systems never share the machine. Returns {name: [each round's summaries]}."""
+    """``rounds`` rounds (even: ``check_rounds``); each starts every system in ``names`` in turn
+    (``start(name)`` returns a server with ``url`` and ``stop()``; in ``order``: ABBA), runs
+    ``bench_round`` on it with the round's prompts (each level warmed up first), calls
+    ``after(name, server)`` if given, and stops it, so the systems never share the machine.
+    Returns {name: [each round's summaries]}."""
+    check_rounds(rounds)
     rows: dict[str, list[list[Summary]]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in order(names, r):
             server = start(name)
             try:
                 rows[name].append(bench_round(server.url, model, name, concurrency, input_len, output_len, seed=r))
@@ -58,20 +98,23 @@ def alternate(names: list[str], start: Callable[[str], object], rounds: int, con
 def interleave(urls: dict[str, str], rounds: int, concurrency: list[int], input_len: int, output_len: int,
                model: str, watch: Callable[[str, int, int], Callable[[Summary], None]] | None = None,
                ) -> dict[str, list[list[Summary]]]:
-    """``rounds`` rounds of ``bench_round`` over servers already running (``urls``: {label: base
-    URL}): each level of ``concurrency`` runs on every server back to back, the order of the
-    servers rotated at every level and every round (A B, B A, A B, ... for two), so that one
-    level's runs on the servers are minutes apart at most and a drift in the machine's speed
-    falls on both. ``watch(label, round, c)``, if given, is called before each run and returns
-    a function called with its ``Summary``. Returns {label: [each round's summaries, by level]}."""
+    """``rounds`` rounds (even: ``check_rounds``) of ``bench_round`` over servers already running
+    (``urls``: {label: base URL}): each level of ``concurrency`` runs on every server back to
+    back (each warmed up at that level first, the warm-up not measured), in ``order`` (ABBA over
+    the rounds, shifted by level), so that one level's runs on the servers are minutes apart at
+    most, a drift in the machine's speed falls on both, and each server goes first equally often.
+    ``watch(label, round, c)``, if given, is called before each measured run (after its warm-up)
+    and returns a function called with its ``Summary``. Returns {label: [each round's summaries,
+    by level]}."""
+    check_rounds(rounds)
     labels = list(urls)
     rows: dict[str, list[list[Summary]]] = {label: [[] for _ in range(rounds)] for label in labels}
     for r in range(rounds):
         for i, c in enumerate(concurrency):
-            k = (r + i) % len(labels)
-            for label in labels[k:] + labels[:k]:
+            for label in order(labels, r, i):
+                warm_up(urls[label], model, label, c, input_len, output_len, seed=r)
                 done = watch(label, r, c) if watch is not None else None
-                summary, = bench_round(urls[label], model, label, [c], input_len, output_len, seed=r)
+                summary, = bench_round(urls[label], model, label, [c], input_len, output_len, seed=r, warmup=False)
                 rows[label][r].append(summary)
                 if done is not None:
                     done(summary)
@@ -100,10 +143,52 @@ def table(stats: dict[str, dict[int, dict]], concurrency: list[int]) -> list[str
     return lines
 
 
+def per_round(rounds: list[list[Summary]], c: int, metric: Callable[[Summary], float] | None = None) -> list[float]:
+    """``metric`` (default: output tok/s) of each round's summary at concurrency ``c``, in round
+    order."""
+    metric = metric or (lambda s: s.output_throughput)
+    return [metric(s) for summaries in rounds for s in summaries if s.concurrency == c]
+
+
+def paired(ours: list[float], theirs: list[float]) -> dict:
+    """The comparison of two systems measured in the same rounds: the ratio ``ours[r] /
+    theirs[r]`` of each round (the two runs of a round are minutes apart, so a slow spell of the
+    machine falls on both), and their median, minimum and maximum. Raises ``ValueError`` when
+    the lists differ in length."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"paired rounds needed: {len(ours)} against {len(theirs)}")
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "rounds": [round(x, 3) for x in ratios]}
+
+
+def paired_text(p: dict) -> str:
+    """``paired``'s figures in one phrase: ``1.001 (rounds 0.962 .. 1.012: [0.962, 1.001, ...])``."""
+    return f"{p['median']:.3f} (rounds {p['min']:.3f} .. {p['max']:.3f}: {p['rounds']})"
+
+
+def _cpu_clock(pid: int) -> int:
+    """Linux's CPU-time clock of process ``pid`` (glibc's ``clock_getcpuclockid``: the pid's
+    bits inverted, shifted left by 3, or'ed with CPUCLOCK_SCHED = 2)."""
+    return ((~pid) << 3) | 2
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` so far, all its threads, ended ones too: the
+    kernel's per-process CPU-time clock (the scheduler's runtime in nanoseconds, not ``/proc``'s
+    10 ms ticks; ``CPU_CLOCK`` says what that gives per token). Raises ``ProcessLookupError``
+    when the process is gone."""
+    try:
+        return time.clock_gettime(_cpu_clock(pid))
+    except OSError:
+        raise ProcessLookupError(pid) from None
+
+
+# what the figures from cpu_seconds can resolve; a running thread's time is brought up to date at
+# the scheduler's tick, so a read made while the server works may miss up to a tick of each busy
+# thread: the benchmarks read between runs, when the server is idle
+CPU_CLOCK = (f"CPU time from the kernel's per-process CPU clock (resolution "
+             f"{time.clock_getres(_cpu_clock(os.getpid())) * 1e9:.0f} ns), read between runs")
 
 
 def children_cpu_seconds(pid: int) -> float:
@@ -124,7 +209,7 @@ def children_cpu_seconds(pid: int) -> float:
             for kid in kids:
                 try:
                     total += cpu_seconds(kid)
-                except FileNotFoundError:
+                except ProcessLookupError:
                     continue
                 stack.append(kid)
     return total

@@ -57,7 +57,7 @@ from glmserve.testing import RemoteServer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.unit.fakes import FakeEngine  # noqa: E402  (the serving tests' engine, its tokenizer)
-from rounds import cpu_seconds, save  # noqa: E402  (benchmarks/rounds.py)
+from rounds import CPU_CLOCK, check_rounds, cpu_seconds, order, paired, paired_text, save  # noqa: E402, I001
 
 TEMPLATE = ROOT / "tests" / "fixtures" / "glm" / "glm-4.6.jinja"
 MODEL = "synthetic"
@@ -249,7 +249,8 @@ def vllm_servers(args) -> dict[str, Callable[[], RemoteServer]]:
 
 def run_rounds(args) -> dict[tuple[str, str, int], list[dict]]:
     """{(system, case, c): each round's ``measure``}; systems (glmserve on the synthetic engine,
-    or glmserve and ``vllm serve`` on ``--vllm-model``) and cases alternate from round to round."""
+    or glmserve and ``vllm serve`` on ``--vllm-model``) in ABBA order (``rounds.order``); the cases
+    rotate from round to round."""
     if args.vllm_model is not None:
         from compare_vllm_serve import NAME  # benchmarks/compare_vllm_serve.py
 
@@ -261,7 +262,7 @@ def run_rounds(args) -> dict[tuple[str, str, int], list[dict]]:
     runs: dict[tuple[str, str, int], list[dict]] = {}
     systems = list(starters)
     for r in range(args.rounds):
-        for system in systems[r % len(systems):] + systems[:r % len(systems)]:
+        for system in order(systems, r):
             print(f"round {r + 1}: {system}", file=sys.stderr, flush=True)
             server = starters[system]()
             try:
@@ -283,9 +284,8 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 32, 128, 256])
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per request")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--min-requests", type=int, default=16, help="requests per measurement: max(2 c, this); the "
-                    "CPU clock ticks 10 ms, so a fast server needs many")
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
+    ap.add_argument("--min-requests", type=int, default=16, help="requests per measurement: max(2 c, this)")
     ap.add_argument("--vllm-model", type=Path, help="a Hugging Face folder: glmserve --engine vllm vs vllm serve")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="with --vllm-model")
     ap.add_argument("--vllm-core", choices=["engine", "synthetic"], default="engine",
@@ -312,7 +312,7 @@ def main() -> None:
             engine += ", vLLM's engine core synthetic (synthetic_vllm_core.py: no model, a token per running " \
                       "request per step)"
     lines = [f"hardware: {hardware()}; engine: {engine}; {args.tokens} output tokens per request; "
-             f"{args.rounds} alternating rounds, medians; CPU time of the server's API process", "",
+             f"{args.rounds} rounds in ABBA order, medians; CPU time of the server's API process ({CPU_CLOCK})", "",
              "| system | case | concurrency | serving CPU µs / token (median) | per round | tok/s (median) |",
              "|---|---|---:|---:|---|---:|"]
     stats = {}
@@ -322,6 +322,14 @@ def main() -> None:
         stats[f"{system} {case} c={c}"] = {"cpu_us_per_token": statistics.median(us), "rounds": us, "tok_s": tok_s}
         lines.append(f"| {system} | {case} | {c} | {statistics.median(us):.0f} | {[round(u) for u in us]} | "
                      f"{tok_s:.0f} |")
+    systems = list(dict.fromkeys(system for system, _, _ in runs))
+    if len(systems) == 2:  # the first against the second, round by round
+        lines += ["", f"{systems[0]} / {systems[1]}, serving CPU per token: the median of per-round ratios", ""]
+        for case in args.cases:
+            for c in args.concurrency:
+                ratio = paired(*([x["cpu_us_per_token"] for x in runs[(system, case, c)]] for system in systems))
+                stats[f"{systems[0]} / {systems[1]} {case} c={c}"] = ratio
+                lines.append(f"- {case} c={c}: {paired_text(ratio)}")
     report = "\n".join(lines)
     if args.save:
         save(args.save, "Serving-layer CPU time per token", report, stats, command="python " + " ".join(sys.argv))

@@ -1,7 +1,7 @@
 """Speculative decoding (``--speculative ngram``, and ``--speculative draft`` with
 ``--draft-model``) against decoding without it and against llama.cpp's C++ ``llama-server`` with
-its own speculation, in alternating rounds of one run; prints medians over the rounds and the
-issue's targets.
+its own speculation, in balanced rounds of one run; prints medians over the rounds and the
+issue's targets, each comparison the median of per-round ratios (docs/engineering/measuring.md).
 
 Systems (the embedded default GGUF, the same threads, 8 parallel sequences, 4096 tokens each):
 - ``glmserve``: ``glmserve serve`` as shipped (no speculation);
@@ -36,7 +36,7 @@ Workloads (greedy, each request's own prompt, up to ``--max-tokens``):
   repeated generation: what n-gram statistics kept across requests, llama-server's
   ``ngram-mod``, are for).
 
-Each round starts each system in turn (the order rotates every round), runs every workload at
+Each round starts each system in turn (ABBA order: ``rounds.order``), runs every workload at
 each concurrency (``max(4, 2 c)`` requests, ``c`` in flight), reads the draft acceptance
 (glmserve: ``/metrics``; llama-server: each response's ``timings.draft_n`` /
 ``draft_n_accepted``), and stops it. Output tok/s is generated tokens over the level's wall
@@ -48,7 +48,7 @@ TTFT is per request (streaming).
 (one request at a time), and compares the decode time per token of the same request: on a
 shared, noisy machine this tells a few percent apart, which rounds minutes apart cannot.
 
-    python benchmarks/speculative.py [--llama-server build/bin/llama-server] [--rounds 3]
+    python benchmarks/speculative.py [--llama-server build/bin/llama-server] [--rounds 4]
         [--draft-model PATH] [--systems NAME,...] [--paired] [--out NAME]
 """
 
@@ -64,7 +64,8 @@ import sys
 import time
 
 import httpx
-from rounds import save, stream_chat  # benchmarks/rounds.py
+from rounds import check_rounds, order, paired_text, save, stream_chat  # noqa: I001
+from rounds import paired as paired_ratios  # noqa: I001
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -245,7 +246,7 @@ def start(spec: dict, threads: int) -> RemoteServer:
 
 def paired(args, specs: dict[str, dict]) -> None:
     """``--paired``: every system runs at once, idle but for the request it is sent; each request
-    goes to every system in turn (the order rotating from request to request), one at a time, so
+    goes to every system in turn (ABBA order from request to request), one at a time, so
     that the machine's load changes between the systems' answers to the same request far less
     than between rounds. Reports, per workload, each system's decode tok/s and the median over
     requests of its decode time per token against the first system's for the same request."""
@@ -274,7 +275,7 @@ def paired(args, specs: dict[str, dict]) -> None:
                             asyncio.run(send(name, text, seed))
                 for text, seed in zip(texts, seeds):
                     turn += 1
-                    for name in names[turn % len(names):] + names[:turn % len(names)]:
+                    for name in order(names, turn - 1):
                         before = spec_counters(servers[name].url) if "args" in specs[name] else (0, 0)
                         result = asyncio.run(send(name, text, seed))
                         after = spec_counters(servers[name].url) if "args" in specs[name] else (0, 0)
@@ -317,7 +318,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--max-tokens", type=int, default=400)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["grounded", "natural"],
                     help="comma-separated: grounded, natural, paraphrase, translate, explain, sampled, repeated")
     ap.add_argument("--paired", action="store_true", help="all systems at once, each request sent to each in "
@@ -338,7 +339,7 @@ def main() -> None:
     workloads = args.workloads
     runs: dict = {name: {w: {c: [] for c in args.concurrency} for w in workloads} for name in names}
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in order(names, r):
             spec = specs[name]
             server = start(spec, args.threads)
             try:
@@ -388,22 +389,21 @@ def main() -> None:
         for w in workloads:
             for c in args.concurrency:
                 line = f"- {w}, c={c}: --speculative {method}"
-                if "glmserve" in stats:
-                    base = stats["glmserve"][w][c]
-                    line += (f" / no speculation: output {spec[w][c]['output_tok_s'] / base['output_tok_s']:.2f}x, "
-                             f"decode {spec[w][c]['decode_tok_s'] / base['decode_tok_s']:.2f}x")
-                if other is not None:
-                    line += (f"; / llama-server's {theirs}: output "
-                             f"{spec[w][c]['output_tok_s'] / other[w][c]['output_tok_s']:.2f}x, decode "
-                             f"{spec[w][c]['decode_tok_s'] / other[w][c]['decode_tok_s']:.2f}x")
-                checks.append(line)
+                ours = runs[f"glmserve --speculative {method}"][w][c]
+                for against, label in (("glmserve", "no speculation"), (f"llama-server --spec-type {theirs}",
+                                                                         f"llama-server's {theirs}")):
+                    if against in runs:
+                        out, dec = (paired_ratios([x[k] for x in ours], [x[k] for x in runs[against][w][c]])
+                                    for k in ("tok_s", "decode_tok_s"))
+                        line += f"; / {label}: output {paired_text(out)}, decode {paired_text(dec)}"
+                checks.append(line.replace(f"{method}; /", f"{method} /", 1))
     checks.append("- targets: grounded c=1 >= 1.5x without speculation and >= llama-server's speculation; "
                   "natural, paraphrase, translate, explain, sampled >= 0.97x without speculation (decode tok/s: "
                   "greedy answers past 256 tokens may differ in length); repeated faster than without")
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"8 parallel sequences, 4096 tokens each | greedy, max_tokens {args.max_tokens}, streaming | max(4, 2c) "
-        f"requests per level | {args.rounds} alternating rounds, medians", "", *lines, "", *checks])
+        f"requests per level | {args.rounds} rounds in ABBA order, medians; ratios: the median of per-round ratios", "", *lines, "", *checks])
     save(args.out or ("speculative-draft" if args.draft_model else "speculative"),
          "Speculative decoding: glmserve with and without --speculative, and llama-server", report, stats, command=" ".join(["python", "benchmarks/speculative.py", *sys.argv[1:]]))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from rounds import alternate, medians, save, table  # benchmarks/rounds.py
+from rounds import alternate, check_rounds, medians, save, table  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the transformers engine's weights")
     args = ap.parse_args()
