@@ -20,9 +20,9 @@ from glmserve.engine.types import SpecDecodeCounters
 from glmserve.settings.serve import ServeSettings
 
 
-def measured(extra_row_ms: float, rows: range = range(2, 18), t1_ms: float = 10.0) -> StepCosts:
+def measured(extra_row_ms: float, rows: range = range(2, 18), t1_ms: float = 10.0, learn: bool = True) -> StepCosts:
     """Step costs measured on a machine where each draft row adds ``extra_row_ms``."""
-    costs = StepCosts()
+    costs = StepCosts(learn)
     for _ in range(20):
         for r in rows:
             costs.record(1, t1_ms / 1000)
@@ -118,6 +118,18 @@ def test_a_draft_is_sent_only_when_its_expected_gain_beats_its_cost():
         mixed.observe(i % 5 < 2)
     assert best_length(mixed, cpu, 16) == (0, 1.0)
     assert best_length(mixed, measured(0.0), 16)[0] > 0  # free rows: it pays
+
+
+def test_with_the_prior_fixed_drafts_depend_on_the_tokens_alone():
+    """``--spec-ngram-cost prior``: steps measured dear (a loaded machine) or free change nothing,
+    so the same tokens give the same drafts; learned, dear rows stop the drafts that the prior
+    sends."""
+    tokens = [random.Random(7).randrange(1000) for _ in range(40)] * 2
+    fixed = [feed(drafter(costs=measured(extra, learn=False)), tokens, 80, 40) for extra in (0.0, 3.5, 30.0)]
+    assert fixed[0] == fixed[1] == fixed[2] == feed(drafter(costs=StepCosts()), tokens, 80, 40)
+    assert sum(map(len, fixed[0])) > 20  # the copy is drafted under the prior
+    assert measured(30.0, learn=False).ratio(9) == StepCosts().ratio(9)
+    assert sum(map(len, feed(drafter(costs=measured(30.0)), tokens, 80, 40))) == 0  # learned: rows too dear
 
 
 def feed(d: NgramDrafter, tokens: list[int], upto: int, start: int) -> list[list[int]]:
@@ -225,5 +237,9 @@ def test_transformers_refuses_a_draft_model_and_vllm_takes_it():
 def test_spec_flags_need_speculative():
     with pytest.raises(ValueError, match="--spec-draft-max needs --speculative"):
         ServeSettings(spec_draft_max=4)
+    for other in ({}, {"speculative": "draft", "draft_model": "x.gguf"}):
+        with pytest.raises(ValueError, match="--spec-ngram-cost is for --speculative ngram"):
+            ServeSettings(**other, spec_ngram_cost="prior")
+    assert ServeSettings(speculative="ngram", spec_ngram_cost="prior").spec_ngram_cost == "prior"
     with pytest.raises(ValueError, match="--spec-ngram-min is larger"):
         ServeSettings(speculative="ngram", spec_ngram_min=5, spec_ngram_max=3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings
 from glmserve.engine.settings import PER_MODEL
@@ -23,6 +23,12 @@ class LlamaCppSettings(SpeculativeSettings):
     n_threads: NThreads
     max_num_batched_tokens: MaxNumBatchedTokens
     batch_invariant: BatchInvariant
+    spec_ngram_cost: Literal["measured", "prior"] = Field(
+        "measured", description="llama_cpp, --speculative ngram: what a draft row costs; measured: learned from the "
+                                "engine's own steps; prior: the built-in 2-CPU figures, so that whether a draft is "
+                                "sent depends on the tokens alone, not the machine's load (for tests and "
+                                "reproducible draft counts; not faster).", json_schema_extra=PER_MODEL,
+    )
     kv_layout: Literal["split", "unified"] = Field(
         "split", description="llama_cpp: KV cache layout; split: n_ctx cells per sequence; unified: n_ctx cells "
                              "shared by all (less memory).",
@@ -41,3 +47,9 @@ class LlamaCppSettings(SpeculativeSettings):
         2048, ge=0, le=1 << 24, description="llama_cpp: host-memory prompt cache in MiB, as llama-server's "
                                             "--cache-ram (0: off; split KV layout only).",
     )
+
+    @model_validator(mode="after")
+    def _check_spec_ngram_cost(self):
+        if "spec_ngram_cost" in self.model_fields_set and self.speculative != "ngram":
+            raise ValueError("--spec-ngram-cost is for --speculative ngram")
+        return self

@@ -43,11 +43,14 @@ PRIOR_AFTER_HIT = (0.6, 2.0)
 class StepCosts:
     """Seconds a decode step of one sequence takes by its rows (the last token plus a draft),
     learned from the engine's steps. ``record(rows, seconds)``; ``ratio(rows)``: ``t(rows) /
-    t(1)``, 1 for one row. Shared by all sequences of an engine (worker thread only)."""
+    t(1)``, 1 for one row. Shared by all sequences of an engine (worker thread only). With
+    ``learn`` False (``--spec-ngram-cost prior``) ``record`` keeps nothing: the ratio stays the
+    prior's, and whether a draft pays depends on the tokens alone."""
 
-    __slots__ = ("t1", "_sys", "_sss")
+    __slots__ = ("t1", "_sys", "_sss", "learn")
 
-    def __init__(self) -> None:
+    def __init__(self, learn: bool = True) -> None:
+        self.learn = learn
         self.t1: float | None = None
         # decayed sums over drafting steps of y * s and s * s, y = t(rows) / t(1) - 1 measured,
         # s = shape(rows) (the prior's extra cost); scale = sum(y s) / sum(s s)
@@ -59,6 +62,8 @@ class StepCosts:
         return PRIOR_FIRST_ROW + PRIOR_ROW * (rows - 2)
 
     def record(self, rows: int, seconds: float) -> None:
+        if not self.learn:
+            return
         if rows <= 1:
             self.t1 = seconds if self.t1 is None else self.t1 + STEP_EMA * (seconds - self.t1)
             return
