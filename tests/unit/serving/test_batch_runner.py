@@ -65,10 +65,24 @@ async def _records(service: BatchService, file_id: str | None) -> list[dict]:
     return [json.loads(x) for x in b"".join([piece async for piece in pieces]).decode().splitlines()]
 
 
+# what the fake dispatches saw that they must not: an assert inside one would be caught by the
+# runner's `except Exception` (a line whose run raised) and never fail the test, so each is kept
+# here and ``_no_violations`` fails the test after its run
+VIOLATIONS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_violations():
+    VIOLATIONS.clear()
+    yield
+    assert VIOLATIONS == []
+
+
 def _answering(served: str, calls: Counter):
     async def dispatch(owner: str, url: str, body: dict) -> tuple[int, dict]:
         calls[body["messages"][0]["content"], body["model"]] += 1
-        assert body["model"] == served, f"a {served} server ran a line for {body['model']}"
+        if body["model"] != served:
+            VIOLATIONS.append(f"a {served} server ran a line for {body['model']}")
         return 200, {"object": "chat.completion", "model": served}
     return dispatch
 
@@ -364,28 +378,48 @@ def test_batch_lines_reach_the_engine_at_batch_priority_and_routes_at_interactiv
 
 def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_woken(tmp_path):
     """With no batch unfinished, a runner leaves the database alone between looks (``idle_poll_s``),
-    not every ``poll_s``; a batch created through its own service wakes it at once, and one that
-    another server creates on the same database (no wake here) is found at a later look."""
+    not every ``poll_s``: every SQL statement is counted (SQLAlchemy's ``before_cursor_execute``),
+    none runs while it is idle, its look skips the query for expired batches, and it calls no
+    heartbeat with nothing to renew. A batch created through its own service wakes it at once,
+    and one that another server creates on the same database (no wake here) is found at a later
+    look."""
     service, calls = _service(tmp_path), Counter()
-    looks: Counter = Counter()
-    unfinished = service.batches.unfinished
+    statements: list[str] = []
+    sa.event.listen(service.batches.database, "before_cursor_execute",
+                    lambda conn, cursor, statement, *args: statements.append(statement))
+    heartbeats: list[list[int]] = []
+    heartbeat = service.batches.heartbeat
 
-    def counted() -> list[str]:
-        looks["unfinished"] += 1
-        return unfinished()
+    def counted_heartbeat(runner: str, line_ids: list[int]) -> None:
+        heartbeats.append(list(line_ids))
+        heartbeat(runner, line_ids)
 
-    service.batches.unfinished = counted
+    service.batches.heartbeat = counted_heartbeat
+
+    def unfinished_queries() -> int:
+        return sum("FROM batches" in s and "batches.status IN" in s and "expires_at" not in s for s in statements)
 
     async def looked(n: int) -> bool:
-        return looks["unfinished"] >= n
+        return unfinished_queries() >= n
 
     async def scenario() -> None:
-        runner = BatchRunner(service, _answering("m", calls), lambda: 4, Activity(), poll_s=0.01, idle_poll_s=3600)
+        activity = Activity()
+        runner = BatchRunner(service, _answering("m", calls), lambda: 4, activity, poll_s=0.01, idle_poll_s=3600)
         task = asyncio.create_task(runner.run_forever())
         try:
             await _until(lambda: looked(1))
+            await asyncio.sleep(0.05)  # the look's own statements done
+            first_look, mark = list(statements), len(statements)
             await asyncio.sleep(0.5)  # fifty poll_s periods
-            assert looks["unfinished"] == 1
+            for _ in range(5):  # interactive requests come and go: each wakes the runner
+                leave = activity.enter()
+                activity.changed.set()
+                await asyncio.sleep(0.03)
+                leave()
+                await asyncio.sleep(0.03)
+            assert statements[mark:] == []  # idle: no statement at all
+            assert not any("expires_at" in s for s in first_look), first_look  # nothing unfinished: not asked
+            assert [b for b in heartbeats if not b] == []  # no heartbeat round trip with nothing to renew
             batch = await _batch(service, ["m", "m"])  # the service wakes its runner
             await _until(lambda: _status_is(service, batch["id"], "completed"))
         finally:
@@ -397,7 +431,7 @@ def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_wok
         runner = BatchRunner(service, _answering("m", calls), lambda: 4, Activity(), poll_s=0.01, idle_poll_s=0.2)
         task = asyncio.create_task(runner.run_forever())
         try:
-            seen = looks["unfinished"]
+            seen = unfinished_queries()
             await _until(lambda: looked(seen + 1))  # the first look: nothing unfinished, idle
             batch = await _batch(other, ["m"])
             await _until(lambda: _status_is(service, batch["id"], "completed"))
@@ -405,5 +439,6 @@ def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_wok
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await runner.close()
+        assert [b for b in heartbeats if not b] == []
 
     asyncio.run(scenario())
