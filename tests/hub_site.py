@@ -3,7 +3,8 @@
 ``.../tree/REV``), files by name with their commit, ETag and size (``HEAD`` and ``GET
 /ORG/NAME/resolve/REV/PATH``, ranges too: a cut download resumes), a gated repository (401
 ``GatedRepo``) and missing ones (404 ``RepoNotFound``). ``cut_after``: the first download of a
-file sends only that many bytes, then drops the connection."""
+file sends only that many bytes, then drops the connection; ``gets`` records each download with
+the offset it started at (its ``Range``), so that a resume is seen to start where the cut was."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Hub:
                  cut_after: int | None = None) -> None:
         self.repos, self.gated, self.cut_after = repos, gated, cut_after
         self.cut: set[str] = set()  # files whose first download was cut
-        self.gets: list[str] = []  # the files downloaded (GET), in order
+        self.gets: list[tuple[str, int]] = []  # the files downloaded (GET) and their start offsets, in order
 
     def sha(self, repo: str) -> str:
         return hashlib.sha1(repr(sorted((p, hashlib.sha1(b).hexdigest()) for p, b in self.repos[repo].items()))
@@ -91,7 +92,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             if head:
                 self._send(200, b"", {**headers, "Content-Length": str(len(data))}, head=True)
                 return
-            hub.gets.append(f"{repo}/{path}")
+            hub.gets.append((f"{repo}/{path}", start))
             status = 206 if start else 200
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"

@@ -22,13 +22,26 @@ NOBODY = "http://127.0.0.1:9"  # no Hub listens there
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
+# the first download of a file is cut after this many bytes; huggingface_hub writes what it
+# reads in chunks of 10 MiB (constants.DOWNLOAD_CHUNK_SIZE), so it resumes from the last whole
+# chunk before the cut (a cut within the first chunk starts again at 0, nothing having been kept)
+CUT = 24 << 20
+
+
+def _resumed(gets: list[tuple[str, int]], file: str) -> None:
+    """``file`` was downloaded twice: from the start, then from an offset past 0 and at most the
+    cut (not downloaded whole again)."""
+    assert [name for name, _ in gets] == [file, file], gets
+    assert gets[0][1] == 0 and 0 < gets[1][1] <= CUT, gets
+
+
+@pytest.fixture
 def gguf_hub() -> Hub:
     """A GGUF repository of two quantizations (the Q8_0 name holds the embedded model; the
     Q4_K_M file, the default one, is not a model: fetching it would fail the start)."""
     return Hub({GGUF_REPO: {"SmolLM2-135M-Instruct-Q8_0.gguf": default_model_path().read_bytes(),
                             "SmolLM2-135M-Instruct-Q4_K_M.gguf": b"not a model", "README.md": b"# SmolLM2"},
-                "test-org/gated": {"config.json": b"{}"}}, gated=frozenset({"test-org/gated"}), cut_after=8 << 20)
+                "test-org/gated": {"config.json": b"{}"}}, gated=frozenset({"test-org/gated"}), cut_after=CUT)
 
 
 def _answer(srv: RemoteServer, model: str) -> str:
@@ -48,7 +61,7 @@ def test_a_gguf_by_name_is_fetched_served_and_served_again_offline(gguf_hub, tmp
             first = _answer(srv, GGUF_REPO)
         finally:
             srv.stop()
-    assert gguf_hub.gets == [f"{GGUF_REPO}/SmolLM2-135M-Instruct-Q8_0.gguf"] * 2  # cut once, then resumed
+    _resumed(gguf_hub.gets, f"{GGUF_REPO}/SmolLM2-135M-Instruct-Q8_0.gguf")  # cut once, then resumed
     srv = RemoteServer("--model", f"{GGUF_REPO}:Q8_0", "--n-ctx", "512", "--offline",
                        env={"HF_HOME": hf_home, "HF_ENDPOINT": NOBODY})
     try:
@@ -93,11 +106,12 @@ def test_what_cannot_be_fetched_stops_the_start_in_one_line(gguf_hub, tmp_path, 
 
 def test_pull_logs_its_progress_and_resumes_a_cut_download(tmp_path):
     data = default_model_path().read_bytes()
-    site = Hub({GGUF_REPO: {"SmolLM2-135M-Instruct-Q8_0.gguf": data}}, cut_after=16 << 20)
+    site = Hub({GGUF_REPO: {"SmolLM2-135M-Instruct-Q8_0.gguf": data}}, cut_after=CUT)
     with hub_site(site) as url:
         proc = _serve("pull", f"{GGUF_REPO}:Q8_0", hf_home=str(tmp_path / "hf"), endpoint=url)
     assert proc.returncode == 0, proc.stderr
     path = proc.stdout.strip()
     assert path.startswith(str(tmp_path / "hf")) and open(path, "rb").read() == data
     assert f"{GGUF_REPO}/SmolLM2-135M-Instruct-Q8_0.gguf" in site.cut
+    _resumed(site.gets, f"{GGUF_REPO}/SmolLM2-135M-Instruct-Q8_0.gguf")
     assert "downloading SmolLM2-135M-Instruct-Q8_0.gguf" in proc.stderr and "(100%)" in proc.stderr, proc.stderr

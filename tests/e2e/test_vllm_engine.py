@@ -229,9 +229,10 @@ def test_batched_adapter_requests_equal_each_alone(srv):
 
 
 def test_batch_lines_run_at_a_lower_priority_beside_interactive_requests(srv, client):
-    """Batch lines go to vLLM at ``BATCH_PRIORITY`` (its priority scheduler puts them behind
-    interactive requests): a batch and interactive requests sent meanwhile all complete, and a
-    line's greedy answer is the request's answer outside the batch."""
+    """A batch and interactive requests sent meanwhile all complete under ``--scheduling-policy
+    priority``, and a line's greedy answer is the request's answer outside the batch. (That a
+    line reaches vLLM at ``BATCH_PRIORITY``: tests/unit/engine/test_vllm_request.py, with a
+    recording ``AsyncLLM``; tests/unit/serving/test_batch_runner.py, the line's priority.)"""
     lines = [{"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": NAME, "max_tokens": 12, "temperature": 0,
                        "messages": [SYSTEM, {"role": "user", "content": p}]}} for i, p in enumerate(PROMPTS)]

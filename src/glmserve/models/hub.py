@@ -11,7 +11,8 @@ The names, as the servers glmserve's users know spell them:
   where the repository has it, else its one GGUF; and the repository's vision projector
   (``mmproj-*.gguf``) when it has one.
 
-A cut download resumes where it stopped (``huggingface_hub`` keeps the ``.incomplete`` file);
+A cut download resumes from the last whole 10 MiB chunk it wrote (``huggingface_hub`` keeps the
+``.incomplete`` file and asks for the rest with a ``Range``);
 ``HF_TOKEN`` opens gated and private repositories. On a terminal ``huggingface_hub`` draws its
 progress bars; elsewhere (a service's log) a line every ``PROGRESS_LOG_S`` seconds says how far a
 file is. Every failure is a ``ModelNotFoundError`` of one line."""

@@ -64,8 +64,10 @@ def test_a_gguf_is_fetched_once_then_found_offline(cache, monkeypatch, caplog):
     path, repo = found.path, found.repo
     assert found.mmproj is None and repo == "o/m-GGUF" and path.read_bytes() == files["m-Q4_K_M.gguf"]
     assert str(path).startswith(str(cache))
-    assert site.gets[0] == "o/m-GGUF/m-Q4_K_M.gguf" and "o/m-GGUF/m-Q4_K_M.gguf" in site.cut  # cut, then resumed
-    assert set(site.gets) == {"o/m-GGUF/m-Q4_K_M.gguf"}
+    # cut within huggingface_hub's first 10 MiB chunk (nothing kept): fetched again from the start
+    # (a resume from a later offset: tests/e2e/test_hub_models.py)
+    assert "o/m-GGUF/m-Q4_K_M.gguf" in site.cut
+    assert site.gets == [("o/m-GGUF/m-Q4_K_M.gguf", 0), ("o/m-GGUF/m-Q4_K_M.gguf", 0)]
     assert any("downloading" in r.getMessage() and "(100%)" in r.getMessage() for r in caplog.records)
     _at(monkeypatch, "http://127.0.0.1:9")  # nothing listens: the cache alone answers
     assert hub.fetch("o/m-GGUF", "llama_cpp", offline=True) == found
