@@ -41,6 +41,9 @@ GLM45_CALL = (f"\n<think>{LOOK}</think>\n<tool_call>get_weather\n<arg_key>city</
 GLM47_REPLY = f"{THOUGHT}</think>{ANSWER}"
 GLM47_CALL = (f"{LOOK}</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Bonn am Rhein</arg_value>"
               "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")
+# what a model that reasons anyway writes after each template's thinking-off prompt (GLM-4.5/4.6:
+# ``<|assistant|>\n<think></think>``; GLM-4.7: ``<|assistant|></think>``): reasoning opened again
+THINKING_OFF_REPLY = {"glm-4.6.jinja": GLM45_REPLY, "glm-4.7.jinja": f"<think>{GLM47_REPLY}"}
 # architecture: (template, the tag tokens of its tokenizer, reply, call, whether it reasons)
 CASES = {
     "GlmForCausalLM": ("glm-4-9b-chat.jinja", None, GLM4_REPLY, GLM4_CALL, False),  # GLM-4-9B
@@ -75,8 +78,9 @@ def glm(request, tmp_path_factory):
     # GLM-4's template reads the tools from a leading system item, as glmserve maps them (chat/glm4.py)
     asked = (to_glm4_items(ASK, [WEATHER]), {}) if template.startswith("glm-4-9b") else (ASK, {"tools": [WEATHER]})
     replies = [(ASK, {}, reply, "<|user|>"), (*asked, call, "<|observation|>")]
-    if reasons:  # the prompt with thinking off (enable_thinking false) is answered without reasoning
-        replies.append((ASK, {"enable_thinking": False}, reply[reply.index("</think>") + len("</think>"):], "<|user|>"))
+    if reasons:  # a model that reasons although thinking is off: the prompt with enable_thinking false
+        # (the template closes the reasoning) is answered with reasoning of its own, opened anew
+        replies.append((ASK, {"enable_thinking": False}, THINKING_OFF_REPLY[template], "<|user|>"))
     root = tmp_path_factory.mktemp(architecture)
     folder = tiny_glm_trained(root / MODEL, architecture, template, replies, tags=tags)
     gguf = converted_gguf(folder, root / f"{MODEL}.gguf", converter, tokenizer_pre="glm4")
@@ -147,11 +151,16 @@ def test_messages_give_thinking_text_and_tool_use(glm):
 
 
 def test_messages_without_thinking_give_the_answer_alone(glm):
-    """Anthropic's default is thinking off: no thinking block, and neither the reasoning nor
-    ``</think>`` in the text (a model that reasons anyway has it dropped)."""
+    """Anthropic's default is thinking off: no thinking block, and the text is the answer alone.
+    The reasoning models here reason although thinking is off (``THINKING_OFF_REPLY``): their
+    reasoning is dropped."""
     message = glm.anthropic.messages.create(model=MODEL, max_tokens=100, messages=ASK, extra_body={"temperature": 0})
-    assert [b.type for b in message.content] == ["text"]
-    assert "</think>" not in message.content[0].text and THOUGHT not in message.content[0].text
+    assert [(b.type, b.text) for b in message.content] == [("text", ANSWER)]
+    if glm.reasons:  # the model did reason: the same prompt on chat completions shows it as reasoning
+        reply = glm.openai.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=100,
+                                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        message = reply.choices[0].message
+        assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (THOUGHT, ANSWER)
 
 
 def test_responses_give_a_reasoning_item_and_a_function_call(glm):

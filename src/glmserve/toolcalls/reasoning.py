@@ -7,7 +7,9 @@ the parser starts from where the rendered prompt left off (``prompt_state``):
 - ``reasoning``: the prompt ends in ``<think>`` (GLM-4.7 / 5.x, Qwen3 thinking, DeepSeek-R1
   distills): the model's first output is reasoning, ended by ``</think>``;
 - ``answer``: the prompt ends in ``</think>`` (thinking turned off: GLM-4.7's ``enable_thinking``
-  false, GLM-4.5's ``<think></think>``): everything is answer;
+  false, GLM-4.5's ``<think></think>``): the output is answer, unless the model reasons anyway:
+  a ``<think>...</think>`` at its very start is reasoning (held back until ``</think>`` comes;
+  never closed, it was the answer's own text: ``<think> is a tag``);
 - ``open``: neither: a ``<think>...</think>`` at the very start of the output is reasoning
   (GLM-4.5 / 4.6 write it themselves).
 
@@ -54,7 +56,9 @@ class ReasoningParser(ToolCallParser):
     def __init__(self, inner: ToolCallParser | None, state: PromptState, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
         self.inner = inner
-        self._phase = {"reasoning": "think", "answer": "body", "open": "start"}[state]
+        self._phase = {"reasoning": "think", "answer": "start", "open": "start"}[state]
+        # thinking was off: reasoning the model opens anyway is held back until it closes
+        self._tentative = state == "answer"
         self._head = ""
         self._reasoning = _TextStream("reasoning")
         # a call's start tag inside the reasoning ends it, when calls can be made
@@ -85,6 +89,8 @@ class ReasoningParser(ToolCallParser):
             rest = self._head[i + len(THINK_END):] if tag == THINK_END else self._head[i:]
             self._phase, self._head = "body", ""
             return out + self._body(rest)
+        if self._tentative:  # not known to be reasoning until it closes
+            return out
         keep = max(partial_suffix(self._head, tag) for tag in (THINK_END, self._call_tag or THINK_END))
         self._reasoning.add(self._head[: len(self._head) - keep], out)
         self._head = self._head[len(self._head) - keep:]
@@ -93,7 +99,10 @@ class ReasoningParser(ToolCallParser):
     def finish(self, truncated: bool = False) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []
         head, self._head = self._head, ""
-        if self._phase == "think":  # reasoning cut off (max_tokens): it stays reasoning
+        if self._phase == "think" and self._tentative:  # never closed: the answer's own text
+            self._phase = "body"
+            out += self._body(THINK_START + head)
+        elif self._phase == "think":  # reasoning cut off (max_tokens): it stays reasoning
             self._reasoning.add(head, out)
         elif head:
             out += self._body(head)

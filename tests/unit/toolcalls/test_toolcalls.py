@@ -92,6 +92,12 @@ CASES = [
     ("glm47@reasoning", "thinking-cut-off", "Still going", out("", reasoning="Still going")),
     ("glm47@answer", "thinking-off", "The answer is 4.", out("The answer is 4.")),
     ("glm47@answer", "thinking-off-keeps-think-text", "<think> is a tag", out("<think> is a tag")),
+    # a model that reasons although thinking is off: its reasoning is reasoning (the Messages API
+    # without thinking drops it), its answer the answer
+    ("glm47@answer", "thinking-off-reasons-anyway", "<think>Two and two.</think>The answer is 4.",
+     out("The answer is 4.", reasoning="Two and two.")),
+    ("glm45@answer", "thinking-off-reasons-anyway", "\n<think>Two and two.</think>\nThe answer is 4.",
+     out("The answer is 4.", reasoning="Two and two.")),
     ("glm47@reasoning", "call-one-line-typed", "need it</think><tool_call>get_weather<arg_key>city</arg_key>"
      "<arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>5</arg_value><arg_key>tags</arg_key>"
      "<arg_value>[1, true]</arg_value></tool_call>",
