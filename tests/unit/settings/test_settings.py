@@ -20,7 +20,8 @@ from glmserve.settings.serve import DeploySettings, ServeSettings
 # vllm reads --speculative and its flags since they map to its ngram and draft_model speculative_config
 BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
-                  "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram", "runner", "mmproj"},
+                  "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram", "runner", "mmproj",
+                  "spec_ngram_cost"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",

@@ -24,10 +24,9 @@ class LlamaCppSettings(SpeculativeSettings):
     max_num_batched_tokens: MaxNumBatchedTokens
     batch_invariant: BatchInvariant
     spec_ngram_cost: Literal["measured", "prior"] = Field(
-        "measured", description="llama_cpp, --speculative ngram: what a draft row costs; measured: learned from the "
-                                "engine's own steps; prior: the built-in 2-CPU figures, so that whether a draft is "
-                                "sent depends on the tokens alone, not the machine's load (for tests and "
-                                "reproducible draft counts; not faster).", json_schema_extra=PER_MODEL,
+        "measured", description="llama_cpp, --speculative ngram, for tests: draft row cost learned, or fixed at "
+                                "the prior so that drafts follow the tokens alone.",
+        json_schema_extra=PER_MODEL,
     )
     kv_layout: Literal["split", "unified"] = Field(
         "split", description="llama_cpp: KV cache layout; split: n_ctx cells per sequence; unified: n_ctx cells "
