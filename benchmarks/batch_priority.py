@@ -3,7 +3,7 @@ interactive request's time to first token (TTFT) and per output token (TPOT)?
 
 One server (the embedded model by default, greedy). Each round measures ``--requests`` streamed
 chat requests sent one after another (distinct prompts of about ``--input-len`` tokens,
-``--output-len`` tokens each, ignore_eos) twice, in alternating order: alone, and while a batch
+``--output-len`` tokens each, ignore_eos) twice, in ABBA order: alone, and while a batch
 of ``--batch-lines`` chat requests (``--batch-output-len`` tokens each) runs; the batch is
 cancelled after each round. The batch runner fills the engine's whole batch while nothing else
 runs and starts no new line while an interactive request is in flight; the engine pauses the
@@ -11,7 +11,7 @@ lines already running while an interactive request runs and for a second after i
 own rate (lines finished per second) is measured while it runs alone, for ``--batch-window``
 seconds before each round's interactive requests, and while they run.
 
-    python benchmarks/batch_priority.py [--rounds 5] [--requests 8]
+    python benchmarks/batch_priority.py [--rounds 6] [--requests 8]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import time
 
 import httpx
-from rounds import save, stream_chat  # benchmarks/rounds.py
+from rounds import check_rounds, order, paired, paired_text, save, stream_chat  # noqa: I001
 
 from glmserve.bench.report import hardware
 from glmserve.testing import RemoteServer
@@ -78,7 +78,7 @@ def running(client: httpx.Client) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=check_rounds, default=6, help="an even number (ABBA order)")
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--input-len", type=int, default=100, help="words in an interactive prompt (~2 tokens each)")
     p.add_argument("--output-len", type=int, default=32)
@@ -99,8 +99,7 @@ def main() -> int:
         model = client.get("/v1/models").json()["data"][0]["id"]
         asyncio.run(interactive(server.url, model, random.Random(-1), 2, args.input_len, args.output_len))  # warm
         for r in range(args.rounds):
-            order = list(rows) if r % 2 == 0 else list(reversed(rows))
-            for name in order:
+            for name in order(list(rows), r):
                 rng = random.Random(r * 10 + (name == "alone"))
                 batch_id = None
                 if name != "alone":
@@ -131,7 +130,7 @@ def main() -> int:
     lines = [f"{hardware()}; SmolLM2-135M-Instruct Q4_1 (llama_cpp, 2 threads, --max-num-seqs {args.max_num_seqs}); "
              f"interactive: {args.requests} requests one after another, ~{args.input_len * 2} prompt tokens, "
              f"{args.output_len} output tokens; batch: {args.batch_lines} lines of {args.batch_output_len} output "
-             f"tokens; medians over {args.rounds} alternating rounds", "",
+             f"tokens; medians over {args.rounds} rounds in ABBA order; the ratio: the median of per-round ratios", "",
              "| interactive requests | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TTFT p50 per round |",
              "|---|---:|---:|---:|---|"]
     stats = {}
@@ -143,11 +142,11 @@ def main() -> int:
         s = stats[name]
         lines.append(f"| {name} | {s['ttft_p50_ms']:.0f} | {s['ttft_p90_ms']:.0f} | {s['tpot_p50_ms']:.1f} | "
                      f"{s['rounds']} |")
-    ratio = stats["with a batch running"]["ttft_p50_ms"] / stats["alone"]["ttft_p50_ms"]
+    ratio = paired(per_round["with a batch running"], per_round["alone"])
     stats["ttft_ratio"] = ratio
     stats["batch_lines_per_s_during_interactive"] = statistics.median(batch_rates) if batch_rates else None
     stats["batch_lines_per_s_alone"] = statistics.median(alone_rates) if alone_rates else None
-    lines += ["", f"TTFT p50 with a batch running / alone: {ratio:.2f}; batch lines finished per second: "
+    lines += ["", f"TTFT p50 with a batch running / alone: {paired_text(ratio)}; batch lines finished per second: "
               f"{stats['batch_lines_per_s_alone']:.2f} alone ({args.batch_window:g} s before the interactive requests), "
               f"{stats['batch_lines_per_s_during_interactive']:.2f} while they ran (medians)"]
     save("batch_priority", "Interactive requests while a batch runs", "\n".join(lines), stats)

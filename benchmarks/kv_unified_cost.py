@@ -17,6 +17,8 @@ import time
 import llama_cpp
 from llama_cpp._internals import LlamaModel
 
+from rounds import check_rounds, order, paired, paired_text  # benchmarks/rounds.py  # noqa: I001
+
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
 
@@ -63,21 +65,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=5, help="alternate the two caches this many times")
+    ap.add_argument("--rounds", type=check_rounds, default=6, help="an even number (ABBA order)")
     args = ap.parse_args()
     model = LlamaModel(path_model=str(default_model_path()), params=llama_cpp.llama_model_default_params(),
                        verbose=False)
-    runs = [(measure(model, False, args), measure(model, True, args)) for _ in range(args.rounds)]
-    ratios = sorted(u / s for s, u in runs)
+    runs = []
+    for r in range(args.rounds):  # ABBA: each cache measured first equally often
+        step = {u: measure(model, u, args) for u in order([False, True], r)}
+        runs.append((step[False], step[True]))
+    ratio = paired([u for _, u in runs], [s for s, _ in runs])
     split = statistics.median(s for s, _ in runs)
     unified = statistics.median(u for _, u in runs)
     print(f"\nhardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 | threads {args.threads} | n_ctx 4096 | "
           f"8 sequences x {args.prompt_len} cached tokens | decode step of 8 tokens: median of {args.steps} steps, "
-          f"{args.rounds} alternating rounds\n")
+          f"{args.rounds} rounds in ABBA order\n")
     print("| KV cache | decode step ms (median of rounds) | unified / split per round |\n|---|---:|---:|")
     print(f"| split, one stream per sequence (glmserve and llama-server default) | {split:.1f} | |")
-    print(f"| unified (glmserve --kv-layout unified) | {unified:.1f} | median {statistics.median(ratios):.2f}, "
-          f"range {ratios[0]:.2f}-{ratios[-1]:.2f} |")
+    print(f"| unified (glmserve --kv-layout unified) | {unified:.1f} | {paired_text(ratio)} |")
 
 
 if __name__ == "__main__":

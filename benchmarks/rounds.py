@@ -6,6 +6,7 @@ table they print. How and why: docs/engineering/measuring.md."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -27,12 +28,16 @@ TABLE_HEAD = ["| concurrency | system | output tok/s (median) | per round | TTFT
 WARMUP_SEED = 10**6  # warm-up prompts are drawn from seeds past any measured run's
 
 
-def check_rounds(rounds: int) -> int:
+class UnbalancedRounds(argparse.ArgumentTypeError, ValueError):
+    """An odd number of rounds (argparse prints its message as the argument's error)."""
+
+
+def check_rounds(rounds: int | str) -> int:
     """``rounds`` if it is even and positive (``order`` balances pairs of rounds); else
-    ``ValueError`` (benchmarks use it as an argparse ``type``)."""
+    ``UnbalancedRounds``, a ``ValueError`` (benchmarks use it as an argparse ``type``)."""
     rounds = int(rounds)
     if rounds < 2 or rounds % 2:
-        raise ValueError(f"an even number of rounds (2, 4, ...) is needed for a balanced order, not {rounds}")
+        raise UnbalancedRounds(f"an even number of rounds (2, 4, ...) is needed for a balanced order, not {rounds}")
     return rounds
 
 
