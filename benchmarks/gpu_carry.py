@@ -22,7 +22,7 @@ Then on the device, one call per part (the machine keeps ``/root`` while warm, 3
         && export PYTHONPATH=/root/site:$PWD/src:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 && python3 benchmarks/gpu_check.py
         --skip text --skip performance --n-ctx 2048 --gpu-memory-utilization 0.4 --dtype bfloat16")
     run(carry=[".carry_tok"], command="... python3 benchmarks/gpu_check.py --skip correctness --n-ctx 2048
-        --gpu-memory-utilization 0.4 --concurrency 1,32,128,256 --rounds 3 --output-len 128 --report gpu_check_h200")
+        --gpu-memory-utilization 0.4 --concurrency 1,32,128,256 --rounds 4 --output-len 128 --report gpu_check_h200")
 
 (The performance run alone takes about 200 s to start both servers and 85 s a round.)
 """

