@@ -60,6 +60,7 @@ class ReasoningParser(ToolCallParser):
         # thinking was off: reasoning the model opens anyway is held back until it closes
         self._tentative = state == "answer"
         self._head = ""
+        self._scanned = 0  # held-back reasoning (tentative) was searched for its end tags up to here
         self._reasoning = _TextStream("reasoning")
         # a call's start tag inside the reasoning ends it, when calls can be made
         self._call_tag = inner.start_tag if isinstance(inner, TaggedCallParser) and inner.schemas else None
@@ -82,14 +83,16 @@ class ReasoningParser(ToolCallParser):
                 self._phase, rest, self._head = "body", self._head, ""
                 return self._body(rest)
             self._phase, self._head = "think", stripped[len(THINK_START):]
-        ends = [(i, tag) for tag in (THINK_END, self._call_tag) if tag and (i := self._head.find(tag)) >= 0]
+        ends = [(i, tag) for tag in (THINK_END, self._call_tag)
+                if tag and (i := self._head.find(tag, self._scanned)) >= 0]
         if ends:
             i, tag = min(ends)
             self._reasoning.add(self._head[:i], out)
             rest = self._head[i + len(THINK_END):] if tag == THINK_END else self._head[i:]
             self._phase, self._head = "body", ""
             return out + self._body(rest)
-        if self._tentative:  # not known to be reasoning until it closes
+        if self._tentative:  # not known to be reasoning until it closes; searched once
+            self._scanned = max(0, len(self._head) - max(len(THINK_END), len(self._call_tag or "")) + 1)
             return out
         keep = max(partial_suffix(self._head, tag) for tag in (THINK_END, self._call_tag or THINK_END))
         self._reasoning.add(self._head[: len(self._head) - keep], out)

@@ -97,8 +97,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._by_id: dict[str, Sequence] = {}
         self._adapters: GGUFAdapters | None = None  # at start()
         self.spec_decode = SpecDecodeCounters() if self.speculative else None
-        # one-sequence decode steps, timed while speculating (--spec-ngram-cost prior: not learned)
-        self._step_costs = StepCosts(learn=settings.spec_ngram_cost == "measured")
+        self._step_costs = StepCosts(learn=settings.spec_ngram_cost == "measured")  # timed 1-sequence steps
         self._ngram_pool: NgramPool | None = None  # --speculative ngram, at start()
         self.host_cache: HostPromptCache | None = None  # --cache-ram, at start()
         self.tokenizer: LlamaCppTokenizer
