@@ -28,6 +28,11 @@ step that prefilled nothing (a decode step: engine time per token of the batch) 
 round's requests entered in prefill steps (the number of new requests per step). Two servers
 whose engines ran the same steps in the same time differ only in what their API processes did
 between steps.
+
+``--control`` runs the same measure with ``vllm serve`` on both sides (an A/A run: two starts of
+one server): the spread of its ratios is what two engine starts differ by with no glmserve in
+them, the yardstick for a ratio of glmserve against vLLM. ``--name`` keeps a run's report apart
+(``results/NAME.md``).
 """
 
 from __future__ import annotations
@@ -110,6 +115,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     ap.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE (CPU only)")
     ap.add_argument("--engine-steps", action="store_true", help="log and report vLLM's scheduler steps")
+    ap.add_argument("--control", action="store_true", help="vllm serve against vllm serve (A/A): the spread of "
+                    "two starts of one server")
+    ap.add_argument("--name", default="compare_vllm_serve", help="results/NAME.md and .json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         run(args, Path(folder))
@@ -118,7 +126,7 @@ def main() -> None:
 def run(args: argparse.Namespace, folder: Path) -> None:
     """Both servers, ``args.rounds`` rounds (``rounds.interleave``), the report saved;
     ``folder``: the step hook and logs (``--engine-steps``)."""
-    labels = ["glmserve --engine vllm", "vllm serve"]
+    labels = ["vllm serve (A)", "vllm serve (B)"] if args.control else ["glmserve --engine vllm", "vllm serve"]
     logs = {label: StepLog(folder, f"system{i}") for i, label in enumerate(labels)}
     if args.engine_steps:
         (folder / "sitecustomize.py").write_text(STEP_HOOK)
@@ -127,7 +135,8 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     flags = ["--engine", "vllm", "--model", str(args.model), "--served-model-name", NAME, "--dtype", args.dtype,
              "--max-num-seqs", str(args.max_num_seqs), "--n-ctx", str(args.n_ctx), "--max-queue", "1024",
              *(["--enforce-eager"] if args.enforce_eager else [])]
-    ours = RemoteServer(*flags, env=env[labels[0]], n_threads=None, startup_timeout=900)
+    ours = vllm_server(args, env[labels[0]]) if args.control else \
+        RemoteServer(*flags, env=env[labels[0]], n_threads=None, startup_timeout=900)
     try:
         theirs = vllm_server(args, env[labels[1]])
     except BaseException:
@@ -166,7 +175,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         ttft = paired(*(per_round(x, c, lambda s: s.ttft_ms["p50"]) for x in (ours, theirs)))
         api = paired(*([a for a, _ in cpu[label][c]] for label in labels))
         stats[labels[0]][c].update(paired_throughput=throughput, paired_ttft_p50=ttft, paired_api_cpu=api)
-        ratios.append(f"- c={c}: output tok/s glmserve / vLLM {paired_text(throughput)}; TTFT p50 "
+        ratios.append(f"- c={c}: output tok/s {labels[0]} / {labels[1]} {paired_text(throughput)}; TTFT p50 "
                       f"{paired_text(ttft)}; API process CPU per token {paired_text(api)} (target: throughput "
                       ">= 0.98)")
     cpu_lines = ["", f"CPU time per output token, us (the level's one warm-up request's tokens counted; {CPU_CLOCK}): "
@@ -197,7 +206,9 @@ def run(args: argparse.Namespace, folder: Path) -> None:
         f"discarded wave of c | {args.rounds} rounds, the servers interleaved level by level in ABBA order; medians, "
         "and ratios as the median of per-round ratios", "", *table(stats, args.concurrency), "", *ratios,
         *cpu_lines, *step_lines])
-    save("compare_vllm_serve", "glmserve --engine vllm vs vLLM's own server", report, stats,
+    title = "vLLM's own server against itself (A/A control)" if args.control else \
+        "glmserve --engine vllm vs vLLM's own server"
+    save(args.name, title, report, stats,
          command=" ".join(["python benchmarks/compare_vllm_serve.py", *sys.argv[1:]]))
 
 
