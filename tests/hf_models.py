@@ -193,9 +193,9 @@ GLM_ARCHITECTURES = [("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4
                      ("GlmMoeDsaForCausalLM", "glm-4.7.jinja", "glm47")]  # GLM-5 (sparse attention)
 
 
-def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0):
+def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0, layers: int = 2):
     """The config of a tiny random GLM text model of ``architecture`` (one of
-    ``GLM_ARCHITECTURES``) over ``tokenizer`` (``tests/unit/glm_tokenizer.py``): 2 layers, hidden
+    ``GLM_ARCHITECTURES``) over ``tokenizer`` (``tests/unit/glm_tokenizer.py``): ``layers`` layers, hidden
     size 64, head size 32 (the smallest vLLM's CPU attention takes), ``context`` positions; the
     MoE ones with 4 routed experts, 2 per token, 1 shared, the first layer dense; ``nextn``:
     GLM-4.5's NextN (MTP) layers in the config (``num_nextn_predict_layers``)."""
@@ -205,7 +205,7 @@ def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0
 
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
-    sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=context,
                  eos_token_id=stop, pad_token_id=stop[0],
                  # mixture of experts (Glm4Moe*), latent attention (Glm4MoeLite)
@@ -239,7 +239,7 @@ def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0
 
 
 def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
-              context: int = 1024) -> Path:
+              context: int = 1024, layers: int = 2) -> Path:
     """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
     ``GlmForCausalLM`` (GLM-4-9B's own class), ``Glm4MoeForCausalLM`` (GLM-4.5 to 4.7: 4 routed
     experts, 2 per token, 1 shared, the first layer dense), ``Glm4MoeLiteForCausalLM``
@@ -247,13 +247,13 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     ``GlmMoeDsaForCausalLM`` (GLM-5: latent attention with DeepSeek's sparse-attention
     indexer), with a GLM tokenizer
     (GLM-4's special tokens), a GLM chat template (``fixtures/glm/<template>``: GLM-4-9B-Chat's
-    by default) and ``context`` positions (``glm_config``)."""
+    by default), ``context`` positions and ``layers`` layers (``glm_config``)."""
     import transformers
 
     from tests.unit.glm_tokenizer import glm_tokenizer
 
     tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
-    config = glm_config(architecture, tokenizer, context)
+    config = glm_config(architecture, tokenizer, context, layers=layers)
     torch.manual_seed(0)
     getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)

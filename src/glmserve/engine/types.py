@@ -195,7 +195,9 @@ class ModelInfo:
     and admission limits in force (the flags, or the engine's defaults); ``embedding_size``: the
     length of the vectors ``Engine.embed`` returns (the model's hidden size), None when the
     engine cannot embed; ``generation``: it generates text (False: an embedding model served
-    without a generation context, whose ``generate`` raises ``EngineError``)."""
+    without a generation context, whose ``generate`` raises ``EngineError``); ``backend``
+    (llama.cpp's: CPU, CUDA, Metal, Vulkan...) and ``n_gpu_layers`` (layers offloaded, 0 on the
+    CPU): where the model runs, None where the engine does not say."""
 
     id: str
     context_length: int
@@ -211,6 +213,8 @@ class ModelInfo:
     max_queue: int = 0
     embedding_size: int | None = None
     generation: bool = True
+    backend: str | None = None
+    n_gpu_layers: int | None = None
 
     def with_lora_adapters(self, names: tuple[str, ...]) -> ModelInfo:
         """A copy listing ``names`` as the LoRA adapters (an engine swaps its ``model_info``

@@ -28,6 +28,10 @@ class ModelCard(BaseModel):
     # now, and the engine that serves it
     status: Literal["loaded", "loading", "unloaded"] | None = None
     engine: str | None = None
+    # extensions (llama.cpp's names): the backend the model runs on (CPU, CUDA, Metal, Vulkan...)
+    # and the layers offloaded to its GPUs (0 on the CPU)
+    backend: str | None = None
+    n_gpu_layers: int | None = None
 
 
 def model_capabilities(vision: bool, tool_call_parser: str | None, embedding: bool = False) -> list[str]:

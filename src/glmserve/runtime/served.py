@@ -137,7 +137,8 @@ class ServedModels:
                     parent=None if card_name == model.name else model.name,
                     tool_call_parser=model.tool_parser, max_num_seqs=info.max_num_seqs,
                     max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
-                    capabilities=capabilities, status=item["status"], engine=engine))
+                    capabilities=capabilities, status=item["status"], engine=engine, backend=info.backend,
+                    n_gpu_layers=info.n_gpu_layers))
         return cards
 
     def _created_at(self, name: str) -> int:

@@ -21,7 +21,8 @@ from glmserve.settings.serve import DeploySettings, ServeSettings
 BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
                   "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram", "runner", "mmproj",
-                  "spec_ngram_cost"},
+                  "spec_ngram_cost", "cache_type_k", "cache_type_v", "n_gpu_layers", "split_mode", "tensor_split",
+                  "main_gpu", "cpu_moe", "n_cpu_moe", "override_tensor", "no_mmap", "mlock"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
@@ -71,7 +72,7 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     s = ServeSettings()
     assert (s.engine, s.dtype, s.device, s.kv_layout, s.max_num_batched_tokens, s.tensor_parallel_size,
             s.gpu_memory_utilization, s.enforce_eager, s.engine_arg) == \
-        ("llama_cpp", "auto", "auto", "split", None, 1, 0.9, False, [])
+        ("llama_cpp", "auto", "auto", "auto", None, 1, 0.9, False, [])
     monkeypatch.setenv("GLMSERVE_KV_LAYOUT", "unified")
     monkeypatch.setenv("GLMSERVE_N_THREADS", "3")
     parsed = cli._parse(DeploySettings, ["--engine", "vllm", "--tensor-parallel-size", "2", "--enforce-eager",

@@ -38,15 +38,15 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.batch import BatchDecoder
-from glmserve.engine.llama_cpp.params import context_params
 from glmserve.engine.llama_cpp.speculative.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
 from glmserve.engine.llama_cpp.handles import free_handles
-from glmserve.engine.llama_cpp.params import in_force, speculative_config
+from glmserve.engine.llama_cpp.params import context_params, in_force, speculative_config, with_kv_plan
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.metadata import model_params
-from glmserve.engine.llama_cpp.memory import check_kv_fits, kv_cache_cells, model_kv_bytes_per_cell
+from glmserve.engine.llama_cpp.offload import offload_model
+from glmserve.engine.llama_cpp.memory import model_kv_shape, plan_kv
 from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft, require_nextn
 from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
@@ -108,12 +108,12 @@ class LlamaCppEngine(StepWorker[Sequence]):
 
     def start(self) -> None:
         path, cfg, spec = self._resolved.path, self.settings, self.speculative
-        # llama-cpp-python prints every llama.cpp log line to stderr while its logger is unset,
-        # debug lines included (some log once per token): errors only
+        # llama-cpp-python prints every llama.cpp log line (some once per token) while its logger is unset
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
         mtp = spec is not None and spec.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
         params, _overrides = model_params(path, mtp)
+        self.offload, _kept = offload_model(params, cfg, path)  # GPU layers and tensor placement, logged
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -121,36 +121,37 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._adapters = GGUFAdapters(self._model.model)
         if self._start_pooling():
             return
-        split = cfg.kv_layout == "split"
-        wanted = cfg.n_ctx or self._model.n_ctx_train()
+        per_cell = model_kv_shape(self._model).bytes_per_cell(cfg.cache_type_k, cfg.cache_type_v)
         try:
             if mtp:
                 require_nextn(self._model)
             for name, adapter_path in cfg.lora_adapters().items():
                 self._adapters.load(name, adapter_path)
-            kv_cells = kv_cache_cells(cfg, self._model.n_ctx_train())
-            check_kv_fits(kv_cells, model_kv_bytes_per_cell(self._model), cfg.kv_layout)
+            plan = plan_kv(cfg, self._model.n_ctx_train(), per_cell, path.stat().st_size)
+            self.settings = cfg = with_kv_plan(cfg, plan)  # logs what it chose
             self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
         except EngineError:  # LoRAAdapterError too
             self._model.close()  # frees the adapters loaded so far with it
             self._model = None
             self._adapters.forget()
             raise
-        params = context_params(cfg, kv_cells)
+        split = cfg.kv_layout == "split"
+        params = context_params(cfg, plan.cells)
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
         if not self._ctx:
             self.shutdown()  # the model, a projector
-            raise EngineError(f"cannot create a llama.cpp context for {path} (n_ctx={wanted}, "
-                              f"kv_layout={cfg.kv_layout}, max_num_seqs={cfg.max_num_seqs})")
+            raise EngineError(f"cannot create a llama.cpp context for {path} ({cfg.kv_layout} KV cache of {plan.cells} "
+                              f"cells, K {cfg.cache_type_k}, V {cfg.cache_type_v}, max_num_seqs={cfg.max_num_seqs})")
         self._adapters.ctx = self._ctx
         per_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # llama.cpp pads streams to 256 cells
-        n_ctx = min(wanted, per_seq)
+        n_ctx = min(cfg.n_ctx, per_seq)
         cells = llama_cpp.llama_n_ctx(self._ctx)
-        self.kv_cache_bytes = cells * model_kv_bytes_per_cell(self._model)
-        log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (f16 K and V); "
+        self.kv_cache_bytes = cells * per_cell
+        log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (K %s, V %s); "
                  "each request may use n_ctx=%d; host prompt cache %s", cfg.kv_layout, cells,
-                 per_seq if split else cells, cfg.max_num_seqs, self.kv_cache_bytes / 2**20, n_ctx,
+                 per_seq if split else cells, cfg.max_num_seqs, self.kv_cache_bytes / 2**20, cfg.cache_type_k,
+                 cfg.cache_type_v, n_ctx,
                  f"up to {cfg.cache_ram} MiB" if cfg.cache_ram else "off")
         self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens, by_slot=split)
         self.host_cache = HostPromptCache(cfg.cache_ram * 2**20) if cfg.cache_ram else None
@@ -166,9 +167,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
             grammar=True, lora_adapters=self._adapters.names,
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_queue=self._admission.max_queue,
-            embedding_size=self._embedder.size,
-            vision=self.multimodal is not None,
+            max_queue=self._admission.max_queue, embedding_size=self._embedder.size,
+            vision=self.multimodal is not None, backend=self.offload.backend, n_gpu_layers=self.offload.n_gpu_layers,
         )
         if spec is not None and spec.method != "ngram":
             try:

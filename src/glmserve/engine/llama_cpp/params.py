@@ -1,10 +1,11 @@
 """What the ``llama_cpp`` engine runs with, from its settings: ``max_num_seqs``,
 ``max_num_batched_tokens`` and ``cache_ram`` in force (``in_force``), ``--speculative`` with its
 draft model resolved (``speculative_config``), and llama.cpp's context parameters
-(``context_params``)."""
+(``context_params``), and the settings a KV plan leaves in force (``with_kv_plan``)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
@@ -13,7 +14,10 @@ from glmserve.engine.llama_cpp.settings import (BATCH_INVARIANT_MAX_NUM_BATCHED_
                                                 LlamaCppSettings)
 from glmserve.models import ModelNotFoundError, resolve_model
 
+log = logging.getLogger("glmserve.engine.llama_cpp")
+
 if TYPE_CHECKING:
+    from glmserve.engine.llama_cpp.memory import KVPlan
     from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 
 
@@ -33,12 +37,13 @@ def max_num_batched_tokens(settings: LlamaCppSettings) -> int:
 def in_force(settings: LlamaCppSettings) -> LlamaCppSettings:
     """``settings`` with the values the engine runs with filled in: ``max_num_seqs`` (the
     engine's default when unset), ``max_num_batched_tokens`` (``max_num_batched_tokens``) and
-    ``cache_ram`` (0 with ``--kv-layout unified``). Raises ``EngineError`` for
-    ``--batch-invariant`` with more than 63 tokens per step, or ``--cache-ram`` with
-    ``--kv-layout unified``."""
-    return settings.model_copy(update={"max_num_seqs": max_num_seqs_in_force(settings),
-                                       "max_num_batched_tokens": max_num_batched_tokens(settings),
-                                       "cache_ram": _cache_ram(settings)})
+    ``cache_ram`` (0 with ``--kv-layout unified``; with ``auto``, decided by ``with_kv_plan`` at
+    start). Raises ``EngineError`` for ``--batch-invariant`` with more than 63 tokens per step, or
+    ``--cache-ram`` with ``--kv-layout unified``."""
+    update = {"max_num_seqs": max_num_seqs_in_force(settings), "max_num_batched_tokens": max_num_batched_tokens(settings)}
+    if settings.kv_layout != "auto":  # auto's is decided at start, where cache_ram must still say whether it was given
+        update["cache_ram"] = _cache_ram(settings)
+    return settings.model_copy(update=update)
 
 
 def speculative_config(settings: LlamaCppSettings) -> SpeculativeConfig | None:
@@ -52,6 +57,19 @@ def speculative_config(settings: LlamaCppSettings) -> SpeculativeConfig | None:
     return SpeculativeConfig(settings.spec_ngram_min, settings.spec_ngram_max, settings.spec_draft_max,
                              _draft_model_path(settings.draft_model) if settings.speculative == "draft" else None,
                              settings.speculative == "mtp")
+
+
+def with_kv_plan(settings: LlamaCppSettings, plan: KVPlan) -> LlamaCppSettings:
+    """``settings`` (in force) as the engine runs them with ``plan``: its layout and ``n_ctx``, and
+    ``cache_ram`` for that layout; logs the plan's choice. Raises ``EngineError`` for a ``--cache-ram`` given where ``auto``
+    chose unified."""
+    if plan.choice:
+        log.warning("KV cache: %s", plan.choice)
+    settings = settings.model_copy(update={"kv_layout": plan.kv_layout, "n_ctx": plan.n_ctx})
+    try:
+        return settings.model_copy(update={"cache_ram": _cache_ram(settings)})
+    except EngineError as exc:
+        raise EngineError("; ".join(filter(None, [plan.choice, str(exc)]))) from exc
 
 
 def _cache_ram(settings: LlamaCppSettings) -> int:
@@ -74,7 +92,8 @@ def _draft_model_path(draft_model: str):
 
 def context_params(settings: LlamaCppSettings, cells: int):
     """llama.cpp's context parameters for ``settings`` (in force: ``max_num_seqs`` and
-    ``max_num_batched_tokens`` set), ``cells`` KV cells in all.
+    ``max_num_batched_tokens`` set, ``kv_layout`` split or unified), ``cells`` KV cells in all, K and
+    V of ``--cache-type-k/-v``.
 
     ``batch_invariant``: each row's logits must not depend on the batch it is computed in (with
     other sequences, or as a verify step's row among a draft's). Steps stay under 64 tokens
@@ -87,6 +106,8 @@ def context_params(settings: LlamaCppSettings, cells: int):
     (llama.cpp's ``n_threads_batch``)."""
     import llama_cpp
 
+    from glmserve.engine.llama_cpp.memory import CACHE_GGML_TYPES
+
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = cells  # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells
     params.n_batch = settings.max_num_batched_tokens
@@ -95,6 +116,7 @@ def context_params(settings: LlamaCppSettings, cells: int):
     params.n_threads = 1 if settings.batch_invariant else settings.n_threads
     params.n_threads_batch = settings.n_threads
     params.kv_unified = settings.kv_layout == "unified"
+    params.type_k, params.type_v = CACHE_GGML_TYPES[settings.cache_type_k], CACHE_GGML_TYPES[settings.cache_type_v]
     params.no_perf = True
     if settings.batch_invariant:
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
