@@ -144,7 +144,7 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
     from glmserve.engine.llama_cpp.batch import BatchDecoder
     from glmserve.engine.llama_cpp.params import context_params
     from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-    from glmserve.engine.llama_cpp.metadata import model_params
+    from glmserve.engine.llama_cpp.loading.metadata import model_params
     from glmserve.engine.llama_cpp.sequence import Chunk, Sequence
     from tests.hf_models import converted_gguf, tiny_glm_with_nextn
 

@@ -14,7 +14,7 @@ from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, vocab_mismatch
 from glmserve.engine.llama_cpp import in_force
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-from glmserve.engine.llama_cpp.memory import memory_estimate
+from glmserve.engine.llama_cpp.loading.memory import memory_estimate
 from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 from glmserve.llm import LLM
 from glmserve.models import ModelNotFoundError, default_model_path

@@ -1,4 +1,4 @@
-"""GGUF metadata glmserve corrects at load (``engine/llama_cpp/metadata.py``): a GLM-4.7-Flash
+"""GGUF metadata glmserve corrects at load (``engine/llama_cpp/loading/metadata.py``): a GLM-4.7-Flash
 GGUF (``deepseek2`` with GLM's pre-tokenizer) that does not name its expert gating is routed with
 sigmoid; DeepSeek's own GGUFs, and GGUFs that name their gating, are loaded as they are. The
 e2e test ``tests/e2e/test_glm_gguf.py`` shows the difference: without the override, the
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from glmserve.engine.llama_cpp.metadata import SIGMOID, model_params, overrides  # noqa: E402
+from glmserve.engine.llama_cpp.loading.metadata import SIGMOID, model_params, overrides  # noqa: E402
 from glmserve.models import default_model_path  # noqa: E402
 
 GLM47_FLASH = {"general.architecture": "deepseek2", "tokenizer.ggml.pre": "glm4"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.memory import KVShape, kv_shape, plan_kv
+from glmserve.engine.llama_cpp.loading.memory import KVShape, kv_shape, plan_kv
 from glmserve.engine.llama_cpp.params import in_force, with_kv_plan
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 

@@ -1,4 +1,4 @@
-"""GPU offload on llama_cpp (``engine/llama_cpp/offload.py``): the flags reach llama.cpp's model
+"""GPU offload on llama_cpp (``engine/llama_cpp/loading/offload.py``): the flags reach llama.cpp's model
 parameters with llama-server's meanings, this CPU build reports no layer offloaded, ``auto``
 fits layers to the GPUs' free memory, and bad values are one-line errors."""
 
@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.offload import (EXPERTS, RESERVE, Device, Offload, _TensorOverride, apply, devices,
+from glmserve.engine.llama_cpp.loading.offload import (EXPERTS, RESERVE, Device, Offload, _TensorOverride, apply, devices,
                                                plan_offload)
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 

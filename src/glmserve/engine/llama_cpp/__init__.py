@@ -29,7 +29,7 @@ def build(settings: LlamaCppSettings) -> LlamaCppEngine:
 def memory_estimate(settings: LlamaCppSettings) -> int:
     """Bytes the model of ``settings`` takes once loaded: its GGUF file and its KV cache
     (``engine.memory_estimate``). Raises ``ModelNotFoundError``, ``EngineError``."""
-    from glmserve.engine.llama_cpp.memory import memory_estimate as estimate
+    from glmserve.engine.llama_cpp.loading.memory import memory_estimate as estimate
 
     return estimate(resolve_model(settings.model).path, in_force(settings), speculative_config(settings))
 

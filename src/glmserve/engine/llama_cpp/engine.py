@@ -44,9 +44,9 @@ from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
 from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.params import context_params, in_force, speculative_config, with_kv_plan
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
-from glmserve.engine.llama_cpp.metadata import model_params
-from glmserve.engine.llama_cpp.offload import offload_model
-from glmserve.engine.llama_cpp.memory import model_kv_shape, plan_kv
+from glmserve.engine.llama_cpp.loading.metadata import model_params
+from glmserve.engine.llama_cpp.loading.offload import offload_model
+from glmserve.engine.llama_cpp.loading.memory import model_kv_shape, plan_kv
 from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft, require_nextn
 from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_NGRAM, NgramPool
 from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob

@@ -17,7 +17,7 @@ from glmserve.models import ModelNotFoundError, resolve_model
 log = logging.getLogger("glmserve.engine.llama_cpp")
 
 if TYPE_CHECKING:
-    from glmserve.engine.llama_cpp.memory import KVPlan
+    from glmserve.engine.llama_cpp.loading.memory import KVPlan
     from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 
 
@@ -106,7 +106,7 @@ def context_params(settings: LlamaCppSettings, cells: int):
     (llama.cpp's ``n_threads_batch``)."""
     import llama_cpp
 
-    from glmserve.engine.llama_cpp.memory import CACHE_GGML_TYPES
+    from glmserve.engine.llama_cpp.loading.memory import CACHE_GGML_TYPES
 
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = cells  # split: llama.cpp gives each of the n_seq_max streams n_ctx / n_seq_max cells

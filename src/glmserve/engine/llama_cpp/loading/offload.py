@@ -22,7 +22,7 @@ from pathlib import Path
 import llama_cpp
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.memory import plan_kv, read_header
+from glmserve.engine.llama_cpp.loading.memory import plan_kv, read_header
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 
 EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's LLM_FFN_EXPS_REGEX
