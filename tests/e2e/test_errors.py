@@ -113,6 +113,21 @@ def test_prompt_longer_than_context(server):
     assert "4096" in error["message"]
 
 
+def test_a_prompt_longer_than_context_on_messages_in_anthropics_words(server):
+    """Anthropic's 400 for a prompt over the window, the error Claude Code compacts its context on;
+    streamed or not, with the prompt's length counted as for /v1/messages/count_tokens."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "hello " * 5000}]
+    n = client.messages.count_tokens(model=DEFAULT_MODEL, messages=messages).input_tokens
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model=DEFAULT_MODEL, max_tokens=100, messages=messages, stream=stream)
+        assert caught.value.body == {"type": "error", "error": {
+            "type": "invalid_request_error", "message": f"prompt is too long: {n} tokens > 4095 maximum"}}
+
+
 def test_max_tokens_that_cannot_fit(server):
     body = {"model": DEFAULT_MODEL, "messages": OK_MESSAGES, "max_tokens": 4090}
     _assert_error(_post(server, body), 400, "max_tokens", "context_length_exceeded")

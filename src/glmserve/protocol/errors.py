@@ -71,6 +71,18 @@ def context_length_exceeded(message: str, param: str = "messages") -> APIError:
     return APIError(400, message, "invalid_request_error", param, "context_length_exceeded")
 
 
+class PromptTooLong(APIError):
+    """400 ``context_length_exceeded`` for a prompt that alone fills the context, in OpenAI's
+    words; ``n_prompt`` and ``context_length`` (tokens) let another API say it in its own
+    (Anthropic's ``prompt is too long: N tokens > M maximum``)."""
+
+    def __init__(self, n_prompt: int, context_length: int, noun: str, param: str) -> None:
+        super().__init__(400, f"This model's maximum context length is {context_length} tokens. However, your "
+                              f"{noun} resulted in {n_prompt} tokens. Please reduce the length of the {noun}.",
+                         "invalid_request_error", param, "context_length_exceeded")
+        self.n_prompt, self.context_length = n_prompt, context_length
+
+
 def overloaded(message: str, retry_after_s: int) -> APIError:
     """429 with ``Retry-After``: every running and queued place is taken."""
     return APIError(429, message, "rate_limit_error", None, "rate_limit_exceeded",

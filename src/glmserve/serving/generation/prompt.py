@@ -15,7 +15,7 @@ from glmserve.chat.generic import to_generic_messages
 from glmserve.chat.glm4 import to_glm4_items
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.protocol.errors import context_length_exceeded, invalid_request
+from glmserve.protocol.errors import PromptTooLong, context_length_exceeded, invalid_request
 from glmserve.serving.generation.tools import ToolPlan
 
 
@@ -119,12 +119,10 @@ def build_prompt(
 def fit_max_tokens(n_prompt: int, max_tokens: int | None, context_length: int, prompt_param: str) -> int:
     """``max_tokens`` resolved against the context window (None: what the prompt leaves).
     Raises a 400 ``context_length_exceeded`` naming ``prompt_param`` when the prompt alone does
-    not fit, or ``max_tokens`` when the two together do not."""
+    not fit (``PromptTooLong``), or ``max_tokens`` when the two together do not."""
     noun = "messages" if prompt_param == "messages" else "prompt"  # OpenAI's wording for each
     if n_prompt >= context_length:
-        raise context_length_exceeded(
-            f"This model's maximum context length is {context_length} tokens. However, your "
-            f"{noun} resulted in {n_prompt} tokens. Please reduce the length of the {noun}.", param=prompt_param)
+        raise PromptTooLong(n_prompt, context_length, noun, prompt_param)
     if max_tokens is None:
         return context_length - n_prompt
     if n_prompt + max_tokens > context_length:

@@ -39,7 +39,7 @@ from glmserve.protocol.anthropic import (
 )
 from glmserve.protocol.chat import ChatCompletionChunk, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
-from glmserve.protocol.errors import ErrorResponse
+from glmserve.protocol.errors import ErrorResponse, PromptTooLong, invalid_request
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.model import ServedModel
 from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, TextDelta
@@ -103,12 +103,22 @@ class MessagesService:
         self.model.check_model(chat_req.model)
         return CountTokensResponse(input_tokens=len(self.model.prompt_token_ids(chat_req)))
 
+    async def _chat(self, chat_req, priority: int, **kw):
+        """The chat service's answer, ``max_tokens`` lowered to what the prompt leaves (Anthropic's
+        ``max_tokens`` is a ceiling); a prompt that fills the context is refused in Anthropic's
+        words (``prompt is too long: N tokens > M maximum``, the 400 Claude Code compacts on)."""
+        try:
+            return await self.chat.create(chat_req, max_tokens_ceiling=True, priority=priority, **kw)
+        except PromptTooLong as exc:
+            raise invalid_request(f"prompt is too long: {exc.n_prompt} tokens > {exc.context_length - 1} maximum"
+                                  ) from exc
+
     async def create(self, req: MessagesRequest, priority: int = INTERACTIVE_PRIORITY,
                      encoded: bool = False) -> Message | AsyncIterator[MessageStreamEvent | dict]:
         chat_req = self._chat_request(req)
         show_thinking = thinking_mode(req) != "disabled"
         if not req.stream:
-            completion = await self.chat.create(chat_req, max_tokens_ceiling=True, priority=priority)
+            completion = await self._chat(chat_req, priority)
             choice = completion.choices[0]
             reply = choice.message
             content = [{"type": "thinking", "thinking": reply.reasoning_content, "signature": ""}] \
@@ -121,7 +131,7 @@ class MessagesService:
             return Message(id=_id("msg"), model=req.model, content=content, stop_reason=stop_reason,
                            stop_sequence=stop_sequence, usage=_usage(completion.usage))
         stream_req = chat_req.model_copy(update={"stream": True, "stream_options": StreamOptions(include_usage=True)})
-        chunks = await self.chat.create(stream_req, max_tokens_ceiling=True, priority=priority, text_form="delta")
+        chunks = await self._chat(stream_req, priority, text_form="delta")
         return ChunkStream(self._events(req.model, chunks, show_thinking, encoded), chunks)
 
     @staticmethod
