@@ -197,3 +197,21 @@ def test_greedy_tokens_equal_transformers_on_an_untrained_prompt(glm):
                                            extra_body={"ignore_eos": True})
     assert served.usage.prompt_tokens == len(ids)
     assert served.choices[0].text == expected
+
+
+def test_a_q8_0_kv_cache_gives_the_trained_answers(glm):
+    """``--cache-type-k/-v q8_0`` (half the KV memory): the trained reply and call come out the
+    same, reasoning split as at f16."""
+    server = RemoteServer("--model", str(glm.gguf), "--served-model-name", MODEL, "--n-ctx", "2048",
+                          "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        message = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=100).choices[0].message
+        assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (
+            THOUGHT if glm.reasons else None, ANSWER)
+        call = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0,
+                                              max_tokens=300).choices[0].message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in call] == [("get_weather", ARGUMENTS)]
+        assert "(K q8_0, V q8_0)" in server.log()
+    finally:
+        server.stop()
