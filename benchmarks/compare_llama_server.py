@@ -3,8 +3,9 @@ run; prints medians over the rounds, and glmserve against llama-server as the me
 ratios with their range (docs/engineering/measuring.md).
 
 Systems (the embedded default GGUF, the same threads, 8 parallel sequences):
-- ``glmserve``: ``glmserve serve`` as shipped: ``--kv-layout split``, a KV stream of ``--n-ctx``
-  (4096) cells per sequence, so every request may use the whole 4096-token context;
+- ``glmserve``: ``glmserve serve`` as shipped: ``--kv-layout auto``, which is split at this size
+  (a KV stream of ``--n-ctx``, 4096, cells per sequence: 720 MiB), so every request may use the
+  whole 4096-token context;
 - ``glmserve --kv-layout unified``: 4096 cells shared by the 8 sequences;
 - ``llama-server -np 8``: ``-c 8192`` split in 8 slots of 1024 cells (its default layout), so a
   request may use at most 1024 tokens.
