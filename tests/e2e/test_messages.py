@@ -283,7 +283,7 @@ BAD_REQUESTS = [
     ("prefill ending in whitespace", {"messages": [*ASK, {"role": "assistant", "content": "The capital is "}],
                                       "max_tokens": 5}, "trailing whitespace"),
     ("prompt longer than the context", {"messages": [{"role": "user", "content": "hello " * 9000}],
-                                        "max_tokens": 5}, "messages"),
+                                        "max_tokens": 5}, "prompt is too long: "),  # Anthropic's words
 ]
 
 
