@@ -59,9 +59,12 @@ def test_reasoning_budget_needs_a_template_that_reasons():
 
 
 def test_kv_cache_larger_than_memory_is_refused():
-    # 256 sequences x 1M tokens x 22.5 KiB: far beyond any machine's memory
-    _assert_one_line_failure(_serve("--max-num-seqs", "256", "--n-ctx", str(1 << 20)), "KV cache",
-                             "--kv-layout unified")
+    # 1M tokens x 22.5 KiB a cell: beyond this machine's memory even shared (unified, which auto takes
+    # when split would not fit); with split asked for, unified is what the error suggests
+    _assert_one_line_failure(_serve("--max-num-seqs", "256", "--n-ctx", str(1 << 20)),
+                             "KV cache (unified: 1048576 cells", "lower --n-ctx")
+    _assert_one_line_failure(_serve("--max-num-seqs", "256", "--n-ctx", str(1 << 20), "--kv-layout", "split"),
+                             "KV cache (split: 268435456 cells", "--kv-layout unified")
 
 
 def test_help_lists_flags():

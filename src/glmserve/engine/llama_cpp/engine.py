@@ -113,7 +113,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         mtp = spec is not None and spec.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
         params, _overrides = model_params(path, mtp)
-        self.offload, _kept = offload_model(params, cfg, path)  # GPU layers and tensor placement, logged
+        self.offload, _kept = offload_model(params, cfg, path)  # GPU layers and tensor placement
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -148,11 +148,11 @@ class LlamaCppEngine(StepWorker[Sequence]):
         n_ctx = min(cfg.n_ctx, per_seq)
         cells = llama_cpp.llama_n_ctx(self._ctx)
         self.kv_cache_bytes = cells * per_cell
+        log.info("%s: %s", path.name, self.offload.describe())
         log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (K %s, V %s); "
                  "each request may use n_ctx=%d; host prompt cache %s", cfg.kv_layout, cells,
                  per_seq if split else cells, cfg.max_num_seqs, self.kv_cache_bytes / 2**20, cfg.cache_type_k,
-                 cfg.cache_type_v, n_ctx,
-                 f"up to {cfg.cache_ram} MiB" if cfg.cache_ram else "off")
+                 cfg.cache_type_v, n_ctx, f"up to {cfg.cache_ram} MiB" if cfg.cache_ram else "off")
         self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens, by_slot=split)
         self.host_cache = HostPromptCache(cfg.cache_ram * 2**20) if cfg.cache_ram else None
         self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout,

@@ -15,7 +15,6 @@ and the output layer (llama.cpp counts n_layer + 1).
 from __future__ import annotations
 
 import ctypes
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from glmserve.engine.llama_cpp.loading.memory import plan_kv, read_header
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 
 EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's LLM_FFN_EXPS_REGEX
-log = logging.getLogger("glmserve.engine.llama_cpp")
 SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
 RESERVE = 512 << 20  # bytes per GPU kept for llama.cpp's compute buffers when fitting layers
@@ -182,7 +180,7 @@ def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
 def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offload, list]:
     """``plan_offload`` for the GGUF at ``path`` (its layers, file size and the KV cache
     ``memory.plan_kv`` gives it, from ``memory.read_header``) set on llama.cpp's model ``params``
-    (``apply``) and logged; returns it and the arrays to keep alive until the model is loaded.
+    (``apply``); returns it and the arrays to keep alive until the model is loaded.
     Raises ``EngineError`` (``plan_offload``, ``plan_kv``, an unknown ``--override-tensor``
     buffer)."""
     header, weights = read_header(path), path.stat().st_size
@@ -192,6 +190,4 @@ def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offlo
         kv = plan_kv(settings, header.n_ctx_train, header.kv.bytes_per_cell(settings.cache_type_k,
                                                                              settings.cache_type_v), weights).bytes
     offload = plan_offload(settings, n_layer, weights, kv)
-    keep = apply(params, settings, offload)
-    log.info("%s: %s", path.name, offload.describe())
-    return offload, keep
+    return offload, apply(params, settings, offload)
