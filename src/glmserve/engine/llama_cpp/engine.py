@@ -1,8 +1,7 @@
 """The ``llama_cpp`` engine: GGUF models on the CPU, continuously batched.
 
-One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``) is split by default: one stream
-of ``n_ctx`` cells per sequence (llama.cpp's non-unified cache, as ``llama-server -np N`` but with the whole context
-for each sequence), or unified: ``n_ctx`` cells shared by all sequences, for when memory is tight. A worker thread
+One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``, ``loading/memory.plan_kv``) is
+split (one stream of ``n_ctx`` cells per sequence) or unified (``n_ctx`` cells shared, llama-server's). A worker thread
 runs engine steps (nano-vllm's shape): ``Scheduler.schedule()``, then one ``llama_decode`` of a batch holding the
 next token of every running sequence plus prompt chunks of new ones, then sampling with each sequence's own
 llama.cpp sampler chain and post-processing (detokenize, end-of-turn/length checks, hand-off to the event loop).
@@ -113,7 +112,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         mtp = spec is not None and spec.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
         params, _overrides = model_params(path, mtp)
-        self.offload, _kept = offload_model(params, cfg, path)  # GPU layers and tensor placement
+        self.offload, plan, _kept = offload_model(params, cfg, path)  # GPU layers, the KV plan (GGUF header)
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -127,8 +126,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
                 require_nextn(self._model)
             for name, adapter_path in cfg.lora_adapters().items():
                 self._adapters.load(name, adapter_path)
-            plan = plan_kv(cfg, self._model.n_ctx_train(), per_cell, path.stat().st_size)
-            self.settings = cfg = with_kv_plan(cfg, plan)  # logs what it chose
+            plan = plan or plan_kv(cfg, self._model.n_ctx_train(), per_cell, path.stat().st_size)
+            self.settings = cfg = with_kv_plan(cfg, plan)
             self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
         except EngineError:  # LoRAAdapterError too
             self._model.close()  # frees the adapters loaded so far with it
@@ -150,9 +149,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self.kv_cache_bytes = cells * per_cell
         log.info("%s: %s", path.name, self.offload.describe())
         log.info("KV cache (%s): %d cells, %d per sequence for %d sequences, %.1f MiB (K %s, V %s); "
-                 "each request may use n_ctx=%d; host prompt cache %s", cfg.kv_layout, cells,
+                 "each request may use n_ctx=%d; host prompt cache %s%s", cfg.kv_layout, cells,
                  per_seq if split else cells, cfg.max_num_seqs, self.kv_cache_bytes / 2**20, cfg.cache_type_k,
-                 cfg.cache_type_v, n_ctx, f"up to {cfg.cache_ram} MiB" if cfg.cache_ram else "off")
+                 cfg.cache_type_v, n_ctx, f"up to {cfg.cache_ram} MiB" if cfg.cache_ram else "off",
+                 f" (auto: {plan.choice})" if plan.choice else "")
         self._decoder = BatchDecoder(self._ctx, cfg.max_num_batched_tokens, by_slot=split)
         self.host_cache = HostPromptCache(cfg.cache_ram * 2**20) if cfg.cache_ram else None
         self._scheduler = Scheduler(cfg.max_num_seqs, n_ctx, cfg.max_num_batched_tokens, cfg.kv_layout,

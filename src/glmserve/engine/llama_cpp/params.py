@@ -5,7 +5,6 @@ draft model resolved (``speculative_config``), and llama.cpp's context parameter
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from glmserve.engine import max_num_seqs_in_force
@@ -14,7 +13,6 @@ from glmserve.engine.llama_cpp.settings import (BATCH_INVARIANT_MAX_NUM_BATCHED_
                                                 LlamaCppSettings)
 from glmserve.models import ModelNotFoundError, resolve_model
 
-log = logging.getLogger("glmserve.engine.llama_cpp")
 
 if TYPE_CHECKING:
     from glmserve.engine.llama_cpp.loading.memory import KVPlan
@@ -61,10 +59,8 @@ def speculative_config(settings: LlamaCppSettings) -> SpeculativeConfig | None:
 
 def with_kv_plan(settings: LlamaCppSettings, plan: KVPlan) -> LlamaCppSettings:
     """``settings`` (in force) as the engine runs them with ``plan``: its layout and ``n_ctx``, and
-    ``cache_ram`` for that layout; logs the plan's choice. Raises ``EngineError`` for a ``--cache-ram`` given where ``auto``
-    chose unified."""
-    if plan.choice:
-        log.warning("KV cache: %s", plan.choice)
+    ``cache_ram`` for that layout (the engine logs the plan's choice once the context is made).
+    Raises ``EngineError`` for a ``--cache-ram`` given where ``auto`` chose unified."""
     settings = settings.model_copy(update={"kv_layout": plan.kv_layout, "n_ctx": plan.n_ctx})
     try:
         return settings.model_copy(update={"cache_ram": _cache_ram(settings)})

@@ -21,7 +21,7 @@ from pathlib import Path
 import llama_cpp
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.loading.memory import plan_kv, read_header
+from glmserve.engine.llama_cpp.loading.memory import KVPlan, plan_kv, read_header
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 
 EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's LLM_FFN_EXPS_REGEX
@@ -177,17 +177,17 @@ def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
 
 
 
-def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offload, list]:
+def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offload, KVPlan | None, list]:
     """``plan_offload`` for the GGUF at ``path`` (its layers, file size and the KV cache
     ``memory.plan_kv`` gives it, from ``memory.read_header``) set on llama.cpp's model ``params``
-    (``apply``); returns it and the arrays to keep alive until the model is loaded.
+    (``apply``); returns it, that KV plan (None when the header is not one ``read_header`` knows)
+    and the arrays to keep alive until the model is loaded.
     Raises ``EngineError`` (``plan_offload``, ``plan_kv``, an unknown ``--override-tensor``
     buffer)."""
     header, weights = read_header(path), path.stat().st_size
-    n_layer, kv = 0, 0
+    kv = None
     if header is not None:
-        n_layer = header.n_layer
         kv = plan_kv(settings, header.n_ctx_train, header.kv.bytes_per_cell(settings.cache_type_k,
-                                                                             settings.cache_type_v), weights).bytes
-    offload = plan_offload(settings, n_layer, weights, kv)
-    return offload, apply(params, settings, offload)
+                                                                             settings.cache_type_v), weights)
+    offload = plan_offload(settings, header.n_layer if header else 0, weights, kv.bytes if kv else 0)
+    return offload, kv, apply(params, settings, offload)
