@@ -1,5 +1,6 @@
 """Agent-shaped prompts: glmserve against llama.cpp's ``llama-server`` on the same GGUF, in
-alternating rounds of one run; medians per turn.
+rounds of one run in ABBA order; medians per turn, and glmserve's TTFT against llama-server's as
+the median of per-round ratios (docs/engineering/measuring.md).
 
 Scenarios (``--scenarios``; each starts every system afresh, so no cache carries over):
 - ``single-6k`` / ``single-12k`` (any ``single-N``): one session, a coding agent's long system
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 
 import httpx
-from rounds import save, stream_chat  # benchmarks/rounds.py
+from rounds import check_rounds, order, paired, paired_text, save, stream_chat  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -251,6 +252,15 @@ def report(results: dict, args) -> tuple[str, dict]:
                 "prefill_tok_s": rate, **({"answer": rows[-1]["answer"]} if "answer" in rows[-1] else {})}
             lines.append(f"| {scenario} | {system} | {step} | {ttft:.2f} | {[round(r['ttft'], 2) for r in rows]} | "
                          f"{prompt:.0f} | {cached / prompt if prompt else 0:.0%} | {rate:.0f} |")
+    lines.append("")
+    for (scenario, system), rounds in results.items():
+        theirs = results.get((scenario, "llama-server"))
+        if system == "llama-server" or theirs is None:
+            continue
+        for step in rounds[0]:
+            ratio = paired([r[step]["ttft"] for r in rounds], [r[step]["ttft"] for r in theirs])
+            stats[scenario][system][step]["ttft_vs_llama_server"] = ratio
+            lines.append(f"- {scenario}, {step}: TTFT {system} / llama-server {paired_text(ratio)}")
     return "\n".join(lines), stats
 
 
@@ -260,7 +270,7 @@ def main() -> None:
     ap.add_argument("--claude", type=lambda p: str(Path(p).resolve()),
                     help="path to Claude Code's claude command (for the claude-code scenario)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=check_rounds, default=2, help="an even number (ABBA order)")
     ap.add_argument("--scenarios", type=lambda s: s.split(","), default=["single-6k", "single-12k", "shared-4",
                                                                           "evicted"])
     ap.add_argument("--systems", type=lambda s: s.split(","), default=["glmserve", "llama-server"])
@@ -271,7 +281,7 @@ def main() -> None:
     for r in range(args.rounds):
         for scenario in args.scenarios:
             names = list(specs) if scenario != "claude-code" else [n for n in specs if n.startswith("glmserve")]
-            names = names[r % len(names):] + names[:r % len(names)]
+            names = order(names, r)  # ABBA: each system goes first equally often
             for name in names:
                 server = start(specs[name], scenario, args.threads)
                 try:
