@@ -122,6 +122,7 @@ class ToolCallParser(ABC):
         self.schemas: dict[str, dict] = {t["name"]: t.get("parameters") or {} for t in tools or []}
         self._content = _TextStream("content")
         self._n_calls = 0
+        self.unread: list[str] = []  # calls that could not be read, returned as content (for the log)
 
     @abstractmethod
     def feed(self, text: str) -> list[DeltaEvent]: ...
@@ -199,6 +200,7 @@ class TaggedCallParser(ToolCallParser):
         self._in_call = False
         decoded = self.decode(body)
         if decoded is None:
+            self.unread.append(self.start_tag + body + self.end_tag)
             self._emit_content(self.start_tag + body + self.end_tag, out)
         else:
             self._emit_call(*decoded, out)

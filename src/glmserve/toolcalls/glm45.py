@@ -35,6 +35,9 @@ from glmserve.toolcalls.base import DeltaEvent, TaggedCallParser, partial_suffix
 
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 CallState = Literal["name", "refused", "pairs", "key", "value_start", "value"]
+# the tags that may end each state of an open call's pairs, besides </tool_call> and <tool_call>
+_EXPECTED = {"pairs": (KEY, KEY_END), "key": (KEY_END, VALUE), "value_start": (VALUE, VALUE_END, KEY),
+             "value": (VALUE_END, KEY)}
 
 
 def _is_string_type(schema: dict[str, Any] | None) -> bool:
@@ -87,55 +90,115 @@ class Glm45Parser(TaggedCallParser):
         while True:
             state = self._state
             if state == "name":
-                at, _ = _first(self._buf, KEY, self.end_tag)
+                at, tag = _first(self._buf, KEY, self.end_tag, KEY_END)
                 if at < 0:
                     return False
-                name, _, extra = self._buf[:at].partition("\n")
-                name = name.strip()
-                if extra.strip() or not self._known(name):
+                head = self._buf[:at]
+                name, _, extra = head.partition("\n")
+                if tag == KEY_END and (split := self._name_and_key(head)):  # the first <arg_key> missing
+                    self._open_call(split[0], out)
+                    self._key, self._state, self._buf = split[1], "value_start", self._buf[at + len(tag):]
+                elif tag != KEY_END and self._known(name.strip()) and not extra.strip():
+                    self._open_call(name.strip(), out)
+                    self._buf = self._buf[at:]
+                elif tag == self.end_tag and self._json_call(head, out):
+                    self._buf = self._buf[at + len(tag):]
+                    return self._end_call()
+                else:
                     self._state = "refused"
-                    continue
-                self._index, self._n_calls = self._n_calls, self._n_calls + 1
-                self._properties = (self.schemas[name] or {}).get("properties") or {}
-                self._pairs, self._buf, self._state = 0, self._buf[at:], "pairs"
-                out.append(DeltaEvent("tool_call", index=self._index, name=name))
             elif state == "refused":  # not a call: content, whole, once it ends
                 end = self._buf.find(self.end_tag)
                 if end < 0:
                     return False
                 body, self._buf = self._buf[:end], self._buf[end + len(self.end_tag):]
+                self.unread.append(self.start_tag + body + self.end_tag)
                 self._emit_content(self.start_tag + body + self.end_tag, out)
                 return self._end_call()
-            elif state in ("pairs", "value_start"):
-                want = KEY if state == "pairs" else VALUE
-                at, tag = _first(self._buf, want, self.end_tag)
-                if at < 0:  # stray text is skipped; a partial tag is kept
-                    keep = max(partial_suffix(self._buf, want), partial_suffix(self._buf, self.end_tag))
-                    self._buf = self._buf[len(self._buf) - keep:]
-                    return False
-                self._buf = self._buf[at + len(tag):]
-                if tag == self.end_tag:
-                    self._piece("}" if self._pairs else "{}", out)
-                    return self._end_call()
-                if state == "pairs":
-                    self._state = "key"
-                else:
-                    self._open_value(out)
-            elif state == "key":
-                end = self._buf.find(KEY_END)
-                if end < 0:
-                    return False
-                self._key, self._buf, self._state = self._buf[:end].strip(), self._buf[end + len(KEY_END):], "value_start"
-            else:  # value
-                end = self._buf.find(VALUE_END)
-                if end < 0:
-                    if _is_string_type(self._properties.get(self._key)):  # its text goes out as it comes
-                        keep = partial_suffix(self._buf, VALUE_END)
-                        self._piece(_json_text(self._buf[: len(self._buf) - keep]), out)
-                        self._buf = self._buf[len(self._buf) - keep:]
-                    return False  # any other value waits for its end
-                self._close_value(self._buf[:end], out)
-                self._buf, self._state = self._buf[end + len(VALUE_END):], "pairs"
+            else:
+                ended = self._advance_pairs(state, out)
+                if ended is not None:
+                    return ended
+
+    def _advance_pairs(self, state: CallState, out: list[DeltaEvent]) -> bool | None:
+        """One step of an open call's pairs: None to go on, else ``_advance_call``'s answer.
+        Where the intent is plain, a malformed pair is read as meant (vLLM issue 49248): a
+        missing ``</arg_value>`` or ``</arg_key>`` ends at the next tag; a missing ``<arg_key>``
+        or ``<arg_value>`` begins after the previous tag; a missing ``</tool_call>`` ends the call
+        at the next ``<tool_call>``; a key whose value has no tags takes the text up to the next
+        tag. Text between pairs that no tag makes a key or value is content: nothing the model
+        wrote is lost."""
+        tags = (*_EXPECTED[state], self.end_tag, self.start_tag)
+        at, tag = _first(self._buf, *tags)
+        if at < 0:
+            if state == "value" and _is_string_type(self._properties.get(self._key)):  # out as it comes
+                keep = max(partial_suffix(self._buf, t) for t in tags)
+                self._piece(_json_text(self._buf[: len(self._buf) - keep]), out)
+                self._buf = self._buf[len(self._buf) - keep:]
+            return False  # anything else waits for the tag that says what it is
+        text, self._buf = self._buf[:at], self._buf[at + len(tag):]
+        if state == "value":
+            self._close_value(text, out)
+        elif state == "key":
+            self._key = text.strip()
+        elif state == "pairs" and tag == KEY_END and text.strip():  # <arg_key> missing
+            self._key = text.strip()
+        elif text.strip() and (state == "pairs" or tag == VALUE):  # text between tags: content, not lost
+            self._emit_content(text, out)
+        if tag == VALUE or (tag == VALUE_END and state == "value_start"):  # (<arg_value> missing)
+            self._open_value(out)
+            if tag == VALUE_END:
+                self._close_value(text, out)
+                self._state = "pairs"
+            return None
+        if state in ("key", "value_start") and tag in (KEY, self.end_tag, self.start_tag):
+            # a key without its value tags: the text up to the next tag is its value
+            self._open_value(out)
+            self._close_value(text.strip() if state == "value_start" else "", out)
+        if tag == KEY_END:
+            self._state = "value_start" if state == "key" or text.strip() else "pairs"
+        elif tag == KEY:
+            self._state = "key"
+        elif tag == VALUE_END:
+            self._state = "pairs"
+        else:  # </tool_call>, or a <tool_call> where it is missing: this call ends (the next begins)
+            self._piece("}" if self._pairs else "{}", out)
+            if tag == self.start_tag:
+                self._buf = tag + self._buf
+            return self._end_call()
+        return None
+
+    def _open_call(self, name: str, out: list[DeltaEvent]) -> None:
+        self._index, self._n_calls = self._n_calls, self._n_calls + 1
+        self._properties = (self.schemas[name] or {}).get("properties") or {}
+        self._pairs, self._state = 0, "pairs"
+        out.append(DeltaEvent("tool_call", index=self._index, name=name))
+
+    def _name_and_key(self, head: str) -> tuple[str, str] | None:
+        """A call's name and its first key written without ``<arg_key>``: ``name\nkey`` or
+        ``namekey`` (the longest offered name that ``head`` starts with); None when neither."""
+        name, newline, key = head.partition("\n")
+        if not newline:
+            names = [n for n in self.schemas if head.startswith(n)]
+            name = max(names, key=len) if names else ""
+            key = head[len(name):]
+        return (name.strip(), key.strip()) if self._known(name.strip()) and key.strip() else None
+
+    def _json_call(self, body: str, out: list[DeltaEvent]) -> bool:
+        """A call whose arguments are a JSON object after the name (GLM-4-0414's form, written
+        inside GLM-4.5's tags): ``name\n{...}`` or ``name{...}``; True when ``body`` is one."""
+        brace = body.find("{")
+        name = body[:brace].strip() if brace >= 0 else ""
+        if not self._known(name):
+            return False
+        try:
+            arguments = json.loads(body[brace:])
+        except ValueError:
+            return False
+        if not isinstance(arguments, dict):
+            return False
+        self._open_call(name, out)
+        self._piece(json.dumps(arguments, ensure_ascii=False), out)
+        return True
 
     def _open_value(self, out: list[DeltaEvent]) -> None:
         opening = "{" if self._pairs == 0 else ", "
@@ -159,10 +222,10 @@ class Glm45Parser(TaggedCallParser):
     def _finish_call(self, truncated: bool, out: list[DeltaEvent]) -> None:
         if self._state in ("name", "refused"):  # no head sent: content, or dropped when cut off
             super()._finish_call(truncated, out)
-        elif not truncated:  # the model left the call open: close it
-            if self._state == "value":
-                self._close_value(self._buf, out)
-            self._piece("}" if self._pairs else "{}", out)
+        elif not truncated:  # the model left the call open: read it as if it wrote </tool_call>
+            self._buf += self.end_tag  # (the buffer holds no whole <tool_call>: feed read those)
+            while self._advance_pairs(self._state, out) is None:
+                pass
         self._state = "name"
 
 

@@ -64,6 +64,8 @@ class ReasoningParser(ToolCallParser):
         self._reasoning = _TextStream("reasoning")
         # a call's start tag inside the reasoning ends it, when calls can be made
         self._call_tag = inner.start_tag if isinstance(inner, TaggedCallParser) and inner.schemas else None
+        if inner is not None:
+            self.unread = inner.unread  # the inner parser's calls that could not be read
 
     @property
     def in_reasoning(self) -> bool:

@@ -66,13 +66,15 @@ CASES = [
      out("Checking both.", [("get_weather", '{"city": "Paris"}'), ("search", '{"query": "Louvre hours"}')])),
     ("glm45", "unknown-function", "<tool_call>launch\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
      out("<tool_call>launch\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>")),
-    # once the head (a known name) is out, the text is a call: a key without a value is dropped,
-    # stray text skipped, and a call left open closed at the end
+    # once the head (a known name) is out, the text is a call: a key without value tags takes the
+    # text up to the next tag, stray text is content, and a call left open is closed at the end
     ("glm45", "key-without-value", "<tool_call>search\n<arg_key>query</arg_key> junk\n</tool_call>",
-     out(None, [("search", "{}")])),
+     out(None, [("search", '{"query": "junk"}')])),
+    ("glm47@answer", "key-without-any-value", "<tool_call>get_weather<arg_key>city</arg_key><arg_key>days"
+     "</arg_key><arg_value>2</arg_value></tool_call>", out(None, [("get_weather", '{"city": "", "days": 2}')])),
     ("glm45", "stray-text-between-pairs", "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
      " hmm <arg_key>days</arg_key><arg_value>2</arg_value></tool_call>",
-     out(None, [("get_weather", '{"city": "Oslo", "days": 2}')])),
+     out("hmm", [("get_weather", '{"city": "Oslo", "days": 2}')])),
     ("glm45", "unclosed-call", "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>x",
      out(None, [("search", '{"query": "x"}')])),
     ("glm45", "unclosed-typed-value", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3",
@@ -83,6 +85,38 @@ CASES = [
      "</arg_value>\n</tool_call>", out(None, [("search", '{"query": "say \\"hi\\"\\n\\\\ <b>"}')])),
     ("glm45", "tag-like-text-in-a-value", "<tool_call>search\n<arg_key>query</arg_key><arg_value>a </arg_val b"
      "</arg_value></tool_call>", out(None, [("search", '{"query": "a </arg_val b"}')])),
+    # malformed calls read as meant where the intent is plain (vLLM issue 49248)
+    ("glm47@answer", "missing-arg-value-end-before-call-end", "<tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Rome</tool_call>", out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "missing-arg-value-end-before-next-key", "<tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Rome<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>",
+     out(None, [("get_weather", '{"city": "Rome", "days": 2}')])),
+    ("glm47@answer", "missing-typed-value-end", "<tool_call>get_weather<arg_key>days</arg_key><arg_value>4"
+     "<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call>",
+     out(None, [("get_weather", '{"days": 4, "city": "Rome"}')])),
+    ("glm47@answer", "missing-arg-key-end", "<tool_call>get_weather<arg_key>city<arg_value>Rome</arg_value>"
+     "</tool_call>", out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "missing-arg-key", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value>"
+     "days</arg_key><arg_value>2</arg_value></tool_call>", out(None, [("get_weather", '{"city": "Rome", "days": 2}')])),
+    ("glm45", "missing-first-arg-key", "<tool_call>get_weather\ncity</arg_key>\n<arg_value>Rome</arg_value>\n"
+     "</tool_call>", out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "missing-first-arg-key-one-line", "<tool_call>get_weathercity</arg_key><arg_value>Rome"
+     "</arg_value></tool_call>", out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "missing-first-arg-key-of-an-unknown-name", "<tool_call>get_timecity</arg_key><arg_value>Rome"
+     "</arg_value></tool_call>", out("<tool_call>get_timecity</arg_key><arg_value>Rome</arg_value></tool_call>")),
+    ("glm47@answer", "missing-arg-value", "<tool_call>get_weather<arg_key>city</arg_key>Rome</arg_value>"
+     "</tool_call>", out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "missing-call-end-at-the-end", "<tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Rome</arg_value>", out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "missing-call-end-before-the-next-call", "<tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Rome</arg_value><tool_call>clock</tool_call>",
+     out(None, [("get_weather", '{"city": "Rome"}'), ("clock", "{}")])),
+    ("glm47@answer", "json-arguments-in-tags", '<tool_call>get_weather\n{"city": "Rome", "days": 2}</tool_call>',
+     out(None, [("get_weather", '{"city": "Rome", "days": 2}')])),
+    ("glm47@answer", "json-arguments-one-line", '<tool_call>get_weather{"city": "Rome"}</tool_call>',
+     out(None, [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "json-arguments-not-an-object", '<tool_call>get_weather\n["Rome"]</tool_call>',
+     out('<tool_call>get_weather\n["Rome"]</tool_call>')),
     ("glm45", "unclosed-think", "<think>still thinking", out("", reasoning="still thinking")),
     ("glm45", "lt-in-text", "a < b and <tool c", out("a < b and <tool c")),
     ("glm45", "only-think-tag", "<think>", out("")),
