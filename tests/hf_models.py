@@ -568,6 +568,20 @@ def tiny_glm_trained(out: Path, architecture: str, template: str,
     return out
 
 
+SPELLED = "\x00"  # in a reply to train: the text between two of these is written by ordinary tokens
+
+
+def reply_ids(tokenizer, reply: str) -> list[int]:
+    """``reply``'s token ids as a model is trained to write it: its tags (``<tool_call>``...) as
+    the tokenizer's own tokens, but the text between two ``SPELLED`` marks one character at a
+    time, so that a tag there is spelled by ordinary tokens (a model quoting it)."""
+    ids: list[int] = []
+    for i, part in enumerate(reply.split(SPELLED)):
+        ids += ([t for ch in part for t in tokenizer.encode(ch, add_special_tokens=False)] if i % 2
+                else tokenizer.encode(part, add_special_tokens=False))
+    return ids
+
+
 def _train_replies(model, tokenizer, replies: list[tuple[list[dict], dict, str, str]], steps: int,
                    lr: float) -> None:
     """Train ``model`` (Adam at ``lr``, whole sequences, loss on the replies) until greedy decoding of each
@@ -577,8 +591,7 @@ def _train_replies(model, tokenizer, replies: list[tuple[list[dict], dict, str, 
     for messages, kwargs, reply, end in replies:
         prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                                                 **kwargs), add_special_tokens=False)
-        examples.append((prompt, tokenizer.encode(reply, add_special_tokens=False)
-                         + [tokenizer.convert_tokens_to_ids(end)]))
+        examples.append((prompt, reply_ids(tokenizer, reply) + [tokenizer.convert_tokens_to_ids(end)]))
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from glmserve.engine.rules import TagEscaper, tag_escaper
+
 
 class HFTokenizer:
     """glmserve's ``Tokenizer`` over a ``PreTrainedTokenizer(Fast)`` (read-only after load)."""
@@ -35,11 +37,16 @@ class HFTokenizer:
         # copies, which deep-copies the tokenizer for each thread that finds the pool empty
         self._rust = rust if rust is not None and rust.truncation is None and rust.padding is None else None
 
-    def detokenizer(self, prompt_tail: list[int], shown: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
-        """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``)."""
+    def detokenizer(self, prompt_tail: list[int],
+                    shown: frozenset[int] = frozenset()) -> IncrementalDetokenizer | TagDetokenizer:
+        """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``); with tag
+        tokens ``shown``, the same characters of other tokens are escaped (``TagDetokenizer``)."""
         if self._backend is not None:
-            return StreamDetokenizer(self.hf, self._backend, prompt_tail, shown)
-        return IncrementalDetokenizer(self.hf, prompt_tail, shown)
+            detok = StreamDetokenizer(self.hf, self._backend, prompt_tail, shown)
+        else:
+            detok = IncrementalDetokenizer(self.hf, prompt_tail, shown)
+        escaper = tag_escaper(self.hf.convert_ids_to_tokens(i) for i in shown)
+        return detok if escaper is None else TagDetokenizer(detok, shown, escaper)
 
     def encode(self, text: str) -> list[int]:
         """Raises ``UnicodeEncodeError`` for text that is not valid Unicode (a lone surrogate),
@@ -111,6 +118,25 @@ class IncrementalDetokenizer:
         text = self._decode(self._ids[self._prefix:])
         self._prefix = self._read = len(self._ids)
         return text[len(prefix_text):] if len(text) > len(prefix_text) else ""
+
+
+class TagDetokenizer:
+    """A detokenizer whose tag tokens (``shown``) write their text as is and whose other tokens'
+    text goes through ``escaper`` (``rules.TagEscaper``): ``feed``/``flush`` as
+    ``IncrementalDetokenizer``'s."""
+
+    __slots__ = ("_inner", "_shown", "_escaper")
+
+    def __init__(self, inner: IncrementalDetokenizer, shown: frozenset[int], escaper: TagEscaper) -> None:
+        self._inner, self._shown, self._escaper = inner, shown, escaper
+
+    def feed(self, token_id: int) -> str:
+        if token_id in self._shown:  # the text held back, all of it, then the tag's own
+            return self.flush() + self._inner.feed(token_id)
+        return self._escaper.feed(self._inner.feed(token_id))
+
+    def flush(self) -> str:
+        return self._escaper.feed(self._inner.flush()) + self._escaper.flush()
 
 
 def _rust_tokenizer(tokenizer: Any) -> Any:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from glmserve.engine.rules import unescape_tags
 from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
@@ -78,7 +79,7 @@ class CompletionService:
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
                     lora=req.model if req.model in self.model.adapters else None, priority=priority,
-                    cache_salt=CACHE_SALT.get())
+                    shown_special_ids=self.model.shown_special_ids, cache_salt=CACHE_SALT.get())
                 runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
         await self.model.admit_all(runs)
         if not req.echo:
@@ -153,8 +154,8 @@ class CompletionService:
         async def texts(index: int, run: Run) -> AsyncIterator[tuple[str, str | None, list[TokenLogprob]]]:
             if echoes[index]:
                 yield echoes[index], None, []
-            async for delta in self.model.deltas(run):
-                yield delta
+            async for text, finish, logprobs in self.model.deltas(run):
+                yield unescape_tags(text), finish, logprobs  # tags as the model wrote them
 
         try:
             async for i, (text, finish, logprobs) in merged([texts(i, run) for i, run in enumerate(runs)]):

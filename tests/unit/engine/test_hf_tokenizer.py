@@ -17,7 +17,13 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer, StreamDetokenizer  # noqa: E402
+from glmserve.engine.hf_tokenizer import (  # noqa: E402
+    HFTokenizer,
+    IncrementalDetokenizer,
+    StreamDetokenizer,
+    TagDetokenizer,
+)
+from glmserve.engine.rules import TagEscaper, unescape_tags  # noqa: E402
 from tests.unit.glm_tokenizer import glm_tokenizer  # noqa: E402
 
 TEXTS = ["Hello wörld, 你好 🙂 the rain in Spain", "emoji 🎉🎉 and ünïcödé", "日本語のテキスト", "plain ascii text here\n\n",
@@ -71,7 +77,7 @@ def test_the_stream_gives_the_window_text_token_for_token(tok):
     starts_inside = 0
     for tail, reply in _cases(tok, 1500):
         starts_inside += tok.decode(tail).startswith("\ufffd")
-        want = _outputs(IncrementalDetokenizer(tok, tail, shown), reply)
+        want = _outputs(TagDetokenizer(IncrementalDetokenizer(tok, tail, shown), shown, TagEscaper(["</think>"])), reply)
         assert _outputs(fast.detokenizer(tail, shown), reply) == want, (tail, reply)
     assert starts_inside > 0  # prompt tails that begin inside a character were among them
 
@@ -81,6 +87,20 @@ def test_the_stream_text_is_the_decoded_reply(tok):
     ids = tok.encode(text, add_special_tokens=False)
     detok = HFTokenizer(tok).detokenizer([])
     assert "".join(_outputs(detok, ids)) == text
+
+
+def test_a_tag_token_is_a_tag_and_its_look_alike_text(tok):
+    """``</think>`` written by its token is the tag; the same characters written by other
+    tokens are escaped (the parsers read them as text) and unescaped as the model wrote them."""
+    think = tok.convert_tokens_to_ids("</think>")
+    spelled = tok.encode("<", add_special_tokens=False) + tok.encode("/think>", add_special_tokens=False)
+    ids = tok.encode("x", add_special_tokens=False) + spelled + [think] + spelled[:1] + [think] + spelled
+    for detok in (HFTokenizer(tok).detokenizer([], frozenset({think})),
+                  TagDetokenizer(IncrementalDetokenizer(tok, [], frozenset({think})), frozenset({think}),
+                                 TagEscaper(["</think>"]))):
+        text = "".join(_outputs(detok, ids))
+        assert text.count("</think>") == 2  # the two tokens
+        assert unescape_tags(text) == "x</think></think><</think></think>"
 
 
 def test_encode_and_decode_through_rust_equal_the_wrapper(tok):

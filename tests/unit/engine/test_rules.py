@@ -1,11 +1,23 @@
-"""The request rules both engines share (``glmserve.engine.rules``)."""
+"""The request rules the engines share (``glmserve.engine.rules``), and how their text tells a
+tag token from the same characters of other tokens (``TagEscaper``)."""
 
 from __future__ import annotations
+
+import random
+from collections import Counter
 
 import pytest
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
+from glmserve.engine.rules import (
+    TAG_BREAK,
+    TagEscaper,
+    check_request,
+    finish_reason,
+    stop_token_ids,
+    tag_escaper,
+    unescape_tags,
+)
 from glmserve.engine.types import GenerationRequest, ModelInfo, SamplingParams
 
 INFO = ModelInfo(id="m", context_length=10, chat_template="", bos_token="", eos_token="", lora_adapters=("tuned",))
@@ -38,3 +50,33 @@ def test_stop_token_ids():
 ])
 def test_finish_reason(token, num_generated, num_tokens, expected):
     assert finish_reason(token, frozenset({2}), num_generated, num_tokens, max_tokens=4, context_length=10) == expected
+
+
+def test_tag_escaper_tells_tag_tokens_from_their_look_alikes():
+    """Random text in random pieces, tags among them as tokens and as ordinary text split
+    anywhere, and the escape character itself: the escaped text holds each tag exactly where a
+    tag token wrote it, and unescapes to what was written."""
+    tags = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>"]
+    alphabet = [*tags, "<", "</", "<tool", "_call>", "think>", "x", " ", "\n", TAG_BREAK, TAG_BREAK * 2, "ö"]
+    for seed in range(500):
+        rng = random.Random(seed)
+        escaper, written, escaped, real = TagEscaper(tags), "", "", Counter()
+        for _ in range(rng.randint(1, 40)):
+            if rng.random() < 0.2:
+                tag = rng.choice(tags)
+                escaped += escaper.feed(tag, tag=True)
+                real[tag] += 1
+                written += tag
+            else:
+                text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4)))
+                cut = rng.randint(0, len(text))  # an ordinary tag may come in two pieces
+                escaped += escaper.feed(text[:cut]) + escaper.feed(text[cut:])
+                written += text
+        escaped += escaper.flush()
+        assert unescape_tags(escaped) == written
+        assert {t: escaped.count(t) for t in tags} == {t: real[t] for t in tags}, (seed, escaped)
+
+
+def test_without_tags_there_is_no_escaper_and_text_is_kept():
+    assert tag_escaper([]) is None
+    assert unescape_tags("plain <think> text") == "plain <think> text"

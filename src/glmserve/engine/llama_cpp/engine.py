@@ -268,7 +268,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         spec, media = self.speculative, request.multimodal or ()  # images: vision.py's spans
         drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool))
-        state = _SeqState(request, stream, sampler, IncrementalDecoder(),
+        state = _SeqState(request, stream, sampler, self.tokenizer.decoder(request.shown_special_ids),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
                                  salt=request.cache_salt, priority=request.priority, media=media))
@@ -377,7 +377,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         finish = finish_reason(token, state.stop_ids, seq.num_generated, len(seq.tokens),
                                state.request.sampling.max_tokens, self._scheduler.n_ctx)
         shown = state.request.shown_special_ids  # tags the parsers read, where the GGUF makes them control tokens
-        text = "" if finish == "stop" else state.decoder.feed(self.tokenizer.piece(token, shown))
+        text = "" if finish == "stop" else state.decoder.feed(self.tokenizer.piece(token, shown), token in shown)
         if finish is not None:
             text += state.decoder.flush()
         self._outputs.add(state.stream, GenerationOutput(seq.request_id, [token], text, finish, None,

@@ -8,6 +8,8 @@ import ctypes
 import llama_cpp
 from llama_cpp._internals import LlamaModel
 
+from glmserve.engine.rules import TagEscaper, tag_escaper
+
 
 class LlamaCppTokenizer:
     """Tokenizer of a loaded GGUF model (thread-safe: the vocabulary is read-only)."""
@@ -23,6 +25,7 @@ class LlamaCppTokenizer:
         # fixed per token: computed once, so the per-token path makes no llama.cpp call for them
         self.eog_ids = frozenset(i for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, i))
         self._pieces: dict[int, bytes] = {}
+        self._tag_texts: dict[frozenset[int], tuple[str, ...]] = {}
 
     def encode(self, text: str) -> list[int]:
         return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=True) if text else []
@@ -50,6 +53,16 @@ class LlamaCppTokenizer:
             piece = self._pieces[token_id] = self._piece(token_id)
         return piece
 
+    def decoder(self, shown: frozenset[int] = frozenset()) -> IncrementalDecoder:
+        """An ``IncrementalDecoder`` of one sequence whose tag tokens are ``shown``
+        (``GenerationRequest.shown_special_ids``: the same characters of other tokens are
+        escaped, ``rules.TagEscaper``)."""
+        texts = self._tag_texts.get(shown)
+        if texts is None:
+            texts = self._tag_texts[shown] = tuple(self._piece(i, special=True).decode("utf-8", errors="replace")
+                                                   for i in shown)
+        return IncrementalDecoder(tag_escaper(texts))
+
     def decode(self, token_ids: list[int]) -> str:
         return b"".join(self._piece(t, special=True) for t in token_ids).decode("utf-8", errors="replace")
 
@@ -64,15 +77,23 @@ class LlamaCppTokenizer:
 
 class IncrementalDecoder:
     """Token pieces (bytes) -> text deltas; a UTF-8 character split across tokens is emitted
-    when its last byte arrives; invalid bytes become U+FFFD."""
+    when its last byte arrives; invalid bytes become U+FFFD. With ``escaper``
+    (``rules.TagEscaper``), a tag token's piece (``feed(piece, tag=True)``) is written as is and
+    the same characters of other tokens escaped."""
 
-    __slots__ = ("_decoder",)
+    __slots__ = ("_decoder", "_escaper")
 
-    def __init__(self) -> None:
+    def __init__(self, escaper: TagEscaper | None = None) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._escaper = escaper
 
-    def feed(self, piece: bytes) -> str:
-        return self._decoder.decode(piece, final=False)
+    def feed(self, piece: bytes, tag: bool = False) -> str:
+        if self._escaper is None:
+            return self._decoder.decode(piece, final=False)
+        if tag:  # the text held back, all of it, then the tag's own
+            return self.flush() + piece.decode("utf-8", errors="replace")
+        return self._escaper.feed(self._decoder.decode(piece, final=False))
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        text = self._decoder.decode(b"", final=True)
+        return text if self._escaper is None else self._escaper.feed(text) + self._escaper.flush()

@@ -6,6 +6,7 @@ strings, applied once for every engine). Used by every front end (HTTP routes, t
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from contextlib import aclosing
 from typing import Any, Literal
 
 from glmserve.engine.base import Engine
+from glmserve.engine.rules import unescape_tags
 from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest, TokenLogprob
 from glmserve.protocol.chat import (
     ChatCompletion,
@@ -50,6 +52,8 @@ from glmserve.serving.generation.sampling import (
 from glmserve.serving.generation.template_vars import template_kwargs
 from glmserve.serving.generation.tools import plan_tools
 from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, output_parser, prompt_state
+
+log = logging.getLogger("glmserve.chat")
 
 
 class ChatService:
@@ -151,7 +155,14 @@ class ChatService:
                 events = parser.feed(text) + (parser.finish(truncated=finish == "length") if finish else [])
                 if run.max_calls is not None:
                     events = [e for e in events if e.kind != "tool_call" or e.index < run.max_calls]
+            if run.request.shown_special_ids:  # tags' look-alikes, escaped by the engine, as the model wrote them
+                for e in events:
+                    e.text, e.name = unescape_tags(e.text), unescape_tags(e.name)
+                    e.arguments = unescape_tags(e.arguments)
             made_calls = made_calls or any(e.kind == "tool_call" for e in events)
+            if finish and parser is not None and parser.unread:
+                log.warning("%s: %d tool call(s) could not be read and came back as content: %s",
+                            run.request.request_id, len(parser.unread), "; ".join(c[:200] for c in parser.unread))
             yield events, ("tool_calls" if made_calls and finish == "stop" else finish), logprobs
 
     async def _complete(self, runs: list[Run]) -> ChatCompletion:

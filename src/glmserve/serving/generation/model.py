@@ -26,7 +26,7 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.metrics import ServingMetrics
-from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, special_token_id
+from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, single_token_id, special_token_id
 from glmserve.serving.generation.reasoning_budget import budgeted
 from glmserve.serving.generation.run import Run
 from glmserve.serving.generation.stop import StopStringMatcher
@@ -82,8 +82,9 @@ class ServedModel:
                 stop_ids.append(token_id)
         self.stop_token_ids = tuple(stop_ids)
         self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
-        # the parsers' tags that the vocabulary holds as special tokens: the engine writes their text
-        tags = (special_token_id(engine.tokenizer, tag) for tag in tag_texts(tool_parser, self.reasoning))
+        # the parsers' tags that the vocabulary holds as single tokens: the engine writes their text, and
+        # escapes the same characters written by other tokens (engine/rules.py TagEscaper)
+        tags = (single_token_id(engine.tokenizer, tag) for tag in tag_texts(tool_parser, self.reasoning))
         self.shown_special_ids = frozenset(i for i in tags if i is not None)
         if reasoning_budget is not None and not self.reasoning:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "

@@ -38,8 +38,15 @@ class Prompt:
 def special_token_id(tokenizer: Tokenizer, text: str) -> int | None:
     """The id of ``text`` where the vocabulary holds it as one special token (``<|user|>``,
     or ``</think>`` in a GGUF that marks it as a control token), else None."""
+    token_id = single_token_id(tokenizer, text)
+    return token_id if token_id is not None and tokenizer.is_special(token_id) else None
+
+
+def single_token_id(tokenizer: Tokenizer, text: str) -> int | None:
+    """The id of ``text`` where the vocabulary holds it as one token, special or not (GLM's
+    ``<tool_call>``, a control token in a converted GGUF, an added token in another), else None."""
     ids = tokenizer.encode(text)
-    return ids[0] if len(ids) == 1 and tokenizer.is_special(ids[0]) else None
+    return ids[0] if len(ids) == 1 else None
 
 
 def end_of_turn_token_ids(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[int, ...]:

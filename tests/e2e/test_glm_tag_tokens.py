@@ -1,0 +1,145 @@
+"""GLM's tags are read by token, and malformed calls as meant (issue 75), on every engine.
+
+A tiny GLM with GLM-4.7's template (its generation prompt opens the reasoning) is trained here to
+write four replies, each ending its turn as GLM does: a ``write_file`` call whose content holds
+a literal ``</arg_value>`` spelled by ordinary tokens; an answer quoting an offered tool's call
+``<tool_call>get_weather</tool_call>`` in ordinary tokens; reasoning that mentions ``</think>``
+in ordinary tokens; and a call missing its ``</arg_value>`` (about 5% of GLM-4.7's production
+traces, vLLM issue 49248). Where the tokenizer holds the tags as tokens, only those tokens are
+tags: the spelled ones are text, in arguments, content and reasoning.
+
+Served three ways: a converter-made GGUF whose tags are control tokens (``special``), one whose
+tags are ordinary added tokens (``text``: user-defined in the GGUF), and the transformers
+engine on the folder. Chat completions plain and streamed give the same calls, content and
+reasoning; Messages and Responses give them in their shapes; ``/v1/completions`` writes the
+tags as the model wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from tests.conftest import RemoteServer
+
+MODEL = "tiny-glm-tags"
+S = "\x00"  # tests/hf_models.py SPELLED: the text between two is written by ordinary tokens
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+WRITE = {"type": "function", "function": {"name": "write_file", "description": "Write a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}
+TOOLS = [WEATHER, WRITE]
+
+
+def _ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# (prompt, reply as trained, end token, what every API must give back: reasoning, content, calls)
+CASES = {
+    "spelled-tag-in-an-argument": (
+        _ask("Write the note."),
+        f"Writing.</think><tool_call>write_file<arg_key>path</arg_key><arg_value>n.md</arg_value><arg_key>content"
+        f"</arg_key><arg_value>x{S}</arg_value>{S}y</arg_value></tool_call>", "<|observation|>",
+        ("Writing.", None, [("write_file", {"path": "n.md", "content": "x</arg_value>y"})])),
+    "quoted-call-in-an-answer": (
+        _ask("How is it called?"),
+        f"Quote it.</think>Use {S}<tool_call>get_weather</tool_call>{S} to call.", "<|user|>",
+        ("Quote it.", "Use <tool_call>get_weather</tool_call> to call.", [])),
+    "spelled-end-of-reasoning": (
+        _ask("Name the tag."),
+        f"The tag {S}</think>{S} ends it.</think>Done.", "<|user|>",
+        ("The tag </think> ends it.", "Done.", [])),
+    "missing-arg-value-end": (
+        _ask("Weather in Rome?"),
+        "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</tool_call>", "<|observation|>",
+        ("Look.", None, [("get_weather", {"city": "Rome"})])),
+}
+SERVED = ["gguf-special", "gguf-text", "transformers"]
+
+
+class Served:
+    def __init__(self, server: RemoteServer, folder: Path) -> None:
+        self.server, self.folder = server, folder
+        self.openai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        self.anthropic = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module", params=SERVED)
+def served(request, tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.hf_models import converted_gguf, tiny_glm_trained
+
+    tags = "text" if request.param == "gguf-text" else "special"
+    replies = [(messages, {"tools": TOOLS}, reply, end) for messages, reply, end, _ in CASES.values()]
+    root = tmp_path_factory.mktemp(request.param)
+    folder = tiny_glm_trained(root / MODEL, "Glm4ForCausalLM", "glm-4.7.jinja", replies, steps=1500, tags=tags)
+    if request.param == "transformers":
+        args = ("--engine", "transformers", "--model", str(folder))
+    else:
+        converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
+        args = ("--model", str(converted_gguf(folder, root / f"{MODEL}.gguf", converter, tokenizer_pre="glm4")),
+                "--n-ctx", "2048")
+    server = RemoteServer(*args, "--served-model-name", MODEL)
+    yield Served(server, folder)
+    server.stop()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_chat_completions_plain_and_streamed(served, case):
+    messages, _, _, (reasoning, content, calls) = CASES[case]
+    kw = dict(model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=200)
+    choice = served.openai.chat.completions.create(**kw).choices[0]
+    message = choice.message
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert ((message.model_extra or {}).get("reasoning_content"), message.content, got) == (reasoning, content, calls)
+    assert choice.finish_reason == ("tool_calls" if calls else "stop")
+    streamed_reasoning, streamed_content, arguments, names = "", "", {}, {}
+    for chunk in served.openai.chat.completions.create(**kw, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        streamed_reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        streamed_content += delta.content or ""
+        for call in delta.tool_calls or []:
+            names[call.index] = names.get(call.index, "") + (call.function.name or "")
+            arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+    streamed_calls = [(names[i], json.loads(arguments[i])) for i in sorted(names)]
+    assert (streamed_reasoning or None, streamed_content or None, streamed_calls) == (reasoning, content, calls)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_messages_and_responses_give_the_same(served, case):
+    messages, _, _, (reasoning, content, calls) = CASES[case]
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    message = served.anthropic.messages.create(model=MODEL, max_tokens=2000, messages=messages, tools=tools,
+                                               thinking={"type": "enabled", "budget_tokens": 1024},
+                                               extra_body={"temperature": 0})
+    blocks = [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None) or (b.name, b.input))
+              for b in message.content]
+    assert blocks == ([("thinking", reasoning)] + ([("text", content)] if content else [])
+                      + [("tool_use", call) for call in calls])
+    response = served.openai.responses.create(model=MODEL, input=messages, temperature=0, max_output_tokens=200,
+                                              tools=[{"type": "function", **t["function"]} for t in TOOLS])
+    assert [item.content[0].text for item in response.output if item.type == "reasoning"] == [reasoning]
+    assert (response.output_text or None) == content
+    assert [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"] == calls
+
+
+def test_completions_write_the_tags_as_the_model_wrote_them(served):
+    """The rendered prompt of the first case on ``/v1/completions``: its text begins with the
+    reply, tag tokens and spelled tags alike (the completions API stops at the model's end of
+    generation only, which ``<|observation|>`` need not be)."""
+    from transformers import AutoTokenizer
+
+    messages, reply, _, _ = CASES["spelled-tag-in-an-argument"]
+    tokenizer = AutoTokenizer.from_pretrained(served.folder)
+    prompt = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    text = served.openai.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=200).choices[0].text
+    assert text.startswith(reply.replace(S, "")), text
