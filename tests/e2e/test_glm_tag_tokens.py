@@ -8,9 +8,9 @@ in ordinary tokens; and a call missing its ``</arg_value>`` (about 5% of GLM-4.7
 traces, vLLM issue 49248). Where the tokenizer holds the tags as tokens, only those tokens are
 tags: the spelled ones are text, in arguments, content and reasoning.
 
-Served three ways: a converter-made GGUF whose tags are control tokens (``special``), one whose
-tags are ordinary added tokens (``text``: user-defined in the GGUF), and the transformers
-engine on the folder. Chat completions plain and streamed give the same calls, content and
+Served four ways: a converter-made GGUF whose tags are control tokens (``special``), one whose
+tags are ordinary added tokens (``text``: user-defined in the GGUF), and the transformers and
+vLLM engines on the folder. Chat completions plain and streamed give the same calls, content and
 reasoning; Messages and Responses give them in their shapes; ``/v1/completions`` writes the
 tags as the model wrote them.
 """
@@ -25,7 +25,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import RemoteServer
+from tests.conftest import RemoteServer, vllm_server
 
 MODEL = "tiny-glm-tags"
 S = "\x00"  # tests/hf_models.py SPELLED: the text between two is written by ordinary tokens
@@ -60,7 +60,7 @@ CASES = {
         "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</tool_call>", "<|observation|>",
         ("Look.", None, [("get_weather", {"city": "Rome"})])),
 }
-SERVED = ["gguf-special", "gguf-text", "transformers"]
+SERVED = ["gguf-special", "gguf-text", "transformers", "vllm"]
 
 
 class Served:
@@ -79,6 +79,11 @@ def served(request, tmp_path_factory):
     replies = [(messages, {"tools": TOOLS}, reply, end) for messages, reply, end, _ in CASES.values()]
     root = tmp_path_factory.mktemp(request.param)
     folder = tiny_glm_trained(root / MODEL, "Glm4ForCausalLM", "glm-4.7.jinja", replies, steps=1500, tags=tags)
+    if request.param == "vllm":
+        server = vllm_server(folder, "--served-model-name", MODEL, "--n-ctx", "2048")
+        yield Served(server, folder)
+        server.stop()
+        return
     if request.param == "transformers":
         args = ("--engine", "transformers", "--model", str(folder))
     else:
