@@ -37,15 +37,16 @@ class HFTokenizer:
         # copies, which deep-copies the tokenizer for each thread that finds the pool empty
         self._rust = rust if rust is not None and rust.truncation is None and rust.padding is None else None
 
-    def detokenizer(self, prompt_tail: list[int],
-                    shown: frozenset[int] = frozenset()) -> IncrementalDetokenizer | TagDetokenizer:
-        """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``); with tag
-        tokens ``shown``, the same characters of other tokens are escaped (``TagDetokenizer``)."""
+    def detokenizer(self, prompt_tail: list[int], shown: frozenset[int] = frozenset(),
+                    escaped: frozenset[int] = frozenset()) -> IncrementalDetokenizer | TagDetokenizer:
+        """An incremental detokenizer of one sequence (see ``IncrementalDetokenizer``); the
+        look-alikes of the tag tokens ``escaped`` (of ``shown``: ``rules.escaped_tags``) are
+        escaped (``TagDetokenizer``)."""
         if self._backend is not None:
             detok = StreamDetokenizer(self.hf, self._backend, prompt_tail, shown)
         else:
             detok = IncrementalDetokenizer(self.hf, prompt_tail, shown)
-        escaper = tag_escaper(self.hf.convert_ids_to_tokens(i) for i in shown)
+        escaper = tag_escaper(self.hf.convert_ids_to_tokens(i) for i in escaped)
         return detok if escaper is None else TagDetokenizer(detok, shown, escaper)
 
     def encode(self, text: str) -> list[int]:

@@ -92,6 +92,13 @@ def tag_escaper(tags: Iterable[str]) -> TagEscaper | None:
     return TagEscaper(tags) if tags else None
 
 
+def escaped_tags(request: GenerationRequest) -> frozenset[int]:
+    """The tag tokens of ``request`` whose look-alikes its text escapes (``TagEscaper``): its
+    ``shown_special_ids``, but none under a grammar, whose tags are where the grammar puts them
+    (a grammar matches text: it may write a tag with ordinary tokens)."""
+    return request.shown_special_ids if request.sampling.grammar is None else frozenset()
+
+
 def unescape_tags(text: str) -> str:
     """``TagEscaper``'s text as the model wrote it: each ``TAG_BREAK`` dropped, a doubled one
     written once."""

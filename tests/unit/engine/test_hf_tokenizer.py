@@ -78,7 +78,7 @@ def test_the_stream_gives_the_window_text_token_for_token(tok):
     for tail, reply in _cases(tok, 1500):
         starts_inside += tok.decode(tail).startswith("\ufffd")
         want = _outputs(TagDetokenizer(IncrementalDetokenizer(tok, tail, shown), shown, TagEscaper(["</think>"])), reply)
-        assert _outputs(fast.detokenizer(tail, shown), reply) == want, (tail, reply)
+        assert _outputs(fast.detokenizer(tail, shown, shown), reply) == want, (tail, reply)
     assert starts_inside > 0  # prompt tails that begin inside a character were among them
 
 
@@ -95,7 +95,7 @@ def test_a_tag_token_is_a_tag_and_its_look_alike_text(tok):
     think = tok.convert_tokens_to_ids("</think>")
     spelled = tok.encode("<", add_special_tokens=False) + tok.encode("/think>", add_special_tokens=False)
     ids = tok.encode("x", add_special_tokens=False) + spelled + [think] + spelled[:1] + [think] + spelled
-    for detok in (HFTokenizer(tok).detokenizer([], frozenset({think})),
+    for detok in (HFTokenizer(tok).detokenizer([], frozenset({think}), frozenset({think})),
                   TagDetokenizer(IncrementalDetokenizer(tok, [], frozenset({think})), frozenset({think}),
                                  TagEscaper(["</think>"]))):
         text = "".join(_outputs(detok, ids))

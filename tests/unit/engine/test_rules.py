@@ -13,6 +13,7 @@ from glmserve.engine.rules import (
     TAG_BREAK,
     TagEscaper,
     check_request,
+    escaped_tags,
     finish_reason,
     stop_token_ids,
     tag_escaper,
@@ -80,3 +81,11 @@ def test_tag_escaper_tells_tag_tokens_from_their_look_alikes():
 def test_without_tags_there_is_no_escaper_and_text_is_kept():
     assert tag_escaper([]) is None
     assert unescape_tags("plain <think> text") == "plain <think> text"
+
+
+def test_a_grammar_writes_its_tags_as_text_so_nothing_is_escaped():
+    tags = frozenset({7, 8})
+    free = GenerationRequest("r", [1], SamplingParams(max_tokens=4), shown_special_ids=tags)
+    constrained = GenerationRequest("r", [1], SamplingParams(max_tokens=4, grammar='root ::= "x"'),
+                                    shown_special_ids=tags)
+    assert (escaped_tags(free), escaped_tags(constrained)) == (tags, frozenset())

@@ -40,7 +40,7 @@ class Detokenizer:
 
 
 class Tokenizer:
-    def detokenizer(self, prompt_tail, shown=frozenset()):
+    def detokenizer(self, prompt_tail, shown=frozenset(), escaped=frozenset()):
         return Detokenizer()
 
 

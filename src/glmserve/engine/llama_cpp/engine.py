@@ -53,7 +53,7 @@ from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.llama_cpp.vision import Projector, load_projector
 from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
-from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
+from glmserve.engine.rules import check_request, escaped_tags, finish_reason, stop_token_ids
 from glmserve.engine.llama_cpp.scheduler import Scheduler
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.engine.llama_cpp.sequence import Sequence, SeqStatus
@@ -268,7 +268,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         spec, media = self.speculative, request.multimodal or ()  # images: vision.py's spans
         drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool))
-        state = _SeqState(request, stream, sampler, self.tokenizer.decoder(request.shown_special_ids),
+        state = _SeqState(request, stream, sampler, self.tokenizer.decoder(escaped_tags(request)),
                           stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
                                  salt=request.cache_salt, priority=request.priority, media=media))

@@ -53,14 +53,13 @@ class LlamaCppTokenizer:
             piece = self._pieces[token_id] = self._piece(token_id)
         return piece
 
-    def decoder(self, shown: frozenset[int] = frozenset()) -> IncrementalDecoder:
-        """An ``IncrementalDecoder`` of one sequence whose tag tokens are ``shown``
-        (``GenerationRequest.shown_special_ids``: the same characters of other tokens are
-        escaped, ``rules.TagEscaper``)."""
-        texts = self._tag_texts.get(shown)
+    def decoder(self, escaped: frozenset[int] = frozenset()) -> IncrementalDecoder:
+        """An ``IncrementalDecoder`` of one sequence whose text escapes the look-alikes of the tag
+        tokens ``escaped`` (``rules.escaped_tags``, ``rules.TagEscaper``)."""
+        texts = self._tag_texts.get(escaped)
         if texts is None:
-            texts = self._tag_texts[shown] = tuple(self._piece(i, special=True).decode("utf-8", errors="replace")
-                                                   for i in shown)
+            texts = self._tag_texts[escaped] = tuple(self._piece(i, special=True).decode("utf-8", errors="replace")
+                                                     for i in escaped)
         return IncrementalDecoder(tag_escaper(texts))
 
     def decode(self, token_ids: list[int]) -> str:

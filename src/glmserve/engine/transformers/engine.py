@@ -29,7 +29,7 @@ from transformers import DynamicCache
 
 from glmserve.engine import max_num_seqs_in_force
 from glmserve.engine.base import EngineError
-from glmserve.engine.rules import check_request, finish_reason, stop_token_ids
+from glmserve.engine.rules import check_request, escaped_tags, finish_reason, stop_token_ids
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
 from glmserve.engine.transformers.grammar import GrammarCompiler
@@ -145,7 +145,8 @@ class TransformersEngine(StepWorker[_Seq]):
         self._admission.acquire()
         stream = OutputStream(loop)
         seq = _Seq(request, stream, Sampler(sp, self._n_vocab, mask),
-                   self.tokenizer.detokenizer(request.prompt_token_ids[-4:], request.shown_special_ids),
+                   self.tokenizer.detokenizer(request.prompt_token_ids[-4:], request.shown_special_ids,
+                                              escaped_tags(request)),
                    stop_ids, request.lora or BASE_ADAPTER, len(request.prompt_token_ids))
         self._inbox.put(seq)
         return RequestStream(request.request_id, stream, self.abort)

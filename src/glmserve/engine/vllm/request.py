@@ -28,6 +28,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from glmserve.engine.base import one_line
 from glmserve.engine.hf_tokenizer import HFTokenizer
+from glmserve.engine.rules import escaped_tags
 from glmserve.engine.types import FinishReason, GenerationOutput, GenerationRequest, TokenLogprob
 
 try:  # vLLM's request errors (4xx to its own server): VLLMClientError in newer vLLM, ValueError before
@@ -102,7 +103,7 @@ async def _outputs(llm: AsyncLLM, tokenizer: HFTokenizer, request: GenerationReq
     reason), so a request that finished is not aborted; closed before (this generator closed at
     a ``yield``, or its reader's task cancelled), it aborts the request in vLLM."""
     request_id, prompt = request.request_id, request.prompt_token_ids
-    detok = tokenizer.detokenizer(prompt[-4:], request.shown_special_ids)
+    detok = tokenizer.detokenizer(prompt[-4:], request.shown_special_ids, escaped_tags(request))
     stop_ids = frozenset(params.stop_token_ids or ())
     want = params.logprobs  # top logprobs asked for (None: none)
     n_prompt, n_generated, n_cached = len(prompt), 0, 0
