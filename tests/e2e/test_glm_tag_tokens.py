@@ -8,7 +8,8 @@ in ordinary tokens; and a call missing its ``</arg_value>`` (about 5% of GLM-4.7
 traces, vLLM issue 49248). Where the tokenizer holds the tags as tokens, only those tokens are
 tags: the spelled ones are text, in arguments, content and reasoning.
 
-Served four ways: a converter-made GGUF whose tags are control tokens (``special``), one whose
+And a four-turn tool conversation, the reasoning of each turn passed back: no turn's reasoning
+reaches its content. Served four ways: a converter-made GGUF whose tags are control tokens (``special``), one whose
 tags are ordinary added tokens (``text``: user-defined in the GGUF), and the transformers and
 vLLM engines on the folder. Chat completions plain and streamed give the same calls, content and
 reasoning; Messages and Responses give them in their shapes; ``/v1/completions`` writes the
@@ -60,6 +61,41 @@ CASES = {
         "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</tool_call>", "<|observation|>",
         ("Look.", None, [("get_weather", {"city": "Rome"})])),
 }
+
+def _call(city: str, i: int) -> dict:
+    return {"role": "assistant", "content": None, "reasoning_content": "Look.", "tool_calls": [
+        {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+
+
+# a four-turn agent conversation, each reasoning passed back as chat completions return it: the
+# request before each turn, the reply as trained, its end token, and what must come back
+Q1, Q2 = _ask("Weather in Paris?"), [{"role": "user", "content": "And Oslo?"}]
+T1 = [*Q1, _call("Paris", 1), {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
+T2 = [*T1, {"role": "assistant", "content": "Sunny in Paris.", "reasoning_content": "Got it."}, *Q2]
+T3 = [*T2, _call("Oslo", 2), {"role": "tool", "tool_call_id": "call_2", "content": "Rain"}]
+TURNS = [
+    (Q1, "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+     "<|observation|>", ("Look.", None, [("get_weather", {"city": "Paris"})])),
+    (T1, "Got it.</think>Sunny in Paris.", "<|user|>", ("Got it.", "Sunny in Paris.", [])),
+    (T2, "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
+     "<|observation|>", ("Look.", None, [("get_weather", {"city": "Oslo"})])),
+    (T3, "Wet.</think>Rain in Oslo.", "<|user|>", ("Wet.", "Rain in Oslo.", [])),
+]
+
+
+def _template_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` as glmserve hands them to the chat template (``chat/messages.py``): a call's
+    arguments as an object, no ``content`` as empty text."""
+    out = []
+    for m in messages:
+        m = dict(m, content=m["content"] or "")
+        if "tool_calls" in m:
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
 SERVED = ["gguf-special", "gguf-text", "transformers", "vllm"]
 
 
@@ -76,7 +112,8 @@ def served(request, tmp_path_factory):
     from tests.hf_models import converted_gguf, tiny_glm_trained
 
     tags = "text" if request.param == "gguf-text" else "special"
-    replies = [(messages, {"tools": TOOLS}, reply, end) for messages, reply, end, _ in CASES.values()]
+    replies = [(_template_messages(messages), {"tools": TOOLS}, reply, end)
+               for messages, reply, end, _ in [*CASES.values(), *TURNS]]
     root = tmp_path_factory.mktemp(request.param)
     folder = tiny_glm_trained(root / MODEL, "Glm4ForCausalLM", "glm-4.7.jinja", replies, steps=1500, tags=tags)
     if request.param == "vllm":
@@ -97,7 +134,20 @@ def served(request, tmp_path_factory):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_chat_completions_plain_and_streamed(served, case):
-    messages, _, _, (reasoning, content, calls) = CASES[case]
+    messages, _, _, expected = CASES[case]
+    _chat(served, messages, expected)
+
+
+def test_a_four_turn_tool_conversation_keeps_reasoning_out_of_the_content(served):
+    """Each turn's request holds the earlier turns as a client sends them back (reasoning as
+    ``reasoning_content``, calls, tool results): every turn's reasoning is reasoning, its answer
+    the answer alone (vLLM issue 27703: reasoning in the content from the third turn)."""
+    for messages, _, _, expected in TURNS:
+        _chat(served, messages, expected)
+
+
+def _chat(served: Served, messages: list[dict], expected: tuple) -> None:
+    reasoning, content, calls = expected
     kw = dict(model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=200)
     choice = served.openai.chat.completions.create(**kw).choices[0]
     message = choice.message
