@@ -161,3 +161,17 @@ def test_glm47_forced_calls_are_constrained_to_its_one_line_layout():
     for text in ("<tool_call>clock\n</tool_call>", call.replace("<arg_key>city", "\n<arg_key>city"),
                  call.replace("<arg_value>3<", "<arg_value>three<")):
         assert not _is_grammar_accept_string(grammar, text), text
+
+
+def test_a_call_that_cannot_be_read_is_content_with_a_warning_naming_the_request(caplog):
+    """An unknown function's call comes back as text, ``finish_reason`` ``stop``, and the log
+    says which request it was (issue 75: never dropped silently)."""
+    call = "<tool_call>launch_rockets\n<arg_key>count</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    _, _, client = _http("glm45", call)
+    with caplog.at_level("WARNING", logger="glmserve.chat"):
+        reply = client.post("/v1/chat/completions", json=_body()).json()
+    choice = reply["choices"][0]
+    assert (choice["message"]["content"], choice["message"].get("tool_calls"), choice["finish_reason"]) == (
+        call, None, "stop")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(reply["id"] in w and "launch_rockets" in w for w in warnings), warnings
