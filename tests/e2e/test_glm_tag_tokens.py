@@ -1,11 +1,12 @@
 """GLM's tags are read by token, and malformed calls as meant (issue 75), on every engine.
 
 A tiny GLM with GLM-4.7's template (its generation prompt opens the reasoning) is trained here to
-write four replies, each ending its turn as GLM does: a ``write_file`` call whose content holds
+write these replies, each ending its turn as GLM does: a ``write_file`` call whose content holds
 a literal ``</arg_value>`` spelled by ordinary tokens; an answer quoting an offered tool's call
 ``<tool_call>get_weather</tool_call>`` in ordinary tokens; reasoning that mentions ``</think>``
-in ordinary tokens; and a call missing its ``</arg_value>`` (about 5% of GLM-4.7's production
-traces, vLLM issue 49248). Where the tokenizer holds the tags as tokens, only those tokens are
+in ordinary tokens; calls missing their ``</arg_value>`` (about 5% of GLM-4.7's production
+traces, vLLM issue 49248), ``</arg_key>``, first ``<arg_key>`` or ``</tool_call>``; JSON
+arguments inside the tags (GLM-4-0414's form); and a call written inside the reasoning. Where the tokenizer holds the tags as tokens, only those tokens are
 tags: the spelled ones are text, in arguments, content and reasoning.
 
 And a four-turn tool conversation, the reasoning of each turn passed back: no turn's reasoning
@@ -60,6 +61,26 @@ CASES = {
         _ask("Weather in Rome?"),
         "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</tool_call>", "<|observation|>",
         ("Look.", None, [("get_weather", {"city": "Rome"})])),
+    "missing-arg-key-end": (
+        _ask("Weather in Oslo?"),
+        "Look.</think><tool_call>get_weather<arg_key>city<arg_value>Oslo</arg_value></tool_call>", "<|observation|>",
+        ("Look.", None, [("get_weather", {"city": "Oslo"})])),
+    "missing-first-arg-key": (
+        _ask("Weather in Bonn?"),
+        "Look.</think><tool_call>get_weather\ncity</arg_key><arg_value>Bonn</arg_value></tool_call>", "<|observation|>",
+        ("Look.", None, [("get_weather", {"city": "Bonn"})])),
+    "missing-call-end": (
+        _ask("Weather in Nice?"),
+        "Look.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Nice</arg_value>", "<|observation|>",
+        ("Look.", None, [("get_weather", {"city": "Nice"})])),
+    "json-arguments-in-the-tags": (
+        _ask("Weather in Lima?"),
+        'Look.</think><tool_call>get_weather\n{"city": "Lima"}</tool_call>', "<|observation|>",
+        ("Look.", None, [("get_weather", {"city": "Lima"})])),
+    "call-inside-the-reasoning": (  # GLM-5.2 does this (vLLM changed its parsers for it)
+        _ask("Weather in Kyiv?"),
+        "I will check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Kyiv</arg_value></tool_call>",
+        "<|observation|>", ("I will check.", None, [("get_weather", {"city": "Kyiv"})])),
 }
 
 def _call(city: str, i: int) -> dict:
