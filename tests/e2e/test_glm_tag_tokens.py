@@ -103,6 +103,9 @@ TURNS = [
     (T3, "Wet.</think>Rain in Oslo.", "<|user|>", ("Wet.", "Rain in Oslo.", [])),
 ]
 
+# thinking off (GLM-4.7's prompt then ends ``<|assistant|></think>``), a model that reasons anyway
+THINKING_OFF, REASONS_ANYWAY = _ask("Is it late?"), "<think>Check the clock.</think>Not yet."
+
 
 def _template_messages(messages: list[dict]) -> list[dict]:
     """``messages`` as glmserve hands them to the chat template (``chat/messages.py``): a call's
@@ -135,6 +138,7 @@ def served(request, tmp_path_factory):
     tags = "text" if request.param == "gguf-text" else "special"
     replies = [(_template_messages(messages), {"tools": TOOLS}, reply, end)
                for messages, reply, end, _ in [*CASES.values(), *TURNS]]
+    replies.append((THINKING_OFF, {"tools": TOOLS, "enable_thinking": False}, REASONS_ANYWAY, "<|user|>"))
     root = tmp_path_factory.mktemp(request.param)
     folder = tiny_glm_trained(root / MODEL, "Glm4ForCausalLM", "glm-4.7.jinja", replies, steps=1500, tags=tags)
     if request.param == "vllm":
@@ -206,6 +210,21 @@ def test_messages_and_responses_give_the_same(served, case):
     assert [item.content[0].text for item in response.output if item.type == "reasoning"] == [reasoning]
     assert (response.output_text or None) == content
     assert [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"] == calls
+
+
+def test_thinking_off_a_model_that_reasons_anyway_answers_alone(served):
+    """With thinking off, reasoning the model writes anyway is reasoning on chat completions, and
+    dropped by the Messages API without ``thinking`` (Anthropic's default): the text is the
+    answer alone, on every engine."""
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    message = served.anthropic.messages.create(model=MODEL, max_tokens=200, messages=THINKING_OFF, tools=tools,
+                                               extra_body={"temperature": 0})
+    assert [(b.type, b.text) for b in message.content] == [("text", "Not yet.")]
+    reply = served.openai.chat.completions.create(
+        model=MODEL, messages=THINKING_OFF, tools=TOOLS, temperature=0, max_tokens=200,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}}).choices[0].message
+    assert ((reply.model_extra or {}).get("reasoning_content"), reply.content) == ("Check the clock.", "Not yet.")
 
 
 def test_completions_write_the_tags_as_the_model_wrote_them(served):
