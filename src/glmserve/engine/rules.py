@@ -103,3 +103,10 @@ def unescape_tags(text: str) -> str:
     """``TagEscaper``'s text as the model wrote it: each ``TAG_BREAK`` dropped, a doubled one
     written once."""
     return _UNESCAPE.sub(r"\1", text) if TAG_BREAK in text else text
+
+
+def model_text(request: GenerationRequest, text: str) -> str:
+    """Text of ``request``'s output (or parsed from it) as the model wrote it: unescaped where
+    the engine escaped it (``escaped_tags``), else as it is (a ``TAG_BREAK`` the model wrote
+    then stands for itself)."""
+    return unescape_tags(text) if escaped_tags(request) else text

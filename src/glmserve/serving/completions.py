@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from glmserve.engine.rules import unescape_tags
+from glmserve.engine.rules import model_text
 from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
@@ -155,7 +155,7 @@ class CompletionService:
             if echoes[index]:
                 yield echoes[index], None, []
             async for text, finish, logprobs in self.model.deltas(run):
-                yield unescape_tags(text), finish, logprobs  # tags as the model wrote them
+                yield model_text(run.request, text), finish, logprobs  # tags as the model wrote them
 
         try:
             async for i, (text, finish, logprobs) in merged([texts(i, run) for i, run in enumerate(runs)]):

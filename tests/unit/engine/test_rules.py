@@ -15,6 +15,7 @@ from glmserve.engine.rules import (
     check_request,
     escaped_tags,
     finish_reason,
+    model_text,
     stop_token_ids,
     tag_escaper,
     unescape_tags,
@@ -89,3 +90,14 @@ def test_a_grammar_writes_its_tags_as_text_so_nothing_is_escaped():
     constrained = GenerationRequest("r", [1], SamplingParams(max_tokens=4, grammar='root ::= "x"'),
                                     shown_special_ids=tags)
     assert (escaped_tags(free), escaped_tags(constrained)) == (tags, frozenset())
+
+
+def test_only_text_the_engine_escaped_is_unescaped():
+    """A ``TAG_BREAK`` the model writes where nothing was escaped (no tag tokens, or a grammar)
+    stands for itself; where the engine escaped, doubled ones are written once."""
+    text = "a" + TAG_BREAK * 2 + "b"
+    plain = GenerationRequest("r", [1], SamplingParams(max_tokens=4))
+    constrained = GenerationRequest("r", [1], SamplingParams(max_tokens=4, grammar='root ::= "x"'),
+                                    shown_special_ids=frozenset({7}))
+    escaped = GenerationRequest("r", [1], SamplingParams(max_tokens=4), shown_special_ids=frozenset({7}))
+    assert [model_text(r, text) for r in (plain, constrained, escaped)] == [text, text, "a" + TAG_BREAK + "b"]

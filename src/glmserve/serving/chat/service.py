@@ -14,7 +14,7 @@ from contextlib import aclosing
 from typing import Any, Literal
 
 from glmserve.engine.base import Engine
-from glmserve.engine.rules import unescape_tags
+from glmserve.engine.rules import model_text
 from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest, TokenLogprob
 from glmserve.protocol.chat import (
     ChatCompletion,
@@ -155,10 +155,8 @@ class ChatService:
                 events = parser.feed(text) + (parser.finish(truncated=finish == "length") if finish else [])
                 if run.max_calls is not None:
                     events = [e for e in events if e.kind != "tool_call" or e.index < run.max_calls]
-            if run.request.shown_special_ids:  # tags' look-alikes, escaped by the engine, as the model wrote them
-                for e in events:
-                    e.text, e.name = unescape_tags(e.text), unescape_tags(e.name)
-                    e.arguments = unescape_tags(e.arguments)
+            for e in events:  # tags' look-alikes, escaped by the engine, as the model wrote them
+                e.text, e.name, e.arguments = (model_text(run.request, x) for x in (e.text, e.name, e.arguments))
             made_calls = made_calls or any(e.kind == "tool_call" for e in events)
             if finish and parser is not None and parser.unread:
                 log.warning("%s: %d tool call(s) could not be read and came back as content: %s",
