@@ -1,10 +1,13 @@
 """A local server speaking the Hugging Face Hub's HTTP API, as ``huggingface_hub`` calls it
-(``HF_ENDPOINT``): repository info and file trees (``/api/models/ORG/NAME/revision/REV``,
+(``HF_ENDPOINT``): repository info and file trees (``/api/models/ORG/NAME[/revision/REV]``,
 ``.../tree/REV``), files by name with their commit, ETag and size (``HEAD`` and ``GET
 /ORG/NAME/resolve/REV/PATH``, ranges too: a cut download resumes), a gated repository (401
 ``GatedRepo``) and missing ones (404 ``RepoNotFound``). ``cut_after``: the first download of a
 file sends only that many bytes, then drops the connection; ``gets`` records each download with
-the offset it started at (its ``Range``), so that a resume is seen to start where the cut was."""
+the offset it started at (its ``Range``), so that a resume is seen to start where the cut was.
+``revisions[repo][REV]``: a repository's files at another branch, tag or commit than ``main``
+(the Hub's 404 ``RevisionNotFound`` for one it lacks); ``outage``: while set, every request is
+answered with that status (a 429 or a 5xx), as a Hub in trouble does."""
 
 from __future__ import annotations
 
@@ -16,19 +19,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 
 class Hub:
     """Repositories in memory: ``repos[name] = {path: bytes}``; ``gated``: names that answer 401."""
 
     def __init__(self, repos: dict[str, dict[str, bytes]], gated: frozenset[str] = frozenset(),
-                 cut_after: int | None = None) -> None:
-        self.repos, self.gated, self.cut_after = repos, gated, cut_after
+                 cut_after: int | None = None, revisions: dict[str, dict[str, dict[str, bytes]]] | None = None,
+                 outage: int | None = None) -> None:
+        self.repos, self.gated, self.cut_after, self.outage = repos, gated, cut_after, outage
+        self.revisions = revisions or {}
         self.cut: set[str] = set()  # files whose first download was cut
         self.gets: list[tuple[str, int]] = []  # the files downloaded (GET) and their start offsets, in order
+        self.refused = 0  # requests answered with ``outage``
 
-    def sha(self, repo: str) -> str:
-        return hashlib.sha1(repr(sorted((p, hashlib.sha1(b).hexdigest()) for p, b in self.repos[repo].items()))
+    def files(self, repo: str, revision: str) -> dict[str, bytes] | None:
+        """``repo``'s files at ``revision`` (a branch or tag name, or a commit sha); None: no such revision."""
+        if revision == "main" or revision == self.sha(repo, self.repos[repo]):
+            return self.repos[repo]
+        for name, files in self.revisions.get(repo, {}).items():
+            if revision in (name, self.sha(repo, files)):
+                return files
+        return None
+
+    def sha(self, repo: str, files: dict[str, bytes] | None = None) -> str:
+        files = self.repos[repo] if files is None else files
+        return hashlib.sha1(repr(sorted((p, hashlib.sha1(b).hexdigest()) for p, b in files.items()))
                             .encode()).hexdigest()
 
 
@@ -64,26 +81,35 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 return True
             return False
 
+        def _revision(self, repo: str, revision: str, head: bool) -> dict[str, bytes] | None:
+            files = hub.files(repo, revision)
+            if files is None:
+                self._send(404, b'{"error": "revision"}', {"X-Error-Code": "RevisionNotFound", "X-Error-Message":
+                                                           f"Invalid rev id: {revision}"}, head)
+            return files
+
         def _api(self, repo: str, rest: str) -> None:
             if self._refused(repo, False):
                 return
-            files = hub.repos[repo]
-            if rest.startswith("revision/"):
-                body = {"id": repo, "modelId": repo, "sha": hub.sha(repo), "private": False,
-                        "siblings": [{"rfilename": p} for p in sorted(files)]}
+            kind, _, revision = rest.partition("/")
+            if (files := self._revision(repo, revision.split("/", 1)[0], False)) is None:
+                return
+            if kind == "revision":
+                body = {"id": repo, "modelId": repo, "sha": hub.sha(repo, files), "private": False,
+                        "siblings": [{"rfilename": p, "size": len(b)} for p, b in sorted(files.items())]}
             else:  # tree/REV
                 body = [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
                         for p, b in sorted(files.items())]
             self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
-        def _file(self, repo: str, path: str, head: bool) -> None:
-            if self._refused(repo, head):
+        def _file(self, repo: str, revision: str, path: str, head: bool) -> None:
+            if self._refused(repo, head) or (files := self._revision(repo, revision, head)) is None:
                 return
-            data = hub.repos[repo].get(path)
+            data = files.get(path)
             if data is None:
                 self._send(404, b"", {"X-Error-Code": "EntryNotFound", "X-Error-Message": "Entry not found"}, head)
                 return
-            headers = {"X-Repo-Commit": hub.sha(repo), "ETag": f'"{_etag(data)}"',
+            headers = {"X-Repo-Commit": hub.sha(repo, files), "ETag": f'"{_etag(data)}"',
                        "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
             start = 0
             if (ranged := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))) is not None:
@@ -110,11 +136,15 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _route(self, head: bool) -> None:
-            path = self.path.split("?", 1)[0]
-            if (api := re.fullmatch(r"/api/models/([^/]+/[^/]+)/((?:revision|tree)/.*)", path)) is not None:
-                return self._api(api.group(1), api.group(2))
-            if (resolve := re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)) is not None:
-                return self._file(resolve.group(1), resolve.group(2), head)
+            if hub.outage is not None:
+                hub.refused += 1
+                self._send(hub.outage, b'{"error": "the Hub is down"}', {"Retry-After": "0"}, head)
+                return
+            path = unquote(self.path.split("?", 1)[0])
+            if (api := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/((?:revision|tree)/.*))?", path)) is not None:
+                return self._api(api.group(1), api.group(2) or "revision/main")
+            if (resolve := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)) is not None:
+                return self._file(resolve.group(1), resolve.group(2), resolve.group(3), head)
             self._send(404, b"", head=head)
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's names)

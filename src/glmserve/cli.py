@@ -116,11 +116,14 @@ def chat(args: list[str]) -> int:
 
 
 def pull(args: list[str]) -> int:
-    """``glmserve pull ORG/NAME[:QUANT] [--engine E]``: what ``serve --model`` would fetch."""
+    """``glmserve pull ORG/NAME[:QUANT][@REV] [--engine E] [--revision REV]``: what ``serve
+    --model`` would fetch."""
     parser = argparse.ArgumentParser(prog="glmserve pull", description="Fetch a model by name from the Hugging "
                                      "Face Hub (HF_ENDPOINT, HF_TOKEN) into its cache, as glmserve serve --model "
                                      "would, without serving it.")
-    parser.add_argument("model", metavar="ORG/NAME[:QUANT]", help="a repository; :QUANT picks a GGUF's quantization")
+    parser.add_argument("model", metavar="ORG/NAME[:QUANT][@REV]",
+                        help="a repository; :QUANT picks a GGUF's quantization tag, @REV a branch, tag or commit")
+    parser.add_argument("--revision", default=None, metavar="REV", help="a branch, tag or commit (as @REV)")
     parser.add_argument("--engine", choices=["llama_cpp", "transformers", "vllm"], default=None,
                         help="the engine it is for (default: llama_cpp for NAME:QUANT or a name ending in GGUF, "
                              "else transformers)")
@@ -131,11 +134,11 @@ def pull(args: list[str]) -> int:
     engine = parsed.engine or ("llama_cpp" if ":" in parsed.model or parsed.model.upper().endswith("GGUF")
                                else "transformers")
     try:
-        found = hub.fetch(parsed.model, engine)
+        found = hub.fetch(parsed.model, engine, revision=parsed.revision)
     except ModelNotFoundError as exc:
         return _fail(str(exc))
     if found is None:
-        return _fail(f"{parsed.model}: not a Hub name (ORG/NAME or ORG/NAME:QUANT), or a local path already")
+        return _fail(f"{parsed.model}: not a Hub name (ORG/NAME, ORG/NAME:QUANT, ORG/NAME@REV), or a local path already")
     print(found.path)
     return 0
 

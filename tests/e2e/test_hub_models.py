@@ -1,8 +1,8 @@
 """Models by name, end to end, against a local server of the Hugging Face Hub's API
 (``tests/hub_site.py``, through ``HF_ENDPOINT``) and a Hugging Face cache of the test's own
 (``HF_HOME``): ``glmserve serve --model ORG/NAME-GGUF:QUANT`` (llama_cpp) and ``--model
-ORG/NAME`` (transformers) fetch and answer, a second start with ``--offline`` answers from the
-cache with no Hub at all, the failures are one line and exit status 1, and ``glmserve pull``
+ORG/NAME`` (transformers) fetch and answer, a second start answers from the cache while the Hub
+answers 503, and with ``--offline`` with no Hub at all, the failures are one line and exit status 1, and ``glmserve pull``
 logs its progress and resumes a cut download."""
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ def _resumed(gets: list[tuple[str, int]], file: str) -> None:
 
 @pytest.fixture
 def gguf_hub() -> Hub:
-    """A GGUF repository of two quantizations (the Q8_0 name holds the embedded model; the
-    Q4_K_M file, the default one, is not a model: fetching it would fail the start)."""
-    return Hub({GGUF_REPO: {"SmolLM2-135M-Instruct-Q8_0.gguf": default_model_path().read_bytes(),
+    """A GGUF repository of two quantizations, named as unsloth names them (the UD-Q8_K_XL
+    name holds the embedded model; the Q4_K_M file, the default one, is not a model: fetching it
+    would fail the start)."""
+    return Hub({GGUF_REPO: {"SmolLM2-135M-Instruct-UD-Q8_K_XL.gguf": default_model_path().read_bytes(),
                             "SmolLM2-135M-Instruct-Q4_K_M.gguf": b"not a model", "README.md": b"# SmolLM2"},
                 "test-org/gated": {"config.json": b"{}"}}, gated=frozenset({"test-org/gated"}), cut_after=CUT)
 
@@ -55,14 +56,22 @@ def _answer(srv: RemoteServer, model: str) -> str:
 def test_a_gguf_by_name_is_fetched_served_and_served_again_offline(gguf_hub, tmp_path):
     hf_home = str(tmp_path / "hf")
     with hub_site(gguf_hub) as url:
-        srv = RemoteServer("--model", f"{GGUF_REPO}:Q8_0", "--n-ctx", "512",
+        srv = RemoteServer("--model", f"{GGUF_REPO}:UD-Q8_K_XL", "--n-ctx", "512",
                            env={"HF_HOME": hf_home, "HF_ENDPOINT": url})
         try:
             first = _answer(srv, GGUF_REPO)
         finally:
             srv.stop()
-    _resumed(gguf_hub.gets, f"{GGUF_REPO}/SmolLM2-135M-Instruct-Q8_0.gguf")  # cut once, then resumed
-    srv = RemoteServer("--model", f"{GGUF_REPO}:Q8_0", "--n-ctx", "512", "--offline",
+        _resumed(gguf_hub.gets, f"{GGUF_REPO}/SmolLM2-135M-Instruct-UD-Q8_K_XL.gguf")  # cut once, then resumed
+        gguf_hub.outage = 503  # the Hub in trouble: the cached copy starts, with a warning
+        srv = RemoteServer("--model", f"{GGUF_REPO}:ud-q8_k_xl", "--n-ctx", "512",
+                           env={"HF_HOME": hf_home, "HF_ENDPOINT": url})
+        try:
+            assert _answer(srv, GGUF_REPO) == first
+            assert gguf_hub.refused >= 1 and "answers 503: serving" in srv.log()
+        finally:
+            srv.stop()
+    srv = RemoteServer("--model", f"{GGUF_REPO}:UD-Q8_K_XL", "--n-ctx", "512", "--offline",
                        env={"HF_HOME": hf_home, "HF_ENDPOINT": NOBODY})
     try:
         assert _answer(srv, GGUF_REPO) == first
@@ -76,12 +85,16 @@ def test_a_model_folder_by_name_is_fetched_and_served_on_transformers(tmp_path):
 
     site = Hub({"test-org/tiny-glm4": folder_files(tiny_glm4(tmp_path / "tiny-glm4"))})
     with hub_site(site) as url:
-        srv = RemoteServer("--engine", "transformers", "--model", "test-org/tiny-glm4", "--n-ctx", "512",
-                           env={"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": url})
-        try:
-            _answer(srv, "test-org/tiny-glm4")
-        finally:
-            srv.stop()
+        answers = []
+        for outage in (None, 503):  # fetched, then started from the cache while the Hub answers 503
+            site.outage = outage
+            srv = RemoteServer("--engine", "transformers", "--model", "test-org/tiny-glm4", "--n-ctx", "512",
+                               env={"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": url})
+            try:
+                answers.append(_answer(srv, "test-org/tiny-glm4"))
+            finally:
+                srv.stop()
+    assert site.refused >= 1 and answers[0] == answers[1]
 
 
 def _serve(*args: str, endpoint: str, hf_home: str) -> subprocess.CompletedProcess:
@@ -91,11 +104,11 @@ def _serve(*args: str, endpoint: str, hf_home: str) -> subprocess.CompletedProce
 
 @pytest.mark.parametrize(("model", "said"), [
     ("test-org/gated", "test-org/gated is gated: accept its terms on the Hub, then set HF_TOKEN"),
-    (f"{GGUF_REPO}:Q2_K", f"{GGUF_REPO} has no Q2_K GGUF; it has: Q4_K_M, Q8_0"),
+    (f"{GGUF_REPO}:Q2_K", f"{GGUF_REPO} has no Q2_K GGUF; it has: Q4_K_M, UD-Q8_K_XL"),
     ("test-org/elsewhere", "test-org/elsewhere is not in the Hugging Face cache"),
 ])
 def test_what_cannot_be_fetched_stops_the_start_in_one_line(gguf_hub, tmp_path, model, said):
-    engine = "llama_cpp" if ":" in model else "transformers"  # (llama_cpp retries an absent Hub for 23 s)
+    engine = "llama_cpp" if ":" in model else "transformers"
     with hub_site(gguf_hub) as url:
         proc = _serve("serve", "--engine", engine, "--model", model, hf_home=str(tmp_path / "hf"),
                       endpoint=NOBODY if model == "test-org/elsewhere" else url)

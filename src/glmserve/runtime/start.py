@@ -111,7 +111,7 @@ def fetched(settings: ServeSettings) -> ServeSettings:
     replaced by its local copy, fetched into the Hugging Face cache unless it is there (with a
     GGUF's vision projector, as ``--mmproj`` unless that is given), and served under the
     repository's name unless ``--served-model-name`` gives one. Raises ``ModelNotFoundError``."""
-    found = hub.fetch(settings.model, settings.engine, settings.offline)
+    found = hub.fetch(settings.model, settings.engine, settings.offline, settings.revision)
     if found is None:
         return settings
     update = {"model": str(found.path), "served_model_name": settings.served_model_name or found.repo}

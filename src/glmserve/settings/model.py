@@ -32,6 +32,10 @@ class AnswerSettings(BaseModel):
         False, description="Never reach the Hugging Face Hub: a --model by name must be in its cache (as "
                            "HF_HUB_OFFLINE=1).",
     )
+    revision: str | None = Field(
+        None, description="The branch, tag or commit of a --model by name (ORG/NAME@REV says it too).",
+        json_schema_extra=PER_MODEL,
+    )
     chat_template: str | None = Field(
         None, description="A Jinja2 chat template file to use instead of the model's own.",
         json_schema_extra=PER_MODEL,

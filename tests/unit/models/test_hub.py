@@ -17,8 +17,12 @@ REPO_FILES = ["README.md", "m-Q4_K_M.gguf", "m-IQ2_XXS.gguf", "m-BF16.gguf", "mm
 
 
 @pytest.mark.parametrize(("model", "named"), [
-    ("unsloth/GLM-4.7-Flash-GGUF:Q4_K_M", ("unsloth/GLM-4.7-Flash-GGUF", "Q4_K_M")),
-    ("zai-org/GLM-4.5-Air", ("zai-org/GLM-4.5-Air", None)),
+    ("unsloth/GLM-4.7-Flash-GGUF:Q4_K_M", ("unsloth/GLM-4.7-Flash-GGUF", "Q4_K_M", None)),
+    ("unsloth/GLM-4.7-Flash-GGUF:UD-Q4_K_XL", ("unsloth/GLM-4.7-Flash-GGUF", "UD-Q4_K_XL", None)),
+    ("zai-org/GLM-4.5-Air", ("zai-org/GLM-4.5-Air", None, None)),
+    ("zai-org/GLM-4.5-Air@v1.0", ("zai-org/GLM-4.5-Air", None, "v1.0")),
+    ("o/m-GGUF:IQ4_XS@0123abc", ("o/m-GGUF", "IQ4_XS", "0123abc")),
+    ("o/m-GGUF@refs/pr/1:MXFP4_MOE", ("o/m-GGUF", "MXFP4_MOE", "refs/pr/1")),
     ("model.gguf", None), ("models/glm.gguf", None), ("./org/name", None), ("~/models/x", None), ("a/b/c", None), (None, None),
 ])
 def test_which_names_are_hub_names(model, named):
@@ -36,6 +40,43 @@ def test_a_name_and_quant_pick_their_files():
         hub.pick_gguf(["a-Q6_K.gguf", "a-Q5_K_S.gguf"], "o/m", None)
     with pytest.raises(ModelNotFoundError, match="no .gguf file"):
         hub.pick_gguf(["config.json", "model.safetensors"], "o/m", None)
+
+
+# unsloth/GLM-4.7-Flash-GGUF's layout: one-file tags at the top, split ones in a folder of their tag
+UNSLOTH = ["GLM-4.7-Flash-UD-Q4_K_XL.gguf", "GLM-4.7-Flash-UD-TQ1_0.gguf", "GLM-4.7-Flash-Q4_K_XL.gguf",
+           "GLM-4.7-Flash-IQ4_XS.gguf", "GLM-4.7-Flash-MXFP4_MOE.gguf", "GLM-4.7-Flash-Q4_K_M.gguf",
+           "BF16/GLM-4.7-Flash-BF16-00002-of-00002.gguf", "BF16/GLM-4.7-Flash-BF16-00001-of-00002.gguf",
+           "UD-Q8_K_XL/GLM-4.7-Flash-UD-Q8_K_XL-00001-of-00002.gguf",
+           "UD-Q8_K_XL/GLM-4.7-Flash-UD-Q8_K_XL-00002-of-00002.gguf", "mmproj-F16.gguf"]
+
+
+@pytest.mark.parametrize(("tag", "files"), [
+    ("UD-Q4_K_XL", ["GLM-4.7-Flash-UD-Q4_K_XL.gguf"]), ("ud-q4_k_xl", ["GLM-4.7-Flash-UD-Q4_K_XL.gguf"]),
+    ("Q4_K_XL", ["GLM-4.7-Flash-Q4_K_XL.gguf"]), ("UD-TQ1_0", ["GLM-4.7-Flash-UD-TQ1_0.gguf"]),
+    ("IQ4_XS", ["GLM-4.7-Flash-IQ4_XS.gguf"]), ("mxfp4_moe", ["GLM-4.7-Flash-MXFP4_MOE.gguf"]),
+    ("BF16", [UNSLOTH[7], UNSLOTH[6]]), ("UD-Q8_K_XL", [UNSLOTH[8], UNSLOTH[9]]),
+    (None, ["GLM-4.7-Flash-Q4_K_M.gguf"]),
+])
+def test_a_tag_is_what_the_file_name_has_after_the_models_stem(tag, files):
+    assert hub.pick_gguf(UNSLOTH, "unsloth/GLM-4.7-Flash-GGUF", tag) == files
+
+
+def test_a_missing_tag_lists_the_tags_as_they_are_written():
+    with pytest.raises(ModelNotFoundError, match=r"^unsloth/GLM-4.7-Flash-GGUF has no UD-Q2_K_XL GGUF; it has: BF16, "
+                                                  r"IQ4_XS, MXFP4_MOE, Q4_K_M, Q4_K_XL, UD-Q4_K_XL, UD-Q8_K_XL, "
+                                                  r"UD-TQ1_0$"):
+        hub.pick_gguf(UNSLOTH, "unsloth/GLM-4.7-Flash-GGUF", "UD-Q2_K_XL")
+
+
+@pytest.mark.parametrize(("file", "stem", "tag"), [
+    ("qwen2.5-7b-instruct-q4_k_m.gguf", "Qwen2.5-7B-Instruct", "q4_k_m"),  # Qwen's lower-case names
+    ("THUDM_GLM-4-9B-0414-Q6_K_L.gguf", "THUDM_GLM-4-9B-0414", "Q6_K_L"),  # bartowski's
+    ("other-name-UD-IQ1_S.gguf", "GLM-4.6", "UD-IQ1_S"),  # a stem other than the repository's
+    ("Q4_K_M/GLM-4.6-Q4_K_M-00001-of-00003.gguf", "GLM-4.6", "Q4_K_M"),
+    ("model.gguf", "m", ""),
+])
+def test_gguf_tags_of_the_hubs_naming_styles(file, stem, tag):
+    assert hub.gguf_tag(file, stem) == tag
 
 
 @pytest.fixture
@@ -102,6 +143,8 @@ def test_a_vision_gguf_comes_with_its_projector(cache, monkeypatch):
     ("o/missing", "transformers", r"^o/missing: no such local folder, nor repository on the Hub \(a private one "
                                   r"needs HF_TOKEN\)$"),
     ("o/m-GGUF:Q2_K", "llama_cpp", r"^o/m-GGUF has no Q2_K GGUF; it has: Q4_K_M$"),
+    ("o/m-GGUF@v9", "llama_cpp", r"^o/m-GGUF has no revision v9 \(a branch, tag or commit\) on the Hub$"),
+    ("o/gated@v1", "transformers", r"^o/gated is gated"),
     ("o/m-GGUF", "transformers", r"^o/m-GGUF has no config.json"),
 ])
 def test_what_cannot_be_fetched_is_said_in_one_line(cache, monkeypatch, model, engine, message):
@@ -117,7 +160,7 @@ def test_what_cannot_be_fetched_is_said_in_one_line(cache, monkeypatch, model, e
 def test_an_unreachable_hub_is_said_so(cache, monkeypatch):
     _at(monkeypatch, "http://127.0.0.1:9")
     with pytest.raises(ModelNotFoundError, match=r"^o/m is not in the Hugging Face cache \(.*\) and the Hub "
-                                                  r"\(http://127.0.0.1:9\) cannot be reached$"):
+                                                  r"\(http://127.0.0.1:9\) cannot be reached \(ConnectError\)$"):
         hub.fetch("o/m", "transformers")
 
 
@@ -136,3 +179,69 @@ def test_glmserve_models_lists_the_cache_and_the_models_dirs(cache, monkeypatch,
     assert [line[:3] for line in lines] == [["o/f", "folder", "0.0"], ["o/m-GGUF", "gguf", "3.0"],
                                             ["local", "gguf", "1.0"]]
     assert lines[0][-3:] == ["Hugging", "Face", "cache"] and lines[2][-1] == str(models_dir)
+
+
+def test_a_revision_pins_the_files_fetched(cache, monkeypatch):
+    site = Hub({"o/m-GGUF": {"m-Q4_K_M.gguf": b"GGUF-main"}, "o/f": {"config.json": b'{"v": 2}'}},
+               revisions={"o/m-GGUF": {"v1": {"m-Q4_K_M.gguf": b"GGUF-v1"}}, "o/f": {"v1": {"config.json": b"{}"}}})
+    with hub_site(site) as url:
+        _at(monkeypatch, url)
+        assert hub.fetch("o/m-GGUF@v1", "llama_cpp").path.read_bytes() == b"GGUF-v1"
+        assert hub.fetch("o/m-GGUF", "llama_cpp", revision="v1").path.read_bytes() == b"GGUF-v1"
+        assert hub.fetch("o/m-GGUF:q4_k_m", "llama_cpp").path.read_bytes() == b"GGUF-main"
+        commit = site.sha("o/f", site.revisions["o/f"]["v1"])
+        assert (hub.fetch(f"o/f@{commit}", "vllm").path / "config.json").read_bytes() == b"{}"
+        assert (hub.fetch("o/f", "vllm").path / "config.json").read_bytes() == b'{"v": 2}'
+    _at(monkeypatch, "http://127.0.0.1:9")
+    assert hub.fetch("o/m-GGUF:Q4_K_M@v1", "llama_cpp", offline=True).path.read_bytes() == b"GGUF-v1"
+    with pytest.raises(ModelNotFoundError, match=r"^--revision v1 picks a version of a model by name \(ORG/NAME\); "
+                                                  r"x.gguf is not one$"):
+        hub.fetch("x.gguf", "llama_cpp", revision="v1")
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_hub_in_trouble_serves_what_the_cache_holds(cache, monkeypatch, caplog, status):
+    site = Hub({"o/m-GGUF": {"m-Q4_K_M.gguf": b"GGUF-model", "mmproj-F16.gguf": b"GGUF-proj"},
+                "o/f": {"config.json": b"{}", "model.safetensors": b"w"}})
+    with hub_site(site) as url:
+        _at(monkeypatch, url)
+        fetched = hub.fetch("o/m-GGUF", "llama_cpp"), hub.fetch("o/f", "transformers")
+        site.outage = status
+        with caplog.at_level(logging.WARNING, "glmserve.hub"):
+            assert (hub.fetch("o/m-GGUF", "llama_cpp"), hub.fetch("o/f", "transformers")) == fetched
+        assert site.refused == 2  # one request each, no retries
+        warnings = [r.getMessage() for r in caplog.records if r.name == "glmserve.hub"]
+        assert len(warnings) == 2 and all(f"the Hub ({url}) answers {status}: serving o/" in w for w in warnings)
+        with pytest.raises(ModelNotFoundError, match=rf"^o/other is not in the Hugging Face cache \(.*\) and the Hub "
+                                                      rf"\({url}\) answers {status}$"):
+            hub.fetch("o/other", "transformers")
+        with pytest.raises(ModelNotFoundError, match=r"^o/m-GGUF:Q8_0 is not in the Hugging Face cache"):
+            hub.fetch("o/m-GGUF:Q8_0", "llama_cpp")
+
+
+def test_an_unreachable_hub_serves_what_the_cache_holds(cache, monkeypatch, caplog):
+    with hub_site(Hub({"o/m-GGUF": {"m-Q4_K_M.gguf": b"GGUF-model"}})) as url:
+        _at(monkeypatch, url)
+        found = hub.fetch("o/m-GGUF", "llama_cpp")
+    _at(monkeypatch, "http://127.0.0.1:9")
+    with caplog.at_level(logging.WARNING, "glmserve.hub"):
+        assert hub.fetch("o/m-GGUF", "llama_cpp") == found
+    assert "the Hub (http://127.0.0.1:9) cannot be reached (ConnectError): serving o/m-GGUF" in caplog.text
+
+
+def test_a_download_that_does_not_fit_says_so_before_it_starts(cache, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    site = Hub({"o/m-GGUF": {"m-Q4_K_M.gguf": b"G" * 5000}, "o/f": {"config.json": b"{}", "w.safetensors": b"w" * 3000,
+                                                                     "old.bin": b"b" * 10**6}})
+    with hub_site(site) as url:
+        _at(monkeypatch, url)
+        with pytest.raises(ModelNotFoundError, match=rf"^o/m-GGUF: the disk is full: {cache} needs 5000 bytes "
+                                                      r"\(0.0 GiB\), has 1000 bytes \(0.0 GiB\) free \(free some"):
+            hub.fetch("o/m-GGUF", "llama_cpp")
+        with pytest.raises(ModelNotFoundError, match=r"^o/f: the disk is full: .* needs 3002 bytes"):
+            hub.fetch("o/f", "vllm")  # what it fetches, not old.bin
+    assert site.gets == []
