@@ -1,37 +1,61 @@
-"""``glmserve launch claude|codex|opencode [SERVE FLAGS] [-- AGENT ARGS]``: a coding agent run
-against glmserve, set up as each agent needs (after Ollama's ``ollama launch``).
+"""``glmserve launch claude|codex|opencode [SERVE FLAGS | --url URL [--api-key KEY]] [-- AGENT
+ARGS]``: a coding agent run against glmserve, set up as each agent needs (after Ollama's
+``ollama launch``), so that it reaches glmserve only, whatever the user's and the project's
+agent configuration says.
 
-The server: ``--url URL`` reuses a running one; otherwise one is started with the ``serve``
-flags given (``glmserve serve ... --port FREE``, its log in ``launch-PORT.log`` under
-``--state-dir``), serving the model's own context (``--n-ctx 0``: its training context, cut to
-what fits this machine) unless ``--n-ctx`` or ``GLMSERVE_N_CTX`` set one (a ``--config`` entry's
-own ``n_ctx`` holds for its model), and stopped when the agent exits. The context the server
-advertises (``max_model_len``) is printed, with a warning below ``AGENT_CONTEXT`` (the agents'
-own prompts are 9k to 20k tokens), and given to the agent. The agent, found on the ``PATH`` (a
-one-line error names its npm package when it is not), is pointed at the server's first model:
+The server: ``--url URL`` reuses a running one (its key: ``--api-key``, else the first of
+``GLMSERVE_API_KEY``); otherwise one is started with the ``serve`` flags given (``glmserve serve
+... --port FREE`` on 127.0.0.1, in its own process group, its log in ``launch-PORT.log`` under
+``--state-dir``, where only the newest ``KEPT_LOGS`` launch logs are kept), serving the model's
+own context (``--n-ctx 0``: its training context, cut to what fits this machine) unless
+``--n-ctx`` or ``GLMSERVE_N_CTX`` set one (a ``--config`` entry's own ``n_ctx`` holds for its
+model). A ``--model`` by name is fetched by the launcher first, with progress in the terminal
+and no time limit. The server requires a key: the first ``--api-key`` (split as the server splits
+it), else the first of ``GLMSERVE_API_KEY``, else a random one made for this launch (given to the
+server in its environment, never on a command line). The context the server advertises
+(``max_model_len``) is printed, with a warning below ``AGENT_CONTEXT`` (the agents' own prompts
+are 9k to 20k tokens), and given to the agent. The agent, found on the ``PATH`` (a one-line
+error names its npm package when it is not), is pointed at the server's first model:
 
-- ``claude`` (Claude Code, Anthropic's Messages API): ``ANTHROPIC_BASE_URL``, the key in
-  ``ANTHROPIC_API_KEY``, the model for every role (``ANTHROPIC_MODEL``, the Haiku/Sonnet/Opus
-  defaults, sub-agents), non-essential traffic off, and its attribution header off
-  (``CLAUDE_CODE_ATTRIBUTION_HEADER=0``: it changes the system prompt on every request, so no
-  prefix cache would ever match); the context as its auto-compact window
-  (``CLAUDE_CODE_AUTO_COMPACT_WINDOW``) and a reply's ceiling (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``),
-  and a prompt over it answered with the 400 it compacts on (``prompt is too long``);
-- ``codex`` (Codex CLI, the Responses API): a provider with ``wire_api = "responses"`` in a
-  ``config.toml`` of a temporary ``CODEX_HOME``, the key in ``GLMSERVE_API_KEY``, the context as
-  ``model_context_window`` and compaction at 9/10 of it (``model_auto_compact_token_limit``);
-- ``opencode`` (OpenCode, chat completions): an ``@ai-sdk/openai-compatible`` provider in a
-  temporary config file (``OPENCODE_CONFIG``), the model's ``limit.context`` and ``limit.output``.
+- ``claude`` (Claude Code, Anthropic's Messages API): its settings on the command line
+  (``--settings FILE``, which outranks the user's, the project's and the local settings files):
+  ``ANTHROPIC_BASE_URL``, the key in ``ANTHROPIC_API_KEY``, ``ANTHROPIC_AUTH_TOKEN`` and the
+  cloud switches (Bedrock, Vertex, Foundry) blanked, the model for every role
+  (``ANTHROPIC_MODEL``, the Haiku/Sonnet/Opus defaults, sub-agents), non-essential traffic off,
+  and its attribution header off (``CLAUDE_CODE_ATTRIBUTION_HEADER=0``: it changes the system
+  prompt on every request, so no prefix cache would ever match); the context as its
+  auto-compact window (``CLAUDE_CODE_AUTO_COMPACT_WINDOW``) and a reply's ceiling
+  (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``), and a prompt over it answered with the 400 it compacts on
+  (``prompt is too long``);
+- ``codex`` (Codex CLI, the Responses API): the user's own ``CODEX_HOME`` (sessions, MCP
+  servers, AGENTS.md kept), with ``-c`` overrides, which outrank its ``config.toml`` (a
+  ``--profile`` among the agent's arguments is the user's word, and outranks them): a
+  ``glmserve`` provider with ``wire_api = "responses"`` and the key in ``GLMSERVE_API_KEY``, its
+  model, the context as ``model_context_window`` and compaction at 9/10 of it
+  (``model_auto_compact_token_limit``);
+- ``opencode`` (OpenCode, chat completions): ``OPENCODE_CONFIG_CONTENT``, the configuration
+  OpenCode ranks above a project's ``opencode.json`` and its global one: an
+  ``@ai-sdk/openai-compatible`` provider, the only one enabled, its model for ``model`` and
+  ``small_model``, ``limit.context`` and ``limit.output``.
 
 A reply's ceiling is ``output_limit``: a quarter of the context, at most 32768 tokens.
 
-Exit status: the agent's, or 1 with a one-line error."""
+Signals: Ctrl-C belongs to the agent (it reaches the agent, not the server, and the launcher
+waits for the agent); SIGTERM and SIGHUP are passed to the agent. When the agent ends, the
+server is stopped (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); a signal before the agent starts
+stops the server at once.
+
+Exit status: the agent's; 128 + the signal's number when a signal ended the launch before the
+agent ran; or 1 with a one-line error."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +68,12 @@ import httpx
 from glmserve.testing import free_port
 
 AGENT_CONTEXT = 32768  # tokens a coding agent's session needs (its own prompt: 9k-20k)
-START_TIMEOUT_S = 1800.0  # a model fetched by name at its first start can take this long
+START_TIMEOUT_S = 1800.0  # a model (already fetched) that is not serving in this long is a failed start
+STOP_TIMEOUT_S = 60.0
+KEPT_LOGS = 10
+# Claude Code's variables that would send its requests elsewhere or with another key: blanked
+CLAUDE_BLANKED = ("ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX",
+                  "CLAUDE_CODE_USE_FOUNDRY")
 
 
 @dataclass(frozen=True)
@@ -59,6 +88,14 @@ AGENTS = {"claude": Agent("claude", "@anthropic-ai/claude-code"), "codex": Agent
 
 class LaunchError(Exception):
     """Why the agent cannot be launched, in one line."""
+
+
+class Stopped(Exception):
+    """A signal (``signum``) ended the launch before the agent ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str], list[str]]:
@@ -79,10 +116,11 @@ def output_limit(context: int) -> int:
 
 
 def agent_setup(name: str, url: str, model: str, key: str, work: Path,
-                context: int) -> tuple[dict[str, str], list[str]]:
-    """The environment (added to the user's) and the leading arguments that point agent
-    ``name`` at the server at ``url`` serving ``model`` with a ``context``-token window; files it
-    needs go in ``work``."""
+                context: int) -> tuple[dict[str, str | None], list[str]]:
+    """The environment changes (None: the variable removed) and the leading arguments that point
+    agent ``name`` at the server at ``url`` serving ``model`` with a ``context``-token window,
+    over whatever the user's and the project's configuration of that agent say; files it needs
+    go in ``work`` (private to the user)."""
     if name == "claude":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": model,
                "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
@@ -90,61 +128,144 @@ def agent_setup(name: str, url: str, model: str, key: str, work: Path,
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(context),
                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(output_limit(context))}
-        return env, []
+        settings = work / "claude-settings.json"
+        settings.write_text(json.dumps({"env": {**env, **dict.fromkeys(CLAUDE_BLANKED, "")}}, indent=2))
+        return {**env, **dict.fromkeys(CLAUDE_BLANKED)}, ["--settings", str(settings)]
     if name == "codex":
-        home = work / "codex"
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(
-            f'model = {json.dumps(model)}\nmodel_provider = "glmserve"\nmodel_context_window = {context}\n'
-            f'model_auto_compact_token_limit = {context * 9 // 10}\n\n[model_providers.glmserve]\n'
-            f'name = "glmserve"\nbase_url = {json.dumps(url + "/v1")}\nwire_api = "responses"\n'
-            'env_key = "GLMSERVE_API_KEY"\n')
-        return {"CODEX_HOME": str(home), "GLMSERVE_API_KEY": key}, []
-    config = work / "opencode.json"
-    config.write_text(json.dumps({
-        "$schema": "https://opencode.ai/config.json", "model": f"glmserve/{model}",
-        "provider": {"glmserve": {"npm": "@ai-sdk/openai-compatible", "name": "glmserve",
-                                  "options": {"baseURL": url + "/v1", "apiKey": key},
-                                  "models": {model: {"name": model, "limit": {
-                                      "context": context, "output": output_limit(context)}}}}}}, indent=2))
-    return {"OPENCODE_CONFIG": str(config)}, []
+        provider = (f'{{name = "glmserve", base_url = {json.dumps(url + "/v1")}, wire_api = "responses", '
+                    'env_key = "GLMSERVE_API_KEY"}')
+        overrides = [f"model_providers.glmserve={provider}", 'model_provider="glmserve"', f"model={json.dumps(model)}",
+                     f"model_context_window={context}", f"model_auto_compact_token_limit={context * 9 // 10}"]
+        return {"GLMSERVE_API_KEY": key}, [word for override in overrides for word in ("-c", override)]
+    ours = f"glmserve/{model}"
+    config = {"$schema": "https://opencode.ai/config.json", "model": ours, "small_model": ours,
+              "enabled_providers": ["glmserve"], "disabled_providers": [],
+              "provider": {"glmserve": {"npm": "@ai-sdk/openai-compatible", "name": "glmserve",
+                                        "options": {"baseURL": url + "/v1", "apiKey": "{env:GLMSERVE_API_KEY}"},
+                                        "models": {model: {"name": model, "limit": {
+                                            "context": context, "output": output_limit(context)}}}}}}
+    return {"OPENCODE_CONFIG_CONTENT": json.dumps(config), "GLMSERVE_API_KEY": key}, []
+
+
+def _flags(args: list[str], name: str) -> list[str]:
+    """Every value of flag ``name`` in ``args`` (``--name V`` or ``--name=V``)."""
+    values = []
+    for i, word in enumerate(args):
+        if word == name and i + 1 < len(args):
+            values.append(args[i + 1])
+        elif word.startswith(name + "="):
+            values.append(word.split("=", 1)[1])
+    return values
+
+
+def _without(args: list[str], name: str) -> list[str]:
+    """``args`` without flag ``name`` and its values."""
+    left, skip = [], False
+    for word in args:
+        if skip or word.startswith(name + "="):
+            skip = False
+        elif word == name:
+            skip = True
+        else:
+            left.append(word)
+    return left
 
 
 def _flag(args: list[str], name: str) -> str | None:
-    for i, word in enumerate(args):
-        if word == name and i + 1 < len(args):
-            return args[i + 1]
-        if word.startswith(name + "="):
-            return word.split("=", 1)[1]
-    return None
+    return next(iter(_flags(args, name)), None)
 
 
-def _start(serve: list[str], state_dir: Path) -> tuple[subprocess.Popen, str, Path]:
-    """``glmserve serve SERVE`` on a free port, healthy; (process, URL, log file). Raises
-    ``LaunchError`` with the log's last line when it stops first."""
+def server_key(serve: list[str]) -> tuple[str, dict[str, str]]:
+    """The key the agent sends, and what the server's environment needs for it: the first key of
+    ``--api-key`` (repeated, or ``a,b``, or a JSON list, as the server reads it), else the first
+    of ``GLMSERVE_API_KEY``, else a random key, given to the server as ``GLMSERVE_API_KEY``."""
+    from glmserve.settings.server import ListenSettings
+
+    given = _flags(serve, "--api-key") or ([os.environ["GLMSERVE_API_KEY"]] if os.environ.get("GLMSERVE_API_KEY")
+                                           else [])
+    keys = [key for value in given for key in ListenSettings(api_key=value).api_key]
+    if keys:
+        return keys[0], {}
+    key = secrets.token_urlsafe(24)
+    return key, {"GLMSERVE_API_KEY": key}
+
+
+def _prefetch(serve: list[str]) -> None:
+    """A ``--model`` by name fetched into the Hugging Face cache before the server starts, with
+    huggingface_hub's progress bars in the terminal (a line every few seconds elsewhere) and no
+    time limit; the server then finds it there. Raises ``LaunchError``."""
+    from glmserve.cli import _parse
+    from glmserve.models import ModelNotFoundError, hub
+    from glmserve.settings.serve import DeploySettings
+
+    settings = _parse(DeploySettings, serve)
+    if hub.hub_name(settings.model) is None:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("glmserve: %(message)s"))
+    logger = logging.getLogger("glmserve.hub")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        hub.fetch(settings.model, settings.engine, settings.offline, settings.revision)
+    except ModelNotFoundError as exc:
+        raise LaunchError(str(exc)) from None
+    finally:
+        logger.removeHandler(handler)
+
+
+def _prune_logs(state_dir: Path) -> None:
+    """The launch logs under ``state_dir`` but the newest ``KEPT_LOGS - 1`` removed (room for
+    the one about to be written)."""
+    logs = sorted(state_dir.glob("launch-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in logs[KEPT_LOGS - 1:]:
+        old.unlink(missing_ok=True)
+
+
+def _start(serve: list[str], state_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str, Path]:
+    """``glmserve serve SERVE`` on a free port, in its own process group (a Ctrl-C in the
+    terminal does not reach it), with ``env`` added to its environment, healthy; (process, URL,
+    log file). Raises ``LaunchError`` with the log's last line when it stops first."""
     port = free_port()
     if _flag(serve, "--n-ctx") is None and "GLMSERVE_N_CTX" not in os.environ:
         serve = [*serve, "--n-ctx", "0"]  # the model's own context, cut to what fits
     state_dir.mkdir(parents=True, exist_ok=True)
+    _prune_logs(state_dir)
     log_path = state_dir / f"launch-{port}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "glmserve", "serve", *serve, "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     print(f"glmserve: starting the server on {url} (its log: {log_path})", file=sys.stderr)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            lines = [line for line in log_path.read_text().splitlines() if line.strip()]
-            raise LaunchError(f"the server stopped: {lines[-1] if lines else f'exit status {proc.returncode}'}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url, log_path
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise LaunchError(f"the server did not start in {START_TIMEOUT_S:.0f} s (its log: {log_path})")
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+                raise LaunchError(f"the server stopped: {lines[-1] if lines else f'exit status {proc.returncode}'}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url, log_path
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise LaunchError(f"the server did not start in {START_TIMEOUT_S:.0f} s (its log: {log_path})")
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The server ended: SIGTERM (its graceful shutdown), SIGKILL to its process group after
+    ``STOP_TIMEOUT_S``."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _model(url: str, key: str) -> tuple[str, int]:
@@ -160,6 +281,28 @@ def _model(url: str, key: str) -> tuple[str, int]:
     return card["id"], int(card.get("max_model_len") or AGENT_CONTEXT)
 
 
+class _Signals:
+    """SIGTERM and SIGHUP (and SIGINT before the agent runs) raise ``Stopped``; while the agent
+    runs, SIGTERM and SIGHUP are passed to it and SIGINT is left to it (the terminal sends it to
+    the agent too)."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.agent: subprocess.Popen | None = None
+        self.before = {signum: signal.signal(signum, self._handle) for signum in self.HANDLED}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.agent is None:
+            raise Stopped(signum)
+        if signum != signal.SIGINT and self.agent.poll() is None:
+            self.agent.send_signal(signum)
+
+    def restore(self) -> None:
+        for signum, handler in self.before.items():
+            signal.signal(signum, handler)
+
+
 def launch(args: list[str]) -> int:
     """``glmserve launch``'s whole run (see the module docstring): the agent's exit status.
     Raises ``LaunchError``."""
@@ -170,29 +313,34 @@ def launch(args: list[str]) -> int:
     exe = shutil.which(agent.command)
     if exe is None:
         raise LaunchError(f"{agent.command} is not installed: npm install -g {agent.package}")
-    key = _flag(serve, "--api-key") or os.environ.get("GLMSERVE_API_KEY", "").split(",")[0] or "glmserve"
-    proc = None
+    if url is not None and _without(serve, "--api-key"):
+        raise LaunchError("with --url the server runs already: serve flags (but --api-key) cannot apply to it")
+    key, server_env = server_key(serve)
+    signals, proc = _Signals(), None
     try:
         if url is None:
             from glmserve.settings.serve import ServeSettings
 
+            _prefetch(serve)
             state_dir = Path(_flag(serve, "--state-dir") or os.environ.get("GLMSERVE_STATE_DIR")
                              or ServeSettings.model_fields["state_dir"].default)
-            proc, url, _ = _start(serve, state_dir.expanduser())
-        elif serve:
-            raise LaunchError("with --url the server runs already: serve flags cannot apply to it")
+            proc, url, _ = _start(serve, state_dir.expanduser(), server_env)
         model, context = _model(url, key)
         print(f"glmserve: {model} with a context of {context} tokens", file=sys.stderr)
         if context < AGENT_CONTEXT:
             print(f"glmserve: warning: {name}'s own prompt and a session's turns need about {AGENT_CONTEXT} tokens; "
                   "give --n-ctx (the server's log says what its KV cache holds)", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix=f"glmserve-{name}-") as work:
-            env, lead = agent_setup(name, url, model, key, Path(work), context)
-            return subprocess.run([exe, *lead, *agent_args], env={**os.environ, **env}).returncode
+            changes, lead = agent_setup(name, url, model, key, Path(work), context)
+            env = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
+            signals.agent = subprocess.Popen([exe, *lead, *agent_args], env=env)
+            return signals.agent.wait()
+    except Stopped as stop:
+        return 128 + stop.signum
     finally:
+        if signals.agent is not None and signals.agent.poll() is None:  # an error while it ran
+            signals.agent.terminate()
+            signals.agent.wait()
+        signals.restore()
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)

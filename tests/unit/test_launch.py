@@ -10,7 +10,7 @@ import tomllib
 import pytest
 
 from glmserve import cli
-from glmserve.launch import LaunchError, agent_setup, launch, split_args
+from glmserve.launch import LaunchError, agent_setup, launch, server_key, split_args
 
 
 def test_the_words_before_and_after_the_double_dash():
@@ -23,23 +23,54 @@ def test_the_words_before_and_after_the_double_dash():
 
 def test_each_agent_is_pointed_at_the_server_and_told_its_context(tmp_path):
     env, lead = agent_setup("claude", "http://h:1", "o/m", "k", tmp_path, 65536)
-    assert lead == [] and env["ANTHROPIC_BASE_URL"] == "http://h:1" and env["ANTHROPIC_API_KEY"] == "k"
+    assert lead == ["--settings", str(tmp_path / "claude-settings.json")]
+    settings = json.loads((tmp_path / "claude-settings.json").read_text())["env"]
+    assert env["ANTHROPIC_BASE_URL"] == settings["ANTHROPIC_BASE_URL"] == "http://h:1"
+    assert env["ANTHROPIC_API_KEY"] == settings["ANTHROPIC_API_KEY"] == "k"
+    assert env["ANTHROPIC_AUTH_TOKEN"] is None and settings["ANTHROPIC_AUTH_TOKEN"] == ""  # removed; blanked
+    assert env["CLAUDE_CODE_USE_BEDROCK"] is None and settings["CLAUDE_CODE_USE_VERTEX"] == ""
     roles = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
-    assert {env[k] for k in roles} == {"o/m"}
+    assert {env[k] for k in roles} == {settings[k] for k in roles} == {"o/m"}
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert (env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"], env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == ("65536", "16384")
-    env, _ = agent_setup("codex", "http://h:1", "o/m", "k", tmp_path, 65536)
-    config = tomllib.loads((tmp_path / "codex" / "config.toml").read_text())
-    assert env == {"CODEX_HOME": str(tmp_path / "codex"), "GLMSERVE_API_KEY": "k"}
+    env, lead = agent_setup("codex", "http://h:1", "o/m", "k", tmp_path, 65536)
+    assert env == {"GLMSERVE_API_KEY": "k"} and lead[::2] == ["-c"] * (len(lead) // 2)
+    config = tomllib.loads("\n".join(lead[1::2]))  # each -c KEY=VALUE is a TOML line
     assert config["model"] == "o/m" and config["model_provider"] == "glmserve"
     assert (config["model_context_window"], config["model_auto_compact_token_limit"]) == (65536, 58982)
     assert config["model_providers"]["glmserve"] == {"name": "glmserve", "base_url": "http://h:1/v1",
                                                     "wire_api": "responses", "env_key": "GLMSERVE_API_KEY"}
-    env, _ = agent_setup("opencode", "http://h:1", "o/m", "k", tmp_path, 202752)
-    config = json.loads((tmp_path / "opencode.json").read_text())
-    assert env == {"OPENCODE_CONFIG": str(tmp_path / "opencode.json")} and config["model"] == "glmserve/o/m"
-    assert config["provider"]["glmserve"]["options"] == {"baseURL": "http://h:1/v1", "apiKey": "k"}
+    env, lead = agent_setup("opencode", "http://h:1", "o/m", "k", tmp_path, 202752)
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    assert lead == [] and env["GLMSERVE_API_KEY"] == "k"
+    assert config["model"] == config["small_model"] == "glmserve/o/m" and config["enabled_providers"] == ["glmserve"]
+    assert config["provider"]["glmserve"]["options"] == {"baseURL": "http://h:1/v1", "apiKey": "{env:GLMSERVE_API_KEY}"}
     assert config["provider"]["glmserve"]["models"]["o/m"]["limit"] == {"context": 202752, "output": 32768}
+
+
+@pytest.mark.parametrize(("serve", "environ", "key"), [
+    (["--api-key", "a,b"], {}, "a"), (["--api-key=a", "--api-key", "b"], {}, "a"),
+    (["--api-key", '["x", "y"]'], {"GLMSERVE_API_KEY": "e"}, "x"), ([], {"GLMSERVE_API_KEY": "e,f"}, "e"),
+])
+def test_the_agents_key_is_the_first_the_server_takes(monkeypatch, serve, environ, key):
+    monkeypatch.delenv("GLMSERVE_API_KEY", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert server_key(serve) == (key, {})
+
+
+def test_without_a_key_each_launch_makes_its_own(monkeypatch):
+    monkeypatch.delenv("GLMSERVE_API_KEY", raising=False)
+    (first, env), (second, _) = server_key([]), server_key(["--n-ctx", "1"])
+    assert env == {"GLMSERVE_API_KEY": first} and first != second and len(first) >= 32
+
+
+def test_with_url_only_a_key_may_be_given(monkeypatch, tmp_path):
+    (tmp_path / "claude").write_text("#!/bin/sh\n")
+    (tmp_path / "claude").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LaunchError, match=r"^with --url the server runs already: serve flags \(but --api-key\)"):
+        launch(["claude", "--url", "http://h:1", "--api-key", "k", "--n-ctx", "5"])
 
 
 def test_an_agent_not_installed_is_named_with_its_npm_package(monkeypatch, capsys):
