@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import httpx
 import openai
 import pytest
 
@@ -39,7 +40,8 @@ def site():
 @pytest.fixture(scope="module")
 def vision_server(llava):
     srv = RemoteServer("--engine", "transformers", "--model", str(llava), "--allowed-media-domains", "127.0.0.1",
-                       "--max-image-bytes", "100000", "--max-image-pixels", "1000000", "--image-fetch-timeout", "1")
+                       "--max-image-bytes", "100000", "--max-image-pixels", "1000000", "--image-fetch-timeout", "1",
+                       "--max-images-per-request", "3", "--max-image-pixels-per-request", "2500000")
     yield srv
     srv.stop()
 
@@ -123,9 +125,27 @@ def test_unsafe_or_broken_image_is_400(vision_server, site, path, reason):
     assert reason in err.value.body["message"]
 
 
-def test_lone_surrogate_with_image_is_400(vision_server):
-    import httpx
+def test_a_requests_images_are_bounded_in_number_and_in_pixels_in_all(vision_server, site):
+    import io
 
+    from PIL import Image
+
+    with pytest.raises(openai.BadRequestError) as err:  # refused before any is fetched
+        _ask(vision_server, DATA_URL, DATA_URL, DATA_URL, f"{site}/slow")
+    assert err.value.status_code == 400 and err.value.body["param"] == "messages.0.content.3"
+    assert "4 images, more than 3 per request (--max-images-per-request)" in err.value.body["message"]
+    buf = io.BytesIO()
+    Image.new("RGB", (1000, 1000), (0, 0, 0)).save(buf, format="PNG")  # 1 Mpx in a few KB: each one allowed
+    big = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    with pytest.raises(openai.BadRequestError) as err:
+        _ask(vision_server, big, big, big)
+    assert err.value.body["param"] == "messages.0.content.2"
+    assert "more than 2500000 pixels in all (--max-image-pixels-per-request)" in err.value.body["message"]
+    assert _ask(vision_server, big, big).usage.prompt_tokens > 2 * IMAGE_TOKENS  # within both bounds
+    assert httpx.get(f"{vision_server.url}/health").status_code == 200
+
+
+def test_lone_surrogate_with_image_is_400(vision_server):
     body = json.dumps({"model": MODEL, "messages": _message(DATA_URL, text="hi \ud800")}, ensure_ascii=True)
     resp = httpx.post(f"{vision_server.url}/v1/chat/completions", content=body,
                       headers={"content-type": "application/json"}, timeout=60)

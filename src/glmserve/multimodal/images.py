@@ -6,7 +6,9 @@
   link-local or metadata addresses), and the address actually connected to is checked again
   (so a DNS answer that changes between the check and the connection is caught). Redirects are
   followed by hand, each target checked the same way, up to ``max_redirects``.
-- Bytes, pixels and time are bounded by the policy; what does not decode is refused.
+- Bytes, pixels and time are bounded by the policy; what does not decode is refused. A
+  request's images are bounded in number (before anything is fetched) and in pixels summed
+  (read from each image's header, before any is decoded).
 
 Every refusal is an ``ImageError`` whose message names the reason (the server answers 400).
 """
@@ -26,21 +28,36 @@ from PIL import Image, UnidentifiedImageError
 from glmserve.multimodal.policy import ImageError, MediaPolicy, address_allowed
 
 
-def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
-    """RGB image from encoded bytes; the pixel count is checked before decoding."""
+_UNREADABLE = (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, EOFError)
+
+
+def open_image(data: bytes, policy: MediaPolicy) -> Image.Image:
+    """The image in encoded bytes, opened (its header read, nothing decoded); its size checked.
+    Raises ``ImageError``."""
     if len(data) > policy.max_bytes:
         raise ImageError(f"image is larger than {policy.max_bytes} bytes")
     try:
         image = Image.open(io.BytesIO(data))
-        width, height = image.size
-        if width * height > policy.max_pixels:
-            raise ImageError(f"image has {width}x{height} pixels, more than {policy.max_pixels}")
-        image.seek(0)  # first frame of an animation
-        return image.convert("RGB")
-    except ImageError:
-        raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, EOFError) as exc:
+    except _UNREADABLE as exc:
         raise ImageError(f"cannot decode the image: {exc}") from exc
+    width, height = image.size
+    if width * height > policy.max_pixels:
+        raise ImageError(f"image has {width}x{height} pixels, more than {policy.max_pixels}")
+    return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """An opened image decoded to RGB (an animation's first frame). Raises ``ImageError``."""
+    try:
+        image.seek(0)
+        return image.convert("RGB")
+    except _UNREADABLE as exc:
+        raise ImageError(f"cannot decode the image: {exc}") from exc
+
+
+def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
+    """RGB image from encoded bytes; the pixel count is checked before decoding."""
+    return to_rgb(open_image(data, policy))
 
 
 def parse_data_url(url: str, policy: MediaPolicy) -> bytes:
@@ -110,35 +127,61 @@ async def _fetch(url: str, policy: MediaPolicy) -> bytes:
         raise ImageError(f"more than {policy.max_redirects} redirects")
 
 
+async def image_bytes(url: str, policy: MediaPolicy) -> bytes:
+    """The encoded image ``url`` names (a data URL's, or fetched). Raises ``ImageError``."""
+    if url.startswith("data:"):
+        return parse_data_url(url, policy)
+    try:
+        async with asyncio.timeout(policy.timeout_s):
+            return await _fetch(url, policy)
+    except TimeoutError as exc:
+        raise ImageError(f"fetching the image took longer than {policy.timeout_s:g} s") from exc
+    except httpx.HTTPError as exc:
+        raise ImageError(f"cannot fetch the image: {type(exc).__name__}: {exc}") from exc
+
+
 async def load_image(url: str, policy: MediaPolicy) -> Image.Image:
     """The RGB image ``url`` names. Raises ``ImageError``."""
-    if url.startswith("data:"):
-        data = parse_data_url(url, policy)
-    else:
-        try:
-            async with asyncio.timeout(policy.timeout_s):
-                data = await _fetch(url, policy)
-        except TimeoutError as exc:
-            raise ImageError(f"fetching the image took longer than {policy.timeout_s:g} s") from exc
-        except httpx.HTTPError as exc:
-            raise ImageError(f"cannot fetch the image: {type(exc).__name__}: {exc}") from exc
-    return await asyncio.to_thread(decode_image, data, policy)
+    return await asyncio.to_thread(decode_image, await image_bytes(url, policy), policy)
 
 
 async def load_images(urls: list[str], policy: MediaPolicy) -> list[Image.Image]:
-    """All images, in order (fetched concurrently). The first refusal is raised with its
-    ``index`` in ``urls`` set, and the other fetches are cancelled."""
+    """All images, in order: fetched concurrently and opened, their pixels summed, then
+    decoded. More than ``policy.max_images``, or more than ``policy.max_request_pixels`` in all,
+    is refused before anything is decoded. The first refusal is raised with its ``index`` in
+    ``urls`` set (the first image over a request's bound), and the other fetches are cancelled."""
+    if len(urls) > policy.max_images:
+        raise _at(ImageError(f"{len(urls)} images, more than {policy.max_images} per request "
+                             "(--max-images-per-request)"), policy.max_images)
 
-    async def load(index: int, url: str) -> Image.Image:
+    async def opened(index: int, url: str) -> Image.Image:
         try:
-            return await load_image(url, policy)
+            data = await image_bytes(url, policy)
+            return await asyncio.to_thread(open_image, data, policy)
         except ImageError as exc:
-            exc.index = index
-            raise
+            raise _at(exc, index) from None
 
-    tasks = [asyncio.ensure_future(load(i, url)) for i, url in enumerate(urls)]
+    tasks = [asyncio.ensure_future(opened(i, url)) for i, url in enumerate(urls)]
     try:
-        return list(await asyncio.gather(*tasks))
+        images = list(await asyncio.gather(*tasks))
     finally:
         for task in tasks:
             task.cancel()
+    total = 0
+    for index, image in enumerate(images):
+        total += image.size[0] * image.size[1]
+        if total > policy.max_request_pixels:
+            raise _at(ImageError(f"the request's images have more than {policy.max_request_pixels} pixels in all "
+                                 "(--max-image-pixels-per-request)"), index)
+    decoded = []
+    for index, image in enumerate(images):
+        try:
+            decoded.append(await asyncio.to_thread(to_rgb, image))
+        except ImageError as exc:
+            raise _at(exc, index) from None
+    return decoded
+
+
+def _at(exc: ImageError, index: int) -> ImageError:
+    exc.index = index
+    return exc

@@ -16,12 +16,16 @@ class ImageError(ValueError):
 @dataclass(frozen=True, slots=True)
 class MediaPolicy:
     """``allowed_domains``: hosts exempt from the address checks (for example an intranet
-    image server); ``max_bytes`` per image; ``max_pixels`` = width x height; ``timeout_s`` for
-    the whole fetch, redirects included; ``max_redirects`` followed, each one re-checked."""
+    image server); ``max_bytes`` per image; ``max_pixels`` = width x height of one image;
+    ``max_images`` and ``max_request_pixels`` (their width x height summed) per request, as
+    vLLM's ``--limit-mm-per-prompt``; ``timeout_s`` for the whole fetch, redirects included;
+    ``max_redirects`` followed, each one re-checked."""
 
     allowed_domains: frozenset[str] = field(default_factory=frozenset)
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
+    max_images: int = 16
+    max_request_pixels: int = 50_000_000
     timeout_s: float = 10.0
     max_redirects: int = 3
 

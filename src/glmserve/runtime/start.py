@@ -59,11 +59,14 @@ def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
 
 
 def media_policy(settings: ServeSettings) -> MediaPolicy:
-    """The image-fetching limits set by ``--allowed-media-domains`` and ``--max-image-*``."""
+    """The image limits set by ``--allowed-media-domains``, ``--max-image-*`` and
+    ``--max-images-per-request``."""
     return MediaPolicy(
         allowed_domains=frozenset(settings.allowed_media_domains),
         max_bytes=settings.max_image_bytes,
         max_pixels=settings.max_image_pixels,
+        max_images=settings.max_images_per_request,
+        max_request_pixels=settings.max_image_pixels_per_request,
         timeout_s=settings.image_fetch_timeout,
     )
 

@@ -119,6 +119,11 @@ class RequestLimits(BaseModel):
     )
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest image accepted, in bytes.")
     max_image_pixels: int = Field(40_000_000, ge=1, description="Largest image accepted, width x height.")
+    max_images_per_request: int = Field(16, ge=0, le=1024, description="Most images in one request (as vLLM's "
+                                                                       "--limit-mm-per-prompt).")
+    max_image_pixels_per_request: int = Field(
+        50_000_000, ge=1, description="Most pixels (width x height) of all of one request's images together, read "
+                                      "before any is decoded.")
     image_fetch_timeout: float = Field(10.0, gt=0, le=600, description="Seconds allowed to fetch one image URL, "
                                                                        "redirects included.")
     allowed_media_domains: list[str] = Field(

@@ -9,7 +9,7 @@ import base64
 import pytest
 from PIL import Image
 
-from glmserve.multimodal import ImageError, MediaPolicy, address_allowed, load_image
+from glmserve.multimodal import ImageError, MediaPolicy, address_allowed, load_image, load_images
 from tests.image_site import HUGE, encode, image_site
 
 
@@ -81,3 +81,29 @@ def test_fetch_limits(site, path, reason):
 ])
 def test_address_classification(address, allowed):
     assert address_allowed(address) is allowed
+
+
+def _data_url(size: tuple[int, int]) -> str:
+    return "data:image/png;base64," + base64.b64encode(encode("PNG", size=size)).decode()
+
+
+def test_a_requests_images_are_bounded_in_number_before_any_is_fetched(site):
+    policy = MediaPolicy(allowed_domains=frozenset({"127.0.0.1"}), max_images=2, timeout_s=30.0)
+    with pytest.raises(ImageError, match=r"^3 images, more than 2 per request \(--max-images-per-request\)$") as err:
+        asyncio.run(load_images([_data_url((8, 6)), _data_url((8, 6)), f"{site}/slow"], policy))
+    assert err.value.index == 2
+    assert [i.size for i in asyncio.run(load_images([_data_url((8, 6)), _data_url((4, 4))], policy))] == [(8, 6), (4, 4)]
+
+
+def test_a_requests_images_are_bounded_in_pixels_in_all_before_any_is_decoded(monkeypatch):
+    from glmserve.multimodal import images
+
+    decoded = []
+    monkeypatch.setattr(images, "to_rgb", lambda image: decoded.append(image.size) or image.convert("RGB"))
+    policy = MediaPolicy(max_pixels=1_000_000, max_request_pixels=1_500_000)
+    urls = [_data_url((500, 1000)), _data_url((1000, 500)), _data_url((1000, 600))]  # 0.5 + 0.5 + 0.6 Mpx
+    with pytest.raises(ImageError, match=r"more than 1500000 pixels in all \(--max-image-pixels-per-request\)") as err:
+        asyncio.run(load_images(urls, policy))
+    assert err.value.index == 2 and decoded == []  # nothing decoded
+    assert [i.size for i in asyncio.run(load_images(urls[:2], policy))] == [(500, 1000), (1000, 500)]
+    assert decoded == [(500, 1000), (1000, 500)]
