@@ -45,8 +45,8 @@ class SpeculativeSettings(EngineSettings):
                                                             "looked up, in tokens (vLLM's prompt_lookup_max).",
                                 json_schema_extra=PER_MODEL)
     spec_draft_max: int = Field(16, ge=1, le=256, description="llama_cpp, vllm, --speculative: most tokens drafted "
-                                                              "per sequence and step (vLLM's "
-                                                              "num_speculative_tokens).", json_schema_extra=PER_MODEL)
+                                                              "per sequence and step (vLLM's num_speculative_tokens; "
+                                                              "vllm mtp: 1 unless given).", json_schema_extra=PER_MODEL)
     draft_model: str | None = Field(
         None, description="llama_cpp, vllm, --speculative draft: the draft model, same vocabulary (llama_cpp: as "
                           "--model; vllm: a HF folder).", json_schema_extra=PER_MODEL,

@@ -66,6 +66,9 @@ def test_speculative_ngram_is_vllms_ngram_speculative_config():
     # --speculative mtp: the checkpoint's own MTP layers (vLLM's method "mtp")
     config = _settings(speculative="mtp", spec_draft_max=2)
     assert engine_args(Path("/models/x"), config).speculative_config == {"method": "mtp", "num_speculative_tokens": 2}
+    # unless given, one token per step, as vLLM's GLM recipes draft from GLM's one NextN layer
+    assert engine_args(Path("/models/x"), _settings(speculative="mtp")).speculative_config == {
+        "method": "mtp", "num_speculative_tokens": 1}
     # vLLM's other methods stay reachable through --engine-arg, but not beside --speculative
     draft = {"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 3}
     given = [f"speculative_config={json.dumps(draft)}"]

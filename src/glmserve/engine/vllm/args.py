@@ -23,10 +23,16 @@ if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
 
+# tokens drafted by a model's MTP (NextN) layers unless --spec-draft-max says: vLLM's GLM-4.5/4.6/4.7
+# recipes and its MTP guide draft 1 token (GLM has one NextN layer; each further token drafted from
+# it is accepted less often)
+MTP_DRAFT_DEFAULT = 1
+
+
 def speculative_config(settings: VllmSettings) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``--speculative``: ``ngram`` with ``prompt_lookup_min/max``,
     ``draft_model`` with the ``--draft-model`` folder, or ``mtp``; ``num_speculative_tokens`` from
-    ``--spec-draft-max``. Raises ``ModelNotFoundError`` for a draft model that is no model folder."""
+    ``--spec-draft-max`` (for ``mtp`` unless given: ``MTP_DRAFT_DEFAULT``). Raises ``ModelNotFoundError`` for a draft model that is no model folder."""
     if settings.speculative is None:
         return None
     if settings.speculative == "draft":
@@ -36,7 +42,8 @@ def speculative_config(settings: VllmSettings) -> dict[str, Any] | None:
             raise ModelNotFoundError(f"--draft-model {exc}") from exc
         return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": settings.spec_draft_max}
     if settings.speculative == "mtp":  # the model's own MTP layers (vLLM reads them from its checkpoint)
-        return {"method": "mtp", "num_speculative_tokens": settings.spec_draft_max}
+        drafted = settings.spec_draft_max if "spec_draft_max" in settings.model_fields_set else MTP_DRAFT_DEFAULT
+        return {"method": "mtp", "num_speculative_tokens": drafted}
     return {"method": "ngram", "prompt_lookup_min": settings.spec_ngram_min,
             "prompt_lookup_max": settings.spec_ngram_max, "num_speculative_tokens": settings.spec_draft_max}
 
