@@ -166,7 +166,7 @@ def test_images_change_the_answer_on_chat_messages_and_responses(server):
             "role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
                                         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                                                      "data": data}}]}])
-        assert r.usage.input_tokens > 60  # the image's tokens count
+        assert r.usage.input_tokens + r.usage.cache_read_input_tokens > 60  # the image's tokens count (cached or not)
         answers.append("".join(b.text for b in r.content if b.type == "text"))
     assert answers[0] != answers[1]
     responses = [client.responses.create(model=MODEL, temperature=0, max_output_tokens=MAX_TOKENS, input=[{
@@ -182,6 +182,27 @@ def test_image_tokens_count_in_usage(server):
     # 224 x 224 px: 16 x 16 patches of 14 px, merged 2 x 2 -> 64 tokens, with begin/end of image
     assert usage[1].prompt_tokens - usage[0].prompt_tokens == 64 + 2
     assert usage[2].prompt_tokens != usage[1].prompt_tokens
+
+
+def test_an_image_conversations_next_turn_reuses_the_images_kv(server):
+    """The image's tokens stand as a hash of its pixels: the second turn of a conversation that
+    began with an image finds the image's KV cached (no second encoding, no re-prefill), and
+    answers as the same turn computed afresh (another cache_salt: nothing reused) does."""
+    client = server.client()
+    first = client.chat.completions.create(model=MODEL, messages=_messages(0), temperature=0, max_tokens=MAX_TOKENS)
+    turn = [*_messages(0), {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And what colour is it?"}]
+
+    def ask(**extra):
+        return client.chat.completions.create(model=MODEL, messages=turn, temperature=0, max_tokens=MAX_TOKENS,
+                                              logprobs=True, extra_body=extra)
+
+    reused, fresh = ask(), ask(cache_salt="fresh")
+    assert reused.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1  # the image's 66 too
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert [t.token for t in reused.choices[0].logprobs.content] == [t.token for t in fresh.choices[0].logprobs.content]
+    assert [t.logprob for t in reused.choices[0].logprobs.content] == pytest.approx(
+        [t.logprob for t in fresh.choices[0].logprobs.content], abs=5e-3)
 
 
 def test_without_its_projector_an_image_is_a_400(model):

@@ -447,12 +447,13 @@ def test_a_background_step_computes_few_prompt_tokens_and_every_decode():
     assert [(c.seq, c.length) for c in run_step(s).chunks] == [(user, 300)]
 
 
-def _with_image(name: str, before: int, n_tokens: int, n_pos: int, after: int) -> Sequence:
-    """``before`` text tokens, an image of ``n_tokens`` tokens at ``n_pos`` positions, ``after`` more."""
-    from glmserve.engine.llama_cpp.prompt_cache import MEDIA_TOKEN
+def _with_image(name: str, before: int, n_tokens: int, n_pos: int, after: int, pixels: bytes = b"red") -> Sequence:
+    """``before`` text tokens, an image (of ``pixels``) of ``n_tokens`` tokens at ``n_pos``
+    positions, ``after`` more."""
+    from glmserve.engine.llama_cpp.prompt_cache import media_token
     from glmserve.engine.llama_cpp.sequence import MediaSpan
 
-    tokens = [*range(1, before + 1), *[MEDIA_TOKEN] * n_tokens, *range(100, 100 + after)]
+    tokens = [*range(1, before + 1), *[media_token(pixels)] * n_tokens, *range(100, 100 + after)]
     return Sequence(name, tokens, media=(MediaSpan(before, n_tokens, n_pos, None),))
 
 
@@ -470,14 +471,32 @@ def test_an_image_is_never_cut_between_chunks_and_positions_skip_what_it_saves()
     assert a.whole(0, 3) == 3 and a.whole(0, 6) == 25 and a.whole(25, 2) == 2
 
 
-def test_no_prefix_is_shared_across_an_image():
+def test_a_prefix_is_shared_across_the_same_image_only():
     s = Scheduler(max_num_seqs=1, n_ctx=1000, max_num_batched_tokens=100)
     a = _with_image("a", 5, 20, 6, 4)
     s.add(a)
     run_step(s)
     s.finish(a)
-    again = _with_image("again", 5, 20, 6, 4)  # another image in the same place
+    other = _with_image("other", 5, 20, 6, 4, pixels=b"blue")  # another image in the same place
+    s.add(other)
+    out = run_step(s)
+    assert other.num_cached == 5 and out.chunks[0].start == 5
+    assert KVOp("rm", other.slot, 5) in out.kv_ops
+    s.finish(other)
+    again = _with_image("again", 5, 20, 6, 9, pixels=b"blue")  # the same image, the conversation's next turn
     s.add(again)
     out = run_step(s)
-    assert again.num_cached == 5 and out.chunks[0].start == 5
-    assert KVOp("rm", again.slot, 5) in out.kv_ops
+    assert again.num_cached == 29 and out.chunks[0].start == 29 and out.chunks[0].length == 5
+
+
+def test_a_shared_prefix_never_ends_inside_an_image():
+    from glmserve.engine.llama_cpp.prompt_cache import common_prefix, media_token
+
+    red, blue = [media_token(b"red")] * 4, [media_token(b"blue")] * 4
+    assert media_token(b"red") < 0 and media_token(b"red") != media_token(b"blue")
+    assert common_prefix([1, 2, *red, 3], [1, 2, *red, 3, 4], 99) == 7
+    assert common_prefix([1, 2, *red, 3], [1, 2, *red, 5], 99) == 6  # the whole image, then text differs
+    assert common_prefix([1, 2, *red, 3], [1, 2, *blue, 3], 99) == 2
+    assert common_prefix([1, 2, *red, 3], [1, 2, *red, 3], 4) == 2  # the limit falls inside the image
+    assert common_prefix([1, 2, *red, *red, 3], [1, 2, *red, 7], 99) == 2  # adjacent equal images: not split
+    assert common_prefix([1, 2, *red], [1, 2, *red, 3], 99) == 2

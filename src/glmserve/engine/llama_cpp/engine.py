@@ -367,7 +367,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         seq.payload.drafter.record(len(draft), accepted)
         self._scheduler.accept_draft(seq, accepted)
         if accepted < len(draft):
-            self._decoder.truncate(seq.slot, seq.num_computed)
+            self._decoder.truncate(seq.slot, seq.position(seq.num_computed))
         for token, logprob in sampled:
             self._scheduler.append_token(seq, token)
             self._emit(seq, token, logprob)

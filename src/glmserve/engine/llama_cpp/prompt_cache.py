@@ -13,23 +13,31 @@ bytes, least recently used first out. Not thread-safe: the engine thread owns it
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-# an image's tokens in a prompt (``sequence.MediaSpan``): no prefix is shared across one (its
-# cells follow the image, and its positions need not be its indices)
-MEDIA_TOKEN = -1
+def media_token(pixels: bytes) -> int:
+    """The token id each token of an image stands as in a prompt (``sequence.MediaSpan``): a
+    negative number (no vocabulary's) from a hash of the image's ``pixels`` (its width, height and
+    RGB bytes), so that one image gives one id, as llama-server keys its image chunks by a hash
+    of their pixels; a prefix reaches across an image only where both prompts hold that image."""
+    return -2 - int.from_bytes(hashlib.blake2b(pixels, digest_size=8).digest(), "little") % (1 << 62)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``, ending before
-    any ``MEDIA_TOKEN``."""
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit``, never ending
+    inside an image (a run of one ``media_token``: when it would, it ends before the image)."""
     n = 0
     for x, y in zip(a, b):
-        if n >= limit or x != y or x == MEDIA_TOKEN:
+        if n >= limit or x != y:
             break
         n += 1
+    if n and a[n - 1] < 0 and not (n < len(a) and a[n] != a[n - 1] and n < len(b) and b[n] != b[n - 1]):
+        image = a[n - 1]
+        while n and a[n - 1] == image:
+            n -= 1
     return n
 
 

@@ -320,20 +320,21 @@ class Scheduler:
                 return False
         # own's cells past the reused prefix are reclaimed (all of them when others come in)
         self._save(own, n_reuse if src.id == own.id and not restore else 0, out)
+        at = seq.position(n_reuse)  # the KV position the reused prefix ends at (images take fewer)
         if restore:
             out.kv_ops.append(KVOp("load", own.id, entry=entry))
-            out.kv_ops.append(KVOp("rm", own.id, n_host))
+            out.kv_ops.append(KVOp("rm", own.id, at))
             self.host_cache.touch(entry)
         elif src.id == own.id:
             if own.n_kv > n_reuse:
-                out.kv_ops.append(KVOp("rm", own.id, n_reuse))
+                out.kv_ops.append(KVOp("rm", own.id, at))
         elif self.split:  # llama.cpp copies whole streams: copy, then drop what is past the prefix
             out.kv_ops.append(KVOp("cp", own.id, 0, -1, src=src.id))
-            out.kv_ops.append(KVOp("rm", own.id, n_reuse))
+            out.kv_ops.append(KVOp("rm", own.id, at))
         else:
             if own.n_kv:
                 out.kv_ops.append(KVOp("rm", own.id, 0))
-            out.kv_ops.append(KVOp("cp", own.id, 0, n_reuse, src=src.id))
+            out.kv_ops.append(KVOp("cp", own.id, 0, at, src=src.id))
         own.tokens, own.n_kv, own.seq, own.last_used, own.group = seq.tokens, n_reuse, seq, self._step, seq.group
         own.salt = seq.salt
         self._committed[own.id] = n_reuse  # its other cells are gone or not decoded yet

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from glmserve.engine.llama_cpp.prompt_cache import MEDIA_TOKEN, CachedPrompt
+from glmserve.engine.llama_cpp.prompt_cache import CachedPrompt
 
 
 class SeqStatus(Enum):
@@ -19,8 +19,8 @@ class SeqStatus(Enum):
 
 @dataclass(slots=True, frozen=True, eq=False)
 class MediaSpan:
-    """An image in a prompt: tokens ``[start, start + n_tokens)`` of its sequence, each
-    ``MEDIA_TOKEN`` (never decoded as tokens: the engine decodes the image's embeddings at once,
+    """An image in a prompt: tokens ``[start, start + n_tokens)`` of its sequence, each its
+    ``prompt_cache.media_token`` (negative; never decoded as tokens: the engine decodes the image's embeddings at once,
     ``chunk``), which take ``n_pos`` positions (fewer than ``n_tokens`` under multimodal RoPE,
     GLM-4V's: the image's rows and columns share positions)."""
 
@@ -38,7 +38,7 @@ class MediaSpan:
 class Sequence:
     """One request inside the engine. ``tokens`` = prompt then generated tokens;
     ``num_computed`` of them are in the KV cache. ``payload`` is the engine's own state.
-    ``media``: the prompt's images, in order (their tokens are ``MEDIA_TOKEN``s; a chunk never
+    ``media``: the prompt's images, in order (their tokens are ``media_token``s; a chunk never
     ends inside one, ``whole``), so a token's KV position is ``position(index)``."""
 
     request_id: str
@@ -58,8 +58,8 @@ class Sequence:
         if not self.tokens:
             raise ValueError("a sequence needs at least one token")
         self.num_prompt = self.num_prompt or len(self.tokens)
-        if any(self.tokens[span.start] != MEDIA_TOKEN for span in self.media):
-            raise ValueError("an image's tokens must be MEDIA_TOKEN")
+        if any(self.tokens[span.start] >= 0 for span in self.media):
+            raise ValueError("an image's tokens must be its media_token")
 
     def position(self, index: int) -> int:
         """The KV position of token ``index`` (outside an image): its index, less the tokens the

@@ -7,8 +7,10 @@ text, with one image placeholder per image (``PLACEHOLDERS``), becomes libmtmd's
 (``mtmd_tokenize_from_parts``: text parts and decoded RGB bitmaps, so no marker a client writes
 can stand for an image; libmtmd adds the model's own tokens around each image and sizes it as
 the model's processor would). The token ids returned hold the text chunks' tokens and, for each
-image, ``n_tokens`` ``MEDIA_TOKEN``s, described by a ``MediaSpan`` whose ``chunk`` is the
-image's libmtmd chunk. The engine decodes an image whole (``batch.BatchDecoder``): encoded by
+image, ``n_tokens`` of its ``prompt_cache.media_token`` (from a hash of its pixels: the KV of an
+image a conversation sent before is reused, in a slot or from the host prompt cache, as
+llama-server reuses image chunks by their hash), described by a ``MediaSpan`` whose ``chunk`` is
+the image's libmtmd chunk. The engine decodes an image whole (``batch.BatchDecoder``): encoded by
 the vision encoder and its embeddings decoded at the image's positions
 (``mtmd_helper_eval_chunk_single``; under GLM-4V's multimodal RoPE an image of ``w x h``
 merged patches takes ``max(w, h)`` positions, and the text after it goes on from there).
@@ -31,7 +33,7 @@ from llama_cpp._logger import llama_log_callback
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.prompt_cache import MEDIA_TOKEN
+from glmserve.engine.llama_cpp.prompt_cache import media_token
 from glmserve.engine.llama_cpp.sequence import MediaSpan
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
@@ -82,14 +84,14 @@ class Projector:
 
     def process(self, text: str, images: list[Any]) -> tuple[list[int], tuple[MediaSpan, ...]]:
         """The prompt ``text`` (a chat template's, one placeholder per image) and its decoded
-        PIL ``images`` -> (token ids with ``MEDIA_TOKEN`` for each image token, the images'
-        spans). Raises ``ValueError`` (a 400) when the placeholders and the images disagree in
+        PIL ``images`` -> (token ids with the image's ``media_token`` for each image token, the
+        images' spans). Raises ``ValueError`` (a 400) when the placeholders and the images disagree in
         number, or the prompt ends with an image."""
         pieces = _split(text)
         if len(pieces) - 1 != len(images):
             raise ValueError(f"the chat template wrote {len(pieces) - 1} image placeholders for {len(images)} "
                              f"images (this engine knows the placeholder {' or '.join(PLACEHOLDERS)})")
-        bitmaps, keep, parts = [], [], []  # keep: what the parts point to, alive until tokenized
+        bitmaps, keep, parts, media_ids = [], [], [], []  # keep: what the parts point to, alive until tokenized
         for i, piece in enumerate(pieces):
             if piece:
                 data = piece.encode()
@@ -100,6 +102,7 @@ class Projector:
             if i < len(images):
                 rgb = images[i].convert("RGB")
                 pixels = rgb.tobytes()
+                media_ids.append(media_token(b"%d,%d," % rgb.size + pixels))
                 bitmap = mtmd.mtmd_bitmap_init(rgb.width, rgb.height,
                                                (ctypes.c_uint8 * len(pixels)).from_buffer_copy(pixels))
                 bitmaps.append(bitmap)
@@ -109,13 +112,13 @@ class Projector:
             array = (ctypes.POINTER(mtmd.mtmd_input_part) * len(parts))(*(ctypes.pointer(p) for p in parts))
             if (ret := mtmd.mtmd_tokenize_from_parts(self._ctx, chunks, array, len(parts), False)) != 0:
                 raise ValueError(f"libmtmd could not read an image (status {ret})")
-            return self._tokens(chunks)
+            return self._tokens(chunks, media_ids)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
             for bitmap in bitmaps:
                 mtmd.mtmd_bitmap_free(bitmap)
 
-    def _tokens(self, chunks) -> tuple[list[int], tuple[MediaSpan, ...]]:
+    def _tokens(self, chunks, media_ids: list[int]) -> tuple[list[int], tuple[MediaSpan, ...]]:
         ids: list[int] = []
         spans: list[MediaSpan] = []
         n_chunks = mtmd.mtmd_input_chunks_size(chunks)
@@ -134,7 +137,7 @@ class Projector:
             n_tokens = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
             spans.append(MediaSpan(len(ids), n_tokens, mtmd.mtmd_input_chunk_get_n_pos(chunk),
                                    _Image(self._ctx, mtmd.mtmd_input_chunk_copy(chunk))))
-            ids.extend([MEDIA_TOKEN] * n_tokens)
+            ids.extend([media_ids[len(spans) - 1]] * n_tokens)
         return ids, tuple(spans)
 
     def free(self) -> None:
