@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer
 from tests.e2e.capture import Capture
+from tests.e2e.npm_tools import npm_command
 
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
 KEY = "test-key"
@@ -36,15 +36,7 @@ REFUSED = ("There's an issue with the selected model", "API Error")
 @pytest.fixture(scope="session")
 def claude(request) -> Path:
     """The ``claude`` command, installed from the npm registry into pytest's cache once."""
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: Claude Code is an npm package")
-    root = Path(request.config.cache.mkdir("claude-code"))
-    exe = root / "node_modules" / ".bin" / "claude"
-    if not exe.exists():
-        subprocess.run([npm, "install", "--prefix", str(root), "--no-audit", "--no-fund", CLAUDE_CODE], check=True,
-                       timeout=600, stdout=subprocess.DEVNULL)
-    return exe
+    return npm_command(request, CLAUDE_CODE, "claude", "claude-code")
 
 
 def run_claude(claude: Path, server: RemoteServer, model: str, prompt: str, home: Path, *args: str,

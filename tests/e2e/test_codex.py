@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer
 from tests.e2e.capture import Capture
+from tests.e2e.npm_tools import npm_command
 
 CODEX = "@openai/codex@0.169.0"
 KEY = "test-key"
@@ -42,15 +42,7 @@ LEAN = ("--disable", "multi_agent", "--disable", "goals", "--disable", "view_ima
 @pytest.fixture(scope="session")
 def codex(request) -> Path:
     """The ``codex`` command, installed from the npm registry into pytest's cache once."""
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: Codex CLI is an npm package")
-    root = Path(request.config.cache.mkdir("codex"))
-    exe = root / "node_modules" / ".bin" / "codex"
-    if not exe.exists():
-        subprocess.run([npm, "install", "--prefix", str(root), "--no-audit", "--no-fund", CODEX], check=True,
-                       capture_output=True, timeout=600)
-    return exe
+    return npm_command(request, CODEX, "codex", "codex")
 
 
 def run_codex(codex: Path, server, model: str, prompt: str, home: Path, *args: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from glmserve.models import default_model_path
+from tests.e2e.npm_tools import npm_command
 from tests.e2e.test_claude_code import REFUSED, claude  # noqa: F401 (the fixture)
 from tests.e2e.test_codex import INSTRUCTIONS, LEAN, codex  # noqa: F401 (the fixture)
 from tests.hub_site import Hub, hub_site
@@ -37,15 +37,7 @@ SMALL = ["--n-ctx", "8192", "--max-num-seqs", "1", "--override-generation-config
 @pytest.fixture(scope="session")
 def opencode(request) -> Path:
     """The ``opencode`` command, installed from the npm registry into pytest's cache once."""
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed: OpenCode is an npm package")
-    root = Path(request.config.cache.mkdir("opencode"))
-    exe = root / "node_modules" / ".bin" / "opencode"
-    if not exe.exists():
-        subprocess.run([npm, "install", "--prefix", str(root), "--no-audit", "--no-fund", OPENCODE], check=True,
-                       capture_output=True, timeout=600)
-    return exe
+    return npm_command(request, OPENCODE, "opencode", "opencode")
 
 
 @contextmanager
