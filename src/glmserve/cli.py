@@ -85,8 +85,9 @@ def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
     return source
 
 
-def _parse(cls, args: list[str]):
-    """Settings from flags + environment, or a one-line error (exit 2)."""
+def parse_flags(cls, args: list[str]):
+    """Settings of class ``cls`` from flags ``args`` + environment; a bad one is a one-line
+    error and ``SystemExit(2)``."""
     try:
         return CliApp.run(cls, cli_args=args, cli_settings_source=_cli_source(cls))
     except ValidationError as exc:
@@ -96,7 +97,7 @@ def _parse(cls, args: list[str]):
 
 
 def bench(args: list[str]) -> int:
-    settings = _parse(BenchSettings, args)
+    settings = parse_flags(BenchSettings, args)
     from glmserve.bench import BenchError, run_bench
 
     try:
@@ -108,7 +109,7 @@ def bench(args: list[str]) -> int:
 
 
 def chat(args: list[str]) -> int:
-    settings = _parse(ChatSettings, args)
+    settings = parse_flags(ChatSettings, args)
     logging.basicConfig(level="WARNING")
     from glmserve.client.terminal import run_chat
 
@@ -175,7 +176,7 @@ def models(args: list[str]) -> int:
 def serve(args: list[str]) -> int:
     from glmserve.runtime.catalog import ConfigError, with_server_settings
 
-    settings = _parse(DeploySettings, args)
+    settings = parse_flags(DeploySettings, args)
     try:
         settings = with_server_settings(settings)
     except ConfigError as exc:

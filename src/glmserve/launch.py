@@ -194,11 +194,11 @@ def _prefetch(serve: list[str]) -> None:
     """A ``--model`` by name fetched into the Hugging Face cache before the server starts, with
     huggingface_hub's progress bars in the terminal (a line every few seconds elsewhere) and no
     time limit; the server then finds it there. Raises ``LaunchError``."""
-    from glmserve.cli import _parse
+    from glmserve.cli import parse_flags
     from glmserve.models import ModelNotFoundError, hub
     from glmserve.settings.serve import DeploySettings
 
-    settings = _parse(DeploySettings, serve)
+    settings = parse_flags(DeploySettings, serve)
     if hub.hub_name(settings.model) is None:
         return
     handler = logging.StreamHandler(sys.stderr)

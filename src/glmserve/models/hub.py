@@ -35,8 +35,8 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from glmserve.models.resolve import ModelNotFoundError, gguf_name, gguf_stem
 
@@ -136,10 +136,14 @@ def _cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
+def _free_bytes(where: Path) -> int:
+    """Bytes free on the disk that holds ``where`` (or would: its nearest existing folder)."""
+    return shutil.disk_usage(next(p for p in [where, *where.parents] if p.exists())).free
+
+
 def _disk_full(repo: str, where: Path, needed: int | None) -> str:
     """The one line for a download that does not fit on the disk holding ``where``."""
-    existing = next(p for p in [where, *where.parents] if p.exists())
-    free = shutil.disk_usage(existing).free
+    free = _free_bytes(where)
     need = f"needs {needed} bytes ({needed / 2**30:.1f} GiB), " if needed is not None else ""
     return (f"{repo}: the disk is full: {where} {need}has {free} bytes ({free / 2**30:.1f} GiB) free "
             "(free some space, or set HF_HUB_CACHE to a disk with room)")
@@ -184,10 +188,8 @@ def _check_room(repo: str, revision: str | None, sizes: dict[str, int]) -> None:
 
     needed = sum(size or 0 for path, size in sizes.items()
                  if not isinstance(try_to_load_from_cache(repo, path, revision=revision), str))
-    cache = _cache_dir()
-    existing = next(p for p in [cache, *cache.parents] if p.exists())
-    if needed and needed > shutil.disk_usage(existing).free:
-        raise ModelNotFoundError(_disk_full(repo, cache, needed))
+    if needed and needed > _free_bytes(_cache_dir()):
+        raise ModelNotFoundError(_disk_full(repo, _cache_dir(), needed))
 
 
 def cached_models() -> list[tuple[str, str, int]]:
@@ -290,10 +292,11 @@ def _fetch_gguf(repo: str, quant: str | None, revision: str | None, offline: boo
         chosen, projector = _cached_gguf(repo, quant, revision, offline, trouble)
     else:
         chosen, projector = pick_gguf(list(listed), repo, quant), pick_mmproj(list(listed))
-        wanted = [*chosen, *([projector] if projector else [])]
+    wanted = [*chosen, *([projector] if projector else [])]
+    if not local:
         _check_room(repo, revision, {f: listed[f] for f in wanted})
     paths = [Path(hf_hub_download(repo, f, revision=revision, local_files_only=local, tqdm_class=_progress_class()))
-             for f in [*chosen, *([projector] if projector else [])]]
+             for f in wanted]
     return Fetched(paths[0], repo, paths[-1] if projector else None)
 
 
