@@ -46,7 +46,7 @@ server is stopped (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); a signal before t
 stops the server at once.
 
 Exit status: the agent's; 128 + the signal's number when a signal ended the launch before the
-agent ran; or 1 with a one-line error."""
+agent ran; 2 with a bad serve flag's one-line error; or 1 with a one-line error."""
 
 from __future__ import annotations
 
@@ -190,15 +190,13 @@ def server_key(serve: list[str]) -> tuple[str, dict[str, str]]:
     return key, {"GLMSERVE_API_KEY": key}
 
 
-def _prefetch(serve: list[str]) -> None:
-    """A ``--model`` by name fetched into the Hugging Face cache before the server starts, with
-    huggingface_hub's progress bars in the terminal (a line every few seconds elsewhere) and no
-    time limit; the server then finds it there. Raises ``LaunchError``."""
-    from glmserve.cli import parse_flags
+def _prefetch(settings) -> None:
+    """A ``--model`` by name (of the serve flags' ``settings``) fetched into the Hugging Face
+    cache before the server starts, with huggingface_hub's progress bars in the terminal (a line
+    every few seconds elsewhere) and no time limit; the server then finds it there. Raises
+    ``LaunchError``."""
     from glmserve.models import ModelNotFoundError, hub
-    from glmserve.settings.serve import DeploySettings
 
-    settings = parse_flags(DeploySettings, serve)
     if hub.hub_name(settings.model) is None:
         return
     handler = logging.StreamHandler(sys.stderr)
@@ -319,12 +317,12 @@ def launch(args: list[str]) -> int:
     signals, proc = _Signals(), None
     try:
         if url is None:
-            from glmserve.settings.serve import ServeSettings
+            from glmserve.cli import parse_flags
+            from glmserve.settings.serve import DeploySettings
 
-            _prefetch(serve)
-            state_dir = Path(_flag(serve, "--state-dir") or os.environ.get("GLMSERVE_STATE_DIR")
-                             or ServeSettings.model_fields["state_dir"].default)
-            proc, url, _ = _start(serve, state_dir.expanduser(), server_env)
+            settings = parse_flags(DeploySettings, serve)  # a bad flag: its one line, exit status 2
+            _prefetch(settings)
+            proc, url, _ = _start(serve, Path(settings.state_dir).expanduser(), server_env)
         model, context = _model(url, key)
         print(f"glmserve: {model} with a context of {context} tokens", file=sys.stderr)
         if context < AGENT_CONTEXT:
