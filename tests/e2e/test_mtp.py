@@ -176,6 +176,65 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
         model.close()
 
 
+def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
+    """A prompt's state saved to the host prompt cache (``--cache-ram``) carries the MTP
+    context's cells and the target's last hidden rows: restored into a wiped slot, with its last
+    token decoded again (as a restore leaves it), the NextN layer drafts with the same logits as
+    before the save (a cleared MTP context would attend to the last token alone)."""
+    pytest.importorskip("torch")
+    import llama_cpp
+    import numpy as np
+    from llama_cpp._internals import LlamaModel
+
+    from glmserve.engine.llama_cpp.batch import BatchDecoder
+    from glmserve.engine.llama_cpp.loading.metadata import model_params
+    from glmserve.engine.llama_cpp.params import context_params
+    from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
+    from glmserve.engine.llama_cpp.sequence import Chunk, KVOp, Sequence
+    from glmserve.engine.llama_cpp.settings import LlamaCppSettings
+    from glmserve.engine.llama_cpp.speculative import mtp
+    from tests.hf_models import converted_gguf, tiny_glm_with_nextn
+
+    gguf = converted_gguf(tiny_glm_with_nextn(tmp_path / MODEL, copy=False), tmp_path / f"{MODEL}.gguf",
+                          _converter(), tokenizer_pre="glm4")
+    config = LlamaCppSettings(max_num_seqs=1, max_num_batched_tokens=64)
+    params, _ = model_params(gguf, load_mtp=True)
+    model = LlamaModel(path_model=str(gguf), params=params, verbose=False)
+    ctx = llama_cpp.llama_init_from_model(model.model, context_params(config, 256))
+    decoder = BatchDecoder(ctx, 64)
+    draft = decoder.follower = mtp.MtpDraft(model, ctx, context_params(config, 256))
+    host = HostPromptCache(1 << 30)
+    prompt = [(i * 7) % 200 + 10 for i in range(40)]
+    seq = Sequence("r", list(prompt), slot=0)
+
+    def drafted() -> tuple[list[int], np.ndarray]:
+        token = max(range(model.n_vocab()), key=lambda i: logits[i])
+        tokens = draft.propose(0, [*prompt, token], 1)
+        return tokens, np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(draft._ctx, 0),
+                                              shape=(model.n_vocab(),)).copy()
+
+    try:
+        for start in range(0, 36, 12):
+            decoder.decode([Chunk(seq, start, 12, False)])
+        (_, row), = decoder.decode([Chunk(seq, 36, 4, True)])
+        logits = llama_cpp.llama_get_logits_ith(ctx, row)
+        want, want_logits = drafted()
+        decoder.apply([KVOp("save", 0, p1=40, tokens=tuple(prompt))], host)
+        assert host.entries[0].draft is not None and host.nbytes > len(host.entries[0].data)
+        decoder.clear_slot(0)
+        decoder.apply([KVOp("load", 0, entry=host.entries[0]), KVOp("rm", 0, 39)], host)
+        (_, row), = decoder.decode([Chunk(seq, 39, 1, True)])
+        logits = llama_cpp.llama_get_logits_ith(ctx, row)
+        got, got_logits = drafted()
+        assert got == want
+        np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=1e-4)
+    finally:
+        draft.free()
+        decoder.free()
+        llama_cpp.llama_free(ctx)
+        model.close()
+
+
 def test_a_widened_model_computes_what_the_model_does(tmp_path):
     """``widened_glm`` (the MTP benchmark's model made as costly as a bandwidth-bound one) keeps
     the model's function: the same logits, and the same NextN drafts, as the model it pads."""

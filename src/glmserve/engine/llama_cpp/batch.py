@@ -51,12 +51,13 @@ class BatchDecoder:
                 if follower is not None:
                     follower.copy(op.src, op.slot, op.p0, op.p1)
             elif op.kind == "save":
-                host_cache.put(op.tokens, op.group, self._state(op.slot), op.salt)
+                host_cache.put(op.tokens, op.group, self._state(op.slot), op.salt,
+                               follower.save(op.slot) if follower is not None else None)
             else:
                 data = op.entry.data
                 buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
-                if follower is not None:  # its cells for a restored prompt are not saved: none
-                    follower.clear_slot(op.slot)
+                if follower is not None:  # the MTP context's cells and rows saved beside the target's
+                    follower.restore(op.slot, op.entry.draft)
                 if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), op.slot) != len(data):
                     llama_cpp.llama_memory_seq_rm(self._memory, op.slot, 0, -1)
                     raise RuntimeError(f"llama.cpp could not load a cached prompt state into sequence {op.slot}")

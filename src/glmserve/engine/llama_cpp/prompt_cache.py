@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def media_token(pixels: bytes) -> int:
@@ -44,17 +45,19 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 @dataclass(slots=True, eq=False)
 class CachedPrompt:
     """The state of a sequence holding ``tokens`` (positions 0..len-1), computed under
-    ``group`` (None: the base model) for a request of cache salt ``salt``."""
+    ``group`` (None: the base model) for a request of cache salt ``salt``; ``draft``: its
+    drafter's state beside it (opaque, with an ``nbytes``; the MTP context's), or None."""
 
     tokens: tuple[int, ...]
     group: str | None
     data: bytes | bytearray
     last_used: int = 0
     salt: str | None = None
+    draft: Any = None
 
     @property
     def nbytes(self) -> int:
-        return len(self.data)
+        return len(self.data) + (self.draft.nbytes if self.draft is not None else 0)
 
 
 class HostPromptCache:
@@ -99,25 +102,27 @@ class HostPromptCache:
         self.restores += 1
 
     def put(self, tokens: Sequence[int], group: str | None, data: bytes | bytearray,
-            salt: str | None = None) -> bool:
-        """Keep ``data`` as the state of ``tokens``; entries of ``group`` and ``salt`` whose tokens are a
-        prefix of ``tokens`` are dropped (the new one serves every prompt they served), then the
-        least recently used go until everything fits. False (nothing kept) when ``data`` alone
-        is larger than the capacity."""
-        if len(data) > self.capacity:
-            return False
+            salt: str | None = None, draft: Any = None) -> bool:
+        """Keep ``data`` (and the drafter's ``draft``) as the state of ``tokens``; entries of
+        ``group`` and ``salt`` whose tokens are a prefix of ``tokens`` are dropped (the new one
+        serves every prompt they served), then the least recently used go until everything fits.
+        False (nothing kept) when the new entry alone is larger than the capacity."""
         tokens = tuple(tokens)
+        entry = CachedPrompt(tokens, group, data, 0, salt, draft)
+        if entry.nbytes > self.capacity:
+            return False
         n = len(tokens)
         kept = [e for e in self.entries
                 if not (e.group == group and e.salt == salt and len(e.tokens) <= n
                         and tokens[:len(e.tokens)] == e.tokens)]
         kept.sort(key=lambda e: e.last_used)
         nbytes = sum(e.nbytes for e in kept)
-        while kept and nbytes + len(data) > self.capacity:
+        while kept and nbytes + entry.nbytes > self.capacity:
             nbytes -= kept.pop(0).nbytes
         self._clock += 1
-        kept.append(CachedPrompt(tokens, group, data, self._clock, salt))
-        self.entries, self.nbytes = kept, nbytes + len(data)
+        entry.last_used = self._clock
+        kept.append(entry)
+        self.entries, self.nbytes = kept, nbytes + entry.nbytes
         return True
 
     def drop_group(self, group: str) -> None:

@@ -13,8 +13,13 @@ whose rows carry both a token and an embedding (``llama_batch_ext_set_embd_token
 - **Mirroring**: after every target decode, each sequence's decoded rows are decoded in the MTP
   context too, each token paired with the target's hidden row of the position before it (the
   first with the last row of the sequence's previous decode), so the NextN layer's KV cache
-  holds every position the target's does. A prefix the target reused from a cache has no rows
-  here; drafts then see less context (they stay drafts: verification keeps the output).
+  holds every position the target's does. The target's last hidden rows of each slot are kept
+  in a ring (``keep_rows`` plus ``RESTORE_ROWS``). A prefix the target shares from another slot
+  is copied here too; a prompt state the target saves in the host prompt cache (``--cache-ram``)
+  carries this context's state and ring (``save``/``restore``), so a restored prefix drafts as
+  one computed afresh (where the restore point lies within the ring; else its first mirrored
+  token is paired with zeros, and drafts see a little less: they stay drafts, verification
+  keeps the output).
 - **Drafting**: the sequence's last sampled token, paired with the hidden row of the position
   before it, is decoded at its position; the greedy token of that row is the first draft token,
   and each next one comes from the previous draft token paired with the NextN layer's own
@@ -32,6 +37,7 @@ exact speculative sampling at any temperature.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
@@ -43,6 +49,22 @@ from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.speculative import confident_top
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
+RESTORE_ROWS = 64  # hidden rows kept before a sequence's end beyond a draft's: a restore point a little back
+
+
+@dataclass(slots=True, eq=False)
+class MtpState:
+    """A slot's MTP state as saved with a host prompt cache entry: the MTP context's cells
+    (``llama_state_seq_get_data``), the target's hidden rows of positions ``lo..end - 1``."""
+
+    data: bytearray
+    rows: np.ndarray
+    lo: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + self.rows.nbytes
 
 
 def require_nextn(model: LlamaModel) -> None:
@@ -57,14 +79,15 @@ class MtpDraft:
     target context ``target`` (whose parameters ``params`` it takes: cells, slots, threads),
     for every slot. ``mirror`` after each target decode, ``truncate`` after a rejected draft,
     ``clear_slot`` when a slot's cells are dropped, ``propose`` to draft; ``free()`` releases
-    it. ``keep_rows``: of each decode's target hidden rows, how many last ones are kept for
-    drafts (a verify step's rows: its draft's length plus one is enough). Raises ``EngineError``
-    when the model has no NextN layers or llama.cpp cannot create the context."""
+    it; ``save`` and ``restore`` a slot with the host prompt cache. ``keep_rows``: how many of the
+    target's last hidden rows drafts read back (a verify step's rows: its draft's length plus one
+    is enough); ``RESTORE_ROWS`` more are kept for a restore. Raises ``EngineError`` when the
+    model has no NextN layers or llama.cpp cannot create the context."""
 
     def __init__(self, model: LlamaModel, target, params, keep_rows: int = 257) -> None:
         require_nextn(model)
         self._target = target
-        self._keep = keep_rows  # a span's last hidden rows kept: a draft's, its token's, and one
+        self._keep = keep_rows + RESTORE_ROWS  # the ring's rows per slot
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(model.model, params)
@@ -75,8 +98,9 @@ class MtpDraft:
         self._n_embd = int(llama_cpp.llama_model_n_embd_out(model.model))
         self._n_vocab = model.n_vocab()
         self._zeros = np.zeros(self._n_embd, np.float32)
-        # slot -> (first position, the target's last hidden rows of its last decode from there)
-        self._rows: dict[int, tuple[int, np.ndarray]] = {}
+        # slot -> the target's hidden rows of its last positions, row p % keep for position p
+        self._rows: dict[int, np.ndarray] = {}
+        self._lo: dict[int, int] = {}  # slot -> the first position whose row the ring holds
         self._end: dict[int, int] = {}  # slot -> positions mirrored (the last row's position + 1)
         llama_cpp_ext.llama_set_embeddings_nextn(target, True, False)  # every row's, not the sampled ones'
         llama_cpp_ext.llama_set_embeddings_nextn(self._ctx, True, True)
@@ -90,13 +114,20 @@ class MtpDraft:
                                        shape=(n_rows, self._n_embd))
         inputs = []
         for slot, start, tokens, row in spans:
-            prev = self._hidden(slot, start - 1)
+            prev = self._hidden(slot, start - 1).copy()
             llama_cpp.llama_memory_seq_rm(self._memory, slot, start, -1)
             for k, token in enumerate(tokens):
                 inputs.append((slot, start + k, token, prev if k == 0 else hidden[row + k - 1], False))
-            n = min(len(tokens), self._keep)  # drafts read back only the rows of a verified draft
-            self._rows[slot] = (start + len(tokens) - n, hidden[row + len(tokens) - n:row + len(tokens)].copy())
-            self._end[slot] = start + len(tokens)
+            ring = self._rows.get(slot)
+            if ring is None:
+                ring = self._rows[slot] = np.zeros((self._keep, self._n_embd), np.float32)
+            end = start + len(tokens)
+            first = max(start, end - self._keep)
+            for p in range(first, end):
+                ring[p % self._keep] = hidden[row + p - start]
+            contiguous = self._lo.get(slot, start) <= start <= self._end.get(slot, start)
+            self._lo[slot] = max(self._lo.get(slot, start) if contiguous else start, end - self._keep)
+            self._end[slot] = end
         if not self._decode(inputs):
             self.clear()
 
@@ -105,6 +136,7 @@ class MtpDraft:
         draft tokens)."""
         llama_cpp.llama_memory_seq_rm(self._memory, slot, p0, -1)
         self._end[slot] = min(self._end.get(slot, 0), p0)
+        self._lo[slot] = min(self._lo.get(slot, 0), self._end[slot])
 
     def copy(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Make ``src``'s cells at positions ``p0...p1 - 1`` (``p1`` -1: all) visible to ``dst``
@@ -113,19 +145,50 @@ class MtpDraft:
         llama_cpp.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
         end = self._end.get(src, 0)
         self._end[dst] = end if p1 < 0 else min(p1, end)
+        self._lo[dst] = min(self._lo.get(src, 0), self._end[dst])
         if src in self._rows:
-            self._rows[dst] = self._rows[src]
+            self._rows[dst] = self._rows[src].copy()
 
     def clear_slot(self, slot: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, slot, 0, -1)
         self._rows.pop(slot, None)
+        self._lo.pop(slot, None)
         self._end.pop(slot, None)
 
     def clear(self) -> None:
         """Drop every slot's cells (after a failed decode: no free cells)."""
         llama_cpp.llama_memory_clear(self._memory, True)
         self._rows.clear()
+        self._lo.clear()
         self._end.clear()
+
+    def save(self, slot: int) -> MtpState | None:
+        """``slot``'s state, for a host prompt cache entry of the target's (None: nothing mirrored)."""
+        end = self._end.get(slot, 0)
+        if not end:
+            return None
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, slot)
+        data = bytearray(size)
+        written = llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, slot)
+        lo = self._lo.get(slot, end)
+        rows = np.stack([self._rows[slot][p % self._keep] for p in range(lo, end)]) if lo < end \
+            else np.zeros((0, self._n_embd), np.float32)
+        return MtpState(data[:written], rows, lo, end)
+
+    def restore(self, slot: int, state: MtpState | None) -> None:
+        """``slot`` as ``save`` left it (None: cleared)."""
+        self.clear_slot(slot)
+        if state is None:
+            return
+        buf = (ctypes.c_uint8 * len(state.data)).from_buffer(state.data)
+        if llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(state.data), slot) != len(state.data):
+            self.clear_slot(slot)
+            return
+        ring = self._rows[slot] = np.zeros((self._keep, self._n_embd), np.float32)
+        lo = max(state.lo, state.end - self._keep)
+        for p in range(lo, state.end):
+            ring[p % self._keep] = state.rows[p - state.lo]
+        self._lo[slot], self._end[slot] = lo, state.end
 
     def propose(self, slot: int, tokens: list[int], limit: int) -> list[int]:
         """Up to ``limit`` tokens the NextN layer expects after ``tokens`` (a sequence in slot
@@ -156,12 +219,13 @@ class MtpDraft:
         return draft
 
     def _hidden(self, slot: int, pos: int) -> np.ndarray:
-        """The target's hidden row at ``pos`` in ``slot`` from its last decode there (zeros
-        where there is none: position -1, or a prefix reused from a cache)."""
-        start, rows = self._rows.get(slot, (0, None))
-        if rows is None or not start <= pos < start + len(rows) or pos >= self._end.get(slot, 0):
+        """The target's hidden row at ``pos`` in ``slot`` from the ring (zeros where there is
+        none: position -1, a position the ring no longer holds, a prefix reused from a cache
+        without this context's state)."""
+        ring = self._rows.get(slot)
+        if ring is None or not self._lo.get(slot, 0) <= pos < self._end.get(slot, 0):
             return self._zeros
-        return rows[pos - start]
+        return ring[pos % self._keep]
 
     def _decode(self, inputs: list[tuple[int, int, int, np.ndarray, bool]]) -> bool:
         """Decode rows of ``(slot, position, token, hidden row, logits wanted)``; False when
