@@ -43,7 +43,8 @@ A reply's ceiling is ``output_limit``: a quarter of the context, at most 32768 t
 Signals: Ctrl-C belongs to the agent (it reaches the agent, not the server, and the launcher
 waits for the agent); SIGTERM and SIGHUP are passed to the agent. When the agent ends, the
 server is stopped (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); a signal before the agent starts
-stops the server at once.
+stops the server at once; on Linux the server gets a SIGTERM when the launcher dies of anything,
+a SIGKILL too.
 
 Exit status: the agent's; 128 + the signal's number when a signal ended the launch before the
 agent ran; 2 with a bad serve flag's one-line error; or 1 with a one-line error."""
@@ -233,7 +234,7 @@ def _start(serve: list[str], state_dir: Path, env: dict[str, str]) -> tuple[subp
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "glmserve", "serve", *serve, "--host", "127.0.0.1",
                                  "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env}, start_new_session=True)
+                                env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}"
     print(f"glmserve: starting the server on {url} (its log: {log_path})", file=sys.stderr)
     try:
@@ -252,6 +253,15 @@ def _start(serve: list[str], state_dir: Path, env: dict[str, str]) -> tuple[subp
     except BaseException:
         _stop(proc)
         raise
+
+
+def _die_with_parent() -> None:
+    """In the server's process (Linux): SIGTERM to it when the launcher dies, even of a SIGKILL,
+    so that no server outlives its launch (``prctl(PR_SET_PDEATHSIG)``)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _stop(proc: subprocess.Popen) -> None:

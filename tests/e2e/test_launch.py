@@ -319,6 +319,20 @@ def test_sigterm_to_the_launcher_leaves_no_process_behind(stand_in, tmp_path):
     assert "Application shutdown complete" in _server_log(home)
 
 
+def test_a_launcher_killed_outright_takes_its_server_with_it(stand_in, tmp_path):
+    bin_, record = stand_in
+    home = tmp_path / "home"
+    home.mkdir()
+    launcher, agent, server = _held(bin_, record, home)
+    launcher.kill()  # SIGKILL: no handler runs
+    launcher.wait(timeout=60)
+    deadline = time.monotonic() + 120
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(server)
+    os.kill(agent, signal.SIGKILL)  # the agent is the terminal's, as after any shell job
+
+
 def test_a_ctrl_c_is_the_agents_and_does_not_reach_the_server(stand_in, tmp_path):
     bin_, record = stand_in
     home = tmp_path / "home"
