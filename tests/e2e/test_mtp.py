@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -137,27 +138,15 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
     from the same weights gives, for a random NextN layer (every draft kept: ``P_MIN`` 0)."""
     pytest.importorskip("torch")
     import llama_cpp
-    from llama_cpp._internals import LlamaModel
 
     from glmserve.engine.llama_cpp import speculative
-    from glmserve.engine.llama_cpp.speculative import mtp
-    from glmserve.engine.llama_cpp.batch import BatchDecoder
-    from glmserve.engine.llama_cpp.params import context_params
-    from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-    from glmserve.engine.llama_cpp.loading.metadata import model_params
     from glmserve.engine.llama_cpp.sequence import Chunk, Sequence
     from tests.hf_models import converted_gguf, tiny_glm_with_nextn
 
     folder = tiny_glm_with_nextn(tmp_path / MODEL, copy=False)
     gguf = converted_gguf(folder, tmp_path / f"{MODEL}.gguf", _converter(), tokenizer_pre="glm4")
     monkeypatch.setattr(speculative, "P_MIN", 0.0)
-    config = LlamaCppSettings(max_num_seqs=1, max_num_batched_tokens=64)
-    params, _ = model_params(gguf, load_mtp=True)
-    model = LlamaModel(path_model=str(gguf), params=params, verbose=False)
-    ctx = llama_cpp.llama_init_from_model(model.model, context_params(config, 256))
-    decoder = BatchDecoder(ctx, 64)
-    draft = decoder.follower = mtp.MtpDraft(model, ctx, context_params(config, 256))
-    try:
+    with _mtp_decoder(gguf) as (model, ctx, decoder, draft):
         for seed in range(3):
             prompt = [(seed * 31 + i * 7) % 200 + 10 for i in range(20 + seed)]
             want = _reference_drafts(folder, prompt, 4)
@@ -169,11 +158,6 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
             logits = llama_cpp.llama_get_logits_ith(ctx, row)
             token = max(range(model.n_vocab()), key=lambda i: logits[i])
             assert [token, *draft.propose(0, [*prompt, token], 4)] == want
-    finally:
-        draft.free()
-        decoder.free()
-        llama_cpp.llama_free(ctx)
-        model.close()
 
 
 def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
@@ -184,25 +168,13 @@ def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
     pytest.importorskip("torch")
     import llama_cpp
     import numpy as np
-    from llama_cpp._internals import LlamaModel
 
-    from glmserve.engine.llama_cpp.batch import BatchDecoder
-    from glmserve.engine.llama_cpp.loading.metadata import model_params
-    from glmserve.engine.llama_cpp.params import context_params
     from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
     from glmserve.engine.llama_cpp.sequence import Chunk, KVOp, Sequence
-    from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-    from glmserve.engine.llama_cpp.speculative import mtp
     from tests.hf_models import converted_gguf, tiny_glm_with_nextn
 
     gguf = converted_gguf(tiny_glm_with_nextn(tmp_path / MODEL, copy=False), tmp_path / f"{MODEL}.gguf",
                           _converter(), tokenizer_pre="glm4")
-    config = LlamaCppSettings(max_num_seqs=1, max_num_batched_tokens=64)
-    params, _ = model_params(gguf, load_mtp=True)
-    model = LlamaModel(path_model=str(gguf), params=params, verbose=False)
-    ctx = llama_cpp.llama_init_from_model(model.model, context_params(config, 256))
-    decoder = BatchDecoder(ctx, 64)
-    draft = decoder.follower = mtp.MtpDraft(model, ctx, context_params(config, 256))
     host = HostPromptCache(1 << 30)
     prompt = [(i * 7) % 200 + 10 for i in range(40)]
     seq = Sequence("r", list(prompt), slot=0)
@@ -213,7 +185,7 @@ def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
         return tokens, np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(draft._ctx, 0),
                                               shape=(model.n_vocab(),)).copy()
 
-    try:
+    with _mtp_decoder(gguf) as (model, ctx, decoder, draft):
         for start in range(0, 36, 12):
             decoder.decode([Chunk(seq, start, 12, False)])
         (_, row), = decoder.decode([Chunk(seq, 36, 4, True)])
@@ -228,6 +200,29 @@ def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
         got, got_logits = drafted()
         assert got == want
         np.testing.assert_allclose(got_logits, want_logits, rtol=0, atol=1e-4)
+
+
+@contextmanager
+def _mtp_decoder(gguf: Path):
+    """(model, target context, ``BatchDecoder`` of 64 rows, its ``MtpDraft`` follower) of ``gguf``
+    loaded with its NextN layers, 256 cells, one sequence; freed after."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaModel
+
+    from glmserve.engine.llama_cpp.batch import BatchDecoder
+    from glmserve.engine.llama_cpp.loading.metadata import model_params
+    from glmserve.engine.llama_cpp.params import context_params
+    from glmserve.engine.llama_cpp.settings import LlamaCppSettings
+    from glmserve.engine.llama_cpp.speculative import mtp
+
+    config = LlamaCppSettings(max_num_seqs=1, max_num_batched_tokens=64)
+    params, _ = model_params(gguf, load_mtp=True)
+    model = LlamaModel(path_model=str(gguf), params=params, verbose=False)
+    ctx = llama_cpp.llama_init_from_model(model.model, context_params(config, 256))
+    decoder = BatchDecoder(ctx, 64)
+    draft = decoder.follower = mtp.MtpDraft(model, ctx, context_params(config, 256))
+    try:
+        yield model, ctx, decoder, draft
     finally:
         draft.free()
         decoder.free()
