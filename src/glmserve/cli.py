@@ -14,10 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-from pydantic_settings import BaseSettings, CliApp, CliSettingsSource, SettingsError
-
-from glmserve.flags import Flag, flag_groups
+from glmserve.flags import fail as _fail
+from glmserve.flags import parse_flags
 from glmserve.settings.bench import BenchSettings
 from glmserve.settings.serve import ChatSettings, DeploySettings
 
@@ -32,68 +30,6 @@ commands:
   launch  run a coding agent against glmserve: glmserve launch claude|codex|opencode
           [SERVE FLAGS | --url URL] [-- AGENT ARGS]
 """
-
-
-HELP_DESCRIPTION = {
-    "glmserve serve": "Start the OpenAI- and Anthropic-compatible server. Each flag is also an environment variable "
-                      "(GLMSERVE_<NAME>, e.g. GLMSERVE_N_CTX=8192); flags win.",
-    "glmserve chat": "Chat in the terminal: with a model in-process, or with any OpenAI-compatible server (--url).",
-    "glmserve bench": "Load-test any OpenAI-compatible server: TTFT, TPOT, ITL and throughput per concurrency.",
-}
-
-
-def _fail(message: str, code: int = 1) -> int:
-    print(f"glmserve: error: {message}", file=sys.stderr)
-    return code
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Each flag's help on one line (``flags.Flag.help`` is one sentence and its default)."""
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=40)
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return [text]
-
-
-def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
-    """pydantic-settings' command line for ``cls``, its flags in the groups of
-    ``flags.flag_groups`` with their one-line help."""
-    prog = cls.model_config.get("cli_prog_name")
-    parser = argparse.ArgumentParser(prog=prog, usage=f"{prog} [flags]", formatter_class=_HelpFormatter,
-                                     description=HELP_DESCRIPTION.get(prog))
-    described: dict[str, tuple[argparse._ArgumentGroup, Flag]] = {}
-    for group in flag_groups(cls):
-        container = parser.add_argument_group(group.title, group.description or None)
-        for flag in group.flags:
-            described[flag.name] = (container, flag)
-
-    def add_argument(container, *names: str, **kwargs):
-        if container is parser and kwargs.get("dest") in described:
-            container, flag = described[kwargs["dest"]]
-            kwargs["help"] = flag.help.replace("%", "%%")
-            if flag.metavar is not None and "metavar" in kwargs:
-                kwargs["metavar"] = flag.metavar
-        return container.add_argument(*names, **kwargs)
-
-    source = CliSettingsSource(cls, root_parser=parser, add_argument_method=add_argument)
-    # each group's flags in flag_groups' order (argparse lists them in the order they were added)
-    order = {flag.name: i for i, (_, flag) in enumerate(described.values())}
-    for container in parser._action_groups:
-        container._group_actions.sort(key=lambda action: order.get(action.dest, -1))
-    return source
-
-
-def parse_flags(cls, args: list[str]):
-    """Settings of class ``cls`` from flags ``args`` + environment; a bad one is a one-line
-    error and ``SystemExit(2)``."""
-    try:
-        return CliApp.run(cls, cli_args=args, cli_settings_source=_cli_source(cls))
-    except ValidationError as exc:
-        raise SystemExit(_fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2))
-    except SettingsError as exc:
-        raise SystemExit(_fail(str(exc).splitlines()[0], 2))
 
 
 def bench(args: list[str]) -> int:

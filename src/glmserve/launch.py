@@ -327,7 +327,7 @@ def launch(args: list[str]) -> int:
     signals, proc = _Signals(), None
     try:
         if url is None:
-            from glmserve.cli import parse_flags
+            from glmserve.flags import parse_flags
             from glmserve.settings.serve import DeploySettings
 
             settings = parse_flags(DeploySettings, serve)  # a bad flag: its one line, exit status 2

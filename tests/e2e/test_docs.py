@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from glmserve import cli
+from glmserve.flags import parse_flags
 from glmserve.engine import check_engine_settings
 from glmserve.runtime.catalog import read_config
 from glmserve.runtime.start import model_settings
@@ -112,7 +112,7 @@ def test_the_metric_table_holds_the_served_metrics(site):
 @pytest.mark.parametrize("where,command,flags", cli_commands(), ids=[f"{w}:{c}" for w, c, _ in cli_commands()])
 def test_every_glmserve_command_in_the_docs_parses(where, command, flags, capsys):
     try:
-        settings = cli.parse_flags(settings_class(command), flags)
+        settings = parse_flags(settings_class(command), flags)
     except SystemExit:
         pytest.fail(f"{where}: glmserve {command} {' '.join(flags)}: {capsys.readouterr().err}")
     if command != "bench":  # and every flag is one the chosen engine reads, as start-up checks

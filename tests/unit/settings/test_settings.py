@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from glmserve import cli
+from glmserve.flags import parse_flags
 from glmserve.engine import ENGINES, EngineError, check_engine_settings, engine_settings
 from glmserve.engine.settings import own_fields
 from glmserve.settings.model import ENGINE_SETTINGS
@@ -75,7 +75,7 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
         ("llama_cpp", "auto", "auto", "auto", None, 1, 0.9, False, [])
     monkeypatch.setenv("GLMSERVE_KV_LAYOUT", "unified")
     monkeypatch.setenv("GLMSERVE_N_THREADS", "3")
-    parsed = cli.parse_flags(DeploySettings, ["--engine", "vllm", "--tensor-parallel-size", "2", "--enforce-eager",
+    parsed = parse_flags(DeploySettings, ["--engine", "vllm", "--tensor-parallel-size", "2", "--enforce-eager",
                                          "--engine-arg", "block_size=32", "--dtype", "float16"])
     assert (parsed.engine, parsed.tensor_parallel_size, parsed.enforce_eager, parsed.engine_arg, parsed.dtype,
             parsed.kv_layout, parsed.n_threads) == ("vllm", 2, True, ["block_size=32"], "float16", "unified", 3)
@@ -107,14 +107,14 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
 ])
 def test_engine_field_validation_still_applies(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        cli.parse_flags(DeploySettings, args)
+        parse_flags(DeploySettings, args)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_help_lists_the_flag_groups_one_line_per_flag(capsys):
     with pytest.raises(SystemExit):
-        cli.parse_flags(DeploySettings, ["--help"])
+        parse_flags(DeploySettings, ["--help"])
     out = capsys.readouterr().out
     titles = re.findall(r"^([a-z-]+):$", out, re.M)
     assert titles == ["options", "server", "model", "answers", "engine", "limits", "connections", "models", "state",
