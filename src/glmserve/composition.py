@@ -32,7 +32,8 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     be opened), before any engine starts."""
     ttl_s = settings.store_ttl_s()
     database = open_database(settings.state_database_url())
-    store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key)
+    keys = {*settings.api_key, *settings.admin_api_key}  # the owners of what is stored (one: no key)
+    store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key, len(keys))
     runtime = start_runtime(settings)
     served: Runtime | ServedModels = runtime
     if settings.many_models:

@@ -69,7 +69,7 @@ DEFAULT_SHOWN: dict[str, str] = {
     "admin_api_key": "none: every --api-key key is an admin",
     "database_url": "none: SQLite in --state-dir",
     "store_max_bytes": "1073741824 (1 GiB)",
-    "store_max_bytes_per_key": "none: only --store-max-bytes",
+    "store_max_bytes_per_key": "--store-max-bytes / the number of --api-key and --admin-api-key keys",
     "state_dir": "$XDG_DATA_HOME/glmserve, else ~/.local/share/glmserve",
     "chat_template": "the model's own",
     "config": "none",

@@ -4,7 +4,7 @@ PostgreSQL with ``--database-url`` (what several replicas share); the schema is 
 migrations (``state/migrations``), run to the newest at start-up. Nothing here knows a wire
 protocol: objects are stored as the JSON dicts the serving layer gives."""
 
-from glmserve.state.batches import BatchStore, ClaimedLine, LineResult
+from glmserve.state.batches import BatchStore, Build, ClaimedLine, LineResult, LostBuild
 from glmserve.state.conversations import ConversationStore
 from glmserve.state.database import DatabaseError, open_database, sqlalchemy_url
 from glmserve.state.files import FileStore
@@ -12,6 +12,6 @@ from glmserve.state.quota import Quota, StoreFull
 from glmserve.state.responses import ResponseStore, StoredResponse
 from glmserve.state.tables import UnknownCursor
 
-__all__ = ["BatchStore", "ClaimedLine", "ConversationStore", "DatabaseError", "FileStore", "LineResult", "Quota",
+__all__ = ["BatchStore", "Build", "ClaimedLine", "LostBuild", "ConversationStore", "DatabaseError", "FileStore", "LineResult", "Quota",
            "ResponseStore", "StoreFull", "StoredResponse", "UnknownCursor", "open_database",
            "sqlalchemy_url"]

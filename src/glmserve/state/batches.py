@@ -13,10 +13,18 @@ servers of different models on one database each run their own model's lines, an
 model no server has waits until its batch expires (``expired``). A line refused for a while
 (429, 503) is given back with a back-off (``retry_later``); each claim counts in ``attempts``,
 so a line whose runs never end (its server dies on it) can be recorded as failed instead of
-running forever. Blocking calls."""
+running forever.
+
+Sizes: a batch's lines count against the owner's share when it is made, each result when it
+is recorded (``complete``; a result that does not fit raises ``StoreFull``). An ending OpenAI
+batch's output and error files are written a piece at a time (``Build``), each piece one
+short transaction that also deletes the lines it holds, so the write lock is never held for
+the whole files and no result is held twice; a builder that stops is taken over
+(``take_build``). Blocking calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -24,11 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from glmserve.state.quota import Quota
-from glmserve.state.tables import BATCH_LINES, BATCHES, db_now, dumps, keyset_page
+from glmserve.state.quota import Quota, StoreFull, charge
+from glmserve.state.tables import BATCH_LINES, BATCHES, FILE_CHUNKS, FILES, db_now, dumps, keyset_page
 
 RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (cancelling: none new)
+FINALIZING = "finalizing"  # an OpenAI batch whose files are being written (OpenAI's status for it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +56,25 @@ class ClaimedLine:
     lost: int = 0
 
 
+@dataclass(slots=True)
+class Build:
+    """An ending OpenAI batch's files being written: ``status`` the batch's end, ``counts``
+    ``(total, done, failed)`` when it began, ``files`` ``{"output_file_id" | "error_file_id":
+    [file id, pieces written, bytes written]}``, ``after`` the last line written (from 0)."""
+
+    status: str
+    counts: list[int]
+    files: dict[str, list]
+    after: int = -1
+
+    def text(self) -> str:
+        return dumps(dataclasses.asdict(self))
+
+
+class LostBuild(Exception):
+    """Another server took over this batch's build (this builder was too slow)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LineResult:
     line_no: int
@@ -60,7 +89,7 @@ class BatchStore:
 
     def __init__(self, database: sa.engine.Engine, quota: Quota | None = None) -> None:
         self.database = database
-        self.quota = quota
+        self.quota = quota or Quota()
 
     def create(self, owner: str, batch_id: str, api: str, body: dict[str, Any],
                lines: list[tuple[str, dict[str, Any]]], expires_at: float | None = None) -> None:
@@ -72,8 +101,7 @@ class BatchStore:
                  "model": model if isinstance(model := request.get("model"), str) else None}
                 for i, (custom_id, request) in enumerate(lines)]
         with self.database.begin() as conn:
-            if self.quota is not None:
-                self.quota.reserve(conn, owner, sum(row["size"] for row in rows))
+            self.quota.reserve(conn, owner, sum(row["size"] for row in rows))
             conn.execute(sa.insert(BATCHES).values(id=batch_id, owner=owner, created_at=time.time(), api=api,
                                                    status=body["status"], body=dumps(body), expires_at=expires_at))
             if rows:
@@ -111,25 +139,30 @@ class BatchStore:
 
     def delete(self, owner: str, batch_id: str, api: str) -> bool:
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
             gone = conn.execute(sa.delete(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.owner == owner,
                                                          BATCHES.c.api == api))
             if gone.rowcount:
-                conn.execute(sa.delete(BATCH_LINES).where(BATCH_LINES.c.batch_id == batch_id))
+                _drop_lines(conn, owner, BATCH_LINES.c.batch_id == batch_id)
         return gone.rowcount > 0
 
-    def claim(self, runner: str, n: int, lease_s: float, models: Collection[str] | None = None) -> list[ClaimedLine]:
+    def claim(self, runner: str, n: int, lease_s: float, models: Collection[str] | None = None,
+              running: Collection[int] = ()) -> list[ClaimedLine]:
         """Claim up to ``n`` pending lines of ``in_progress`` batches, oldest batch first: lines
         nobody holds, or whose claim is older than ``lease_s`` (its runner died), past their
-        back-off; ``models``: only lines asking for one of these (or for no model). Times are
+        back-off; ``models``: only lines asking for one of these (or for no model);
+        ``running``: the lines the runner runs now, never handed back to it. Times are
         the database's (``db_now``); on PostgreSQL the lines picked are locked (``FOR UPDATE
         SKIP LOCKED``), so replicas claiming together take different lines instead of waiting."""
         lines = BATCH_LINES.c
         with self.database.begin() as conn:
             now = db_now(conn)
-            running = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
+            batches = sa.select(BATCHES.c.id).where(BATCHES.c.status == "in_progress")
             free = sa.and_(sa.or_(lines.claimed_by.is_(None), lines.claimed_at < now - lease_s),
                            sa.or_(lines.not_before.is_(None), lines.not_before <= now))
-            wanted = [lines.done.is_(False), free, lines.batch_id.in_(running)]
+            wanted = [lines.done.is_(False), free, lines.batch_id.in_(batches)]
+            if running:
+                wanted.append(lines.id.not_in(list(running)))
             if models is not None:
                 wanted.append(sa.or_(lines.model.is_(None), lines.model.in_(list(models))))
             pick = sa.select(lines.id).where(*wanted).order_by(lines.id).limit(n)
@@ -179,20 +212,31 @@ class BatchStore:
                                                           BATCH_LINES.c.done.is_(False))
                              .values(claimed_by=None, claimed_at=None, attempts=BATCH_LINES.c.attempts - 1))
 
-    def complete(self, line_id: int, status_code: int, result: Any) -> bool:
-        """Record a line's result, unless it is done already; whether it was recorded."""
-        text = dumps(result)
+    def complete(self, line_id: int, owner: str, status_code: int, result: Any) -> bool:
+        """Record a line's result (``owner``: its batch's), unless it is done already; whether
+        it was recorded. Raises ``StoreFull`` when the result does not fit the owner's share or
+        the store: the line is then recorded with that error (a 400 ``store_full``) instead."""
+        try:
+            return self._record(line_id, owner, status_code, dumps(result), True)
+        except StoreFull as exc:
+            error = {"error": {"message": str(exc), "type": "invalid_request_error", "param": None,
+                               "code": "store_full"}}
+            if self._record(line_id, owner, 400, dumps(error), False):
+                raise
+            return False
+
+    def _record(self, line_id: int, owner: str, status_code: int, text: str, bounded: bool) -> bool:
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
             done = conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id == line_id,
                                                              BATCH_LINES.c.done.is_(False))
                                 .values(done=True, status_code=status_code, result=text,
-                                        size=BATCH_LINES.c.size + len(text)))
-        return done.rowcount > 0
-
-    def drop_lines(self, batch_id: str) -> None:
-        """Delete the batch's lines (an OpenAI batch that ended: its files hold the results)."""
-        with self.database.begin() as conn:
-            conn.execute(sa.delete(BATCH_LINES).where(BATCH_LINES.c.batch_id == batch_id))
+                                        size=BATCH_LINES.c.size + len(text))).rowcount > 0
+            if done and bounded:
+                self.quota.reserve(conn, owner, len(text))
+            elif done:
+                charge(conn, owner, len(text))
+        return done
 
     def counts(self, batch_id: str) -> tuple[int, int, int, int]:
         """``(total, done, failed, in flight)`` lines of the batch (failed: done with a status
@@ -234,12 +278,106 @@ class BatchStore:
         with self.database.connect() as conn:
             return [r.id for r in conn.execute(query)]
 
-    def unfinished(self) -> list[str]:
-        """Ids of the batches runners still work on (``RUNNING``)."""
+    def unfinished(self) -> bool:
+        """Whether a batch is still worked on (``RUNNING``, or its files being written)."""
         with self.database.connect() as conn:
-            return [r.id for r in conn.execute(sa.select(BATCHES.c.id).where(BATCHES.c.status.in_(RUNNING)))]
+            return conn.execute(sa.select(BATCHES.c.id).where(BATCHES.c.status.in_((*RUNNING, FINALIZING)))
+                                .limit(1)).first() is not None
+
+    def ready(self, lease_s: float, limit: int) -> list[tuple[str, bool]]:
+        """Up to ``limit`` batches to end now, as ``(id, expired)``: ``in_progress`` with every
+        line done, ``cancelling`` with no line running (claimed within a minute), past their
+        window (``expired``), or ``finalizing`` with no piece written for ``lease_s`` (their
+        builder stopped). One query, whatever the number of batches waiting on lines."""
+        lines, batches = BATCH_LINES.c, BATCHES.c
+        with self.database.connect() as conn:
+            now = db_now(conn)
+
+            def no_line(*where: sa.ColumnElement) -> sa.ColumnElement:
+                return ~sa.exists().where(lines.batch_id == batches.id, lines.done.is_(False), *where)
+            expired = sa.and_(batches.expires_at.is_not(None), batches.expires_at <= time.time())
+            query = sa.select(batches.id, expired.label("expired")).where(sa.or_(
+                sa.and_(batches.status.in_(RUNNING), expired),
+                sa.and_(batches.status == "in_progress", no_line()),
+                sa.and_(batches.status == "cancelling", no_line(lines.claimed_by.is_not(None),
+                                                                  lines.claimed_at > now - 60)),
+                sa.and_(batches.status == FINALIZING, batches.build_at < now - lease_s)))
+            return [(r.id, bool(r.expired)) for r in conn.execute(query.order_by(batches.created_at).limit(limit))]
+
+    # --- an ending OpenAI batch's files, a piece at a time ---------------------------------
+
+    def begin_build(self, batch_id: str, body: dict[str, Any], build: Build, from_status: tuple[str, ...]) -> str | None:
+        """Make the batch ``finalizing`` (``body``: its object then) if its status is one of
+        ``from_status``, with ``build`` to do; the build's text (what ``write_piece`` and
+        ``end_build`` check) or None when another server ended or began ending it first."""
+        text = build.text()
+        with self.database.begin() as conn:
+            ok = conn.execute(sa.update(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.status.in_(from_status))
+                              .values(status=FINALIZING, body=dumps(body), build=text, build_at=db_now(conn)))
+        return text if ok.rowcount else None
+
+    def take_build(self, batch_id: str, lease_s: float) -> tuple[str, Build] | None:
+        """Take over the build of a ``finalizing`` batch whose builder wrote nothing for
+        ``lease_s`` (it stopped): the build's text and state, or None."""
+        with self.database.begin() as conn:
+            now = db_now(conn)
+            row = conn.execute(sa.select(BATCHES.c.build, BATCHES.c.build_at).where(
+                BATCHES.c.id == batch_id, BATCHES.c.status == FINALIZING, BATCHES.c.build_at < now - lease_s)).first()
+            if row is None or row.build is None:
+                return None
+            ok = conn.execute(sa.update(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.build == row.build,
+                                                       BATCHES.c.build_at == row.build_at).values(build_at=now))
+        return (row.build, Build(**json.loads(row.build))) if ok.rowcount else None
+
+    def write_piece(self, batch_id: str, owner: str, seen: str, build: Build, pieces: dict[str, list[bytes]],
+                    last_line: int) -> str:
+        """One piece of a build, one transaction: ``pieces`` (``{key: [bytes, ...]}``, each at
+        most ``files.CHUNK_BYTES``) appended to the build's files, the lines up to ``last_line``
+        deleted (their results are in the files now), the bytes counted (never refused: what
+        is written is what the lines held, less their requests), ``build`` (the state after
+        this piece) recorded. The new state's text; raises ``LostBuild`` when the recorded
+        state is not ``seen`` (another server took the build over)."""
+        text = build.text()
+        with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
+            if conn.execute(sa.update(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.build == seen)
+                            .values(build=text, build_at=db_now(conn))).rowcount == 0:
+                raise LostBuild(batch_id)
+            added = 0
+            for key, datas in pieces.items():
+                file_id, seq = build.files[key][0], build.files[key][1] - len(datas)
+                for i, data in enumerate(datas):
+                    conn.execute(sa.insert(FILE_CHUNKS).values(file_id=file_id, seq=seq + i, data=data))
+                    added += len(data)
+            charge(conn, owner, added)
+            _drop_lines(conn, owner, sa.and_(BATCH_LINES.c.batch_id == batch_id, BATCH_LINES.c.line_no <= last_line))
+        return text
+
+    def end_build(self, batch_id: str, owner: str, seen: str, body: dict[str, Any],
+                  files: list[tuple[str, str, int]]) -> bool:
+        """End a build in one transaction: the batch becomes ``body`` (its end), its files
+        ``(id, filename, bytes)`` are listed (their pieces were written by ``write_piece``), the
+        lines left deleted. Whether it ended (False: another server took the build over)."""
+        with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
+            if conn.execute(sa.update(BATCHES).where(BATCHES.c.id == batch_id, BATCHES.c.build == seen).values(
+                    status=body["status"], body=dumps(body), build=None, build_at=None)).rowcount == 0:
+                return False
+            now = time.time()
+            for file_id, filename, size in files:
+                conn.execute(sa.insert(FILES).values(id=file_id, owner=owner, created_at=now, purpose="batch_output",
+                                                     filename=filename, bytes=size))
+            _drop_lines(conn, owner, BATCH_LINES.c.batch_id == batch_id)
+        return True
 
     def body(self, batch_id: str) -> dict[str, Any] | None:
         with self.database.connect() as conn:
             row = conn.execute(sa.select(BATCHES.c.body).where(BATCHES.c.id == batch_id)).first()
         return None if row is None else json.loads(row.body)
+
+
+def _drop_lines(conn: Connection, owner: str, where: sa.ColumnElement) -> None:
+    """Delete the batch lines matching ``where`` (all ``owner``'s) and take their bytes off its use."""
+    size = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(BATCH_LINES.c.size), 0)).where(where)).scalar_one()
+    conn.execute(sa.delete(BATCH_LINES).where(where))
+    charge(conn, owner, -int(size))

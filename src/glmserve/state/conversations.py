@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from glmserve.state.quota import charge
 from glmserve.state.responses import ResponseStore
 from glmserve.state.tables import CONVERSATIONS, ITEMS, dumps, keyset_page
 
@@ -46,6 +47,7 @@ class ConversationStore:
                items: list[dict[str, Any]]) -> dict[str, Any]:
         """A new conversation holding ``items``. Raises ``StoreFull``."""
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
             conn.execute(sa.insert(CONVERSATIONS).values(id=conversation_id, owner=owner, created_at=time.time(),
                                                          metadata=dumps(metadata)))
             self._append(conn, owner, conversation_id, items)
@@ -67,15 +69,28 @@ class ConversationStore:
 
     def delete(self, owner: str, conversation_id: str) -> bool:
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock: no item is added meanwhile
             if self._mine(conn, owner, conversation_id) is None:
                 return False
-            conn.execute(sa.delete(ITEMS).where(ITEMS.c.conversation_id == conversation_id))
+            self._drop_items(conn, owner, ITEMS.c.conversation_id == conversation_id)
             conn.execute(sa.delete(CONVERSATIONS).where(CONVERSATIONS.c.id == conversation_id))
         return True
 
+    @staticmethod
+    def _drop_items(conn: Connection, owner: str, where: sa.ColumnElement) -> int:
+        """Delete the items matching ``where`` (``owner``'s) and take their bytes off its use;
+        how many."""
+        count, size = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(ITEMS.c.size), 0))
+                                   .where(where)).one()
+        conn.execute(sa.delete(ITEMS).where(where))
+        charge(conn, owner, -int(size))
+        return int(count)
+
     def add_items(self, owner: str, conversation_id: str, items: list[dict[str, Any]]) -> bool:
-        """Append ``items``; False when ``owner`` has no such conversation. Raises ``StoreFull``."""
+        """Append ``items``; False when ``owner`` has no such conversation (or it is deleted
+        meanwhile: its existence is read under the store's write lock). Raises ``StoreFull``."""
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
             if self._mine(conn, owner, conversation_id) is None:
                 return False
             self._append(conn, owner, conversation_id, items)
@@ -115,8 +130,8 @@ class ConversationStore:
 
     def delete_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock
             if self._mine(conn, owner, conversation_id) is None:
                 return False
-            gone = conn.execute(sa.delete(ITEMS).where(ITEMS.c.conversation_id == conversation_id,
-                                                       ITEMS.c.item_id == item_id))
-        return gone.rowcount > 0
+            return self._drop_items(conn, owner, sa.and_(ITEMS.c.conversation_id == conversation_id,
+                                                         ITEMS.c.item_id == item_id)) > 0

@@ -85,16 +85,56 @@ def _private_file(database: Path) -> Iterator[None]:
     the file lock ``<database>.lock`` (waiting up to 60 s for another process's migration)."""
     database.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.close(os.open(database, os.O_CREAT | os.O_RDWR, 0o600))
+    _tighten(database.parent, 0o700)
+    for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
+        _tighten(path, 0o600)
     with FileLock(f"{database}.lock", timeout=60, mode=0o600):
         yield
 
 
+def _sqlite_transactional(connection, record) -> None:
+    """A migration's SQLite connection: Python's ``sqlite3`` left to itself commits a ``CREATE
+    TABLE`` at once (it opens a transaction only before DML), so a crash inside a migration left
+    its tables behind ("table already exists" on every start); here the driver opens none and
+    ``BEGIN IMMEDIATE`` (``_begin``) opens one before anything, DDL included (SQLAlchemy's
+    recipe for SQLite's transactional DDL)."""
+    _sqlite_pragmas(connection, record)
+    connection.isolation_level = None
+
+
+def _begin(conn) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """Take from ``path`` (if it is there, and this user's) the permissions beyond ``mode``: a
+    state left 0644/0755 by an earlier version, readable by every user of the host, is made
+    private, with a log line."""
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        st = path.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o777 & ~mode:
+            os.chmod(path, st.st_mode & 0o777 & mode)
+            logging.getLogger("glmserve.state").warning("%s was readable by others (mode %o): made %o", path,
+                                                        st.st_mode & 0o777, st.st_mode & 0o777 & mode)
+
+
 def _migrate(database: Engine) -> None:
+    """Migrate to the newest revision in one transaction (on both databases: a crash inside a
+    migration rolls all of it back)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # its INFO lines say nothing to a server's user
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with database.begin() as connection:
-        if database.dialect.name == "postgresql":
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    migrating = database
+    if database.dialect.name == "sqlite":
+        migrating = sa.create_engine(database.url, connect_args={"timeout": 10}, poolclass=sa.pool.NullPool)
+        sa.event.listen(migrating, "connect", _sqlite_transactional)
+        sa.event.listen(migrating, "begin", _begin)
+    try:
+        with migrating.begin() as connection:
+            if database.dialect.name == "postgresql":
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    finally:
+        if migrating is not database:
+            migrating.dispose()

@@ -3,10 +3,10 @@ here, scoped to an owner, their bytes in the state database in pieces of at most
 ``CHUNK_BYTES`` (``file_chunks``): written and read a piece at a time, so that no step holds a
 whole file (a 64 MiB upload was one value, copied whole while holding the interpreter's lock).
 
-Every file counts against the store's size bounds (``quota.Quota``); an upload must fit (the
-owner's oldest stored responses are deleted first to make room, then one that does not fit
-raises ``StoreFull``), the server's own output files are counted, never refused. Files do not
-expire. Blocking calls."""
+Every file counts against the store's size bounds (``quota.Quota``); an upload must fit (room
+is made as ``quota`` says, then one that does not fit raises ``StoreFull``); a batch's output
+and error files are written by ``BatchStore``'s build, a piece at a time. Files do not expire.
+Blocking calls."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from glmserve.state.quota import charge
 from glmserve.state.responses import ResponseStore
 from glmserve.state.tables import FILE_CHUNKS, FILES, keyset_page
 
@@ -55,19 +56,18 @@ class FileStore:
 
     _COLUMNS = (FILES.c.id, FILES.c.bytes, FILES.c.created_at, FILES.c.filename, FILES.c.purpose)
 
-    def create(self, owner: str, file_id: str, purpose: str, filename: str, content: bytes | Iterable[bytes],
-               bounded: bool = True) -> dict[str, Any]:
+    def create(self, owner: str, file_id: str, purpose: str, filename: str,
+               content: bytes | Iterable[bytes]) -> dict[str, Any]:
         """Store ``content`` (its bytes, or its bytes in pieces, read as they are stored: an
-        exception from the iterable stores nothing) as a new file; ``bounded``: an upload,
-        refused with ``StoreFull`` when it does not fit (the server's own output files are
-        not). One transaction: nobody sees the file before all of it is stored."""
+        exception from the iterable stores nothing) as a new file, refused with ``StoreFull``
+        when it does not fit. One transaction: nobody sees the file before all of it is
+        stored."""
         size = 0
         with self.database.begin() as conn:
             for seq, piece in enumerate(rechunk([content] if isinstance(content, bytes) else content)):
                 conn.execute(sa.insert(FILE_CHUNKS).values(file_id=file_id, seq=seq, data=piece))
                 size += len(piece)
-            if bounded:  # the pieces are not counted before the file's row is written
-                self.responses.quota.reserve(conn, owner, size)
+            self.responses.quota.reserve(conn, owner, size)
             conn.execute(sa.insert(FILES).values(id=file_id, owner=owner, created_at=time.time(), purpose=purpose,
                                                  filename=filename, bytes=size))
             row = conn.execute(sa.select(*self._COLUMNS).where(FILES.c.id == file_id)).first()
@@ -106,7 +106,11 @@ class FileStore:
 
     def delete(self, owner: str, file_id: str) -> bool:
         with self.database.begin() as conn:
-            gone = conn.execute(sa.delete(FILES).where(FILES.c.id == file_id, FILES.c.owner == owner)).rowcount > 0
-            if gone:
-                conn.execute(sa.delete(FILE_CHUNKS).where(FILE_CHUNKS.c.file_id == file_id))
-        return gone
+            charge(conn, owner, 0)  # the store's write lock
+            size = conn.execute(sa.select(FILES.c.bytes).where(FILES.c.id == file_id, FILES.c.owner == owner)).scalar()
+            if size is None:
+                return False
+            conn.execute(sa.delete(FILES).where(FILES.c.id == file_id))
+            conn.execute(sa.delete(FILE_CHUNKS).where(FILE_CHUNKS.c.file_id == file_id))
+            charge(conn, owner, -int(size))
+        return True

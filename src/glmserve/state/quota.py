@@ -1,101 +1,187 @@
 """The store's size bounds: ``--store-max-bytes`` over everything the state holds (stored
-responses, conversation items, files, batch lines with their results) and, with
-``--store-max-bytes-per-key``, over each owner's share of it.
+responses, conversation items, files, batch lines with their results) and a share of it per
+owner (an API key): ``--store-max-bytes-per-key``, by default ``--store-max-bytes`` divided by
+the number of the server's keys, so that no key can fill the store for the others.
 
-What a client asks to keep (an upload, conversation items, a batch's lines) must fit under both
-bounds: the owner's own oldest stored responses are deleted to make room, never another owner's
-data, and what still does not fit is refused (``StoreFull``: a 400 ``store_full``). Stored
-responses, kept like a cache for ``--store-ttl``, are trimmed after each write instead: the
-owner's oldest past the per-key bound, then the oldest of any owner past the total. What the
-server writes for a batch (line results, output files) is counted, never refused: a batch ends.
+Each owner's stored bytes, and all owners' together (the row ``TOTAL``), are kept in the table
+``store_usage``, changed in the same transaction as each write (``charge``): no write sums
+whole tables. ``charge`` updates the ``TOTAL`` row first: that takes SQLite's write lock (a
+write transaction's first statement) and a row lock on PostgreSQL, so the sizes a write
+checks cannot change under it before it commits (two uploads checked at once cannot both
+pass a bound).
+
+Making room (``Quota.reserve``, ``Quota.trim``) deletes stored responses only (kept like a
+cache, for ``--store-ttl``), never files, conversations or batches, and of those, only:
+
+1. the writer's own oldest, while the writer is past its share;
+2. then, while the total is past ``--store-max-bytes``: the oldest of the owners past their
+   share, each only down to its share; then the writer's own oldest.
+
+An owner within its share never loses data to another owner. A write of what a client asks
+to keep (an upload, conversation items, a batch's lines, a line's result) that still does not
+fit raises ``StoreFull`` (a 400 ``store_full`` naming the owner's use and the bound), and its
+transaction rolls back, deletions included; a stored response is written, and the bounds kept
+as far as deleting responses goes. Responses are deleted ``PAGE`` ids at a time (SQLite
+allows 32,766 parameters in one statement). A background run still going is never deleted.
 Blocking calls, inside the caller's transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from glmserve.state.tables import BATCH_LINES, BATCHES, CONVERSATIONS, FILES, ITEMS, RESPONSES, table_bytes
+from glmserve.state.tables import RESPONSES, USAGE
+
+TOTAL = "*"  # store_usage's row of all owners together (an owner is a 64-digit hex digest, or "")
+PAGE = 500  # responses read, and deleted, per statement while making room
+RUNNING = ("queued", "in_progress")  # a background run's statuses while it goes (never evicted)
 
 
 class StoreFull(Exception):
     """A write that would take the stored bytes past a bound."""
 
 
-def stored_bytes(conn: Connection) -> int:
-    """Bytes stored (responses, conversation items, files, batch lines), all owners together."""
-    return sum(table_bytes(conn, table) for table in (RESPONSES, ITEMS, FILES, BATCH_LINES))
+def charge(conn: Connection, owner: str, delta: int) -> tuple[int, int]:
+    """Add ``delta`` bytes (negative: freed) to ``owner``'s stored bytes and to the total;
+    ``(owner's bytes, total bytes)`` after. Its first statement updates the ``TOTAL`` row:
+    the store's write lock until the caller's transaction ends (call it first)."""
+    if conn.execute(sa.update(USAGE).where(USAGE.c.owner == TOTAL)
+                    .values(bytes=USAGE.c.bytes + delta)).rowcount == 0:
+        conn.execute(sa.insert(USAGE).values(owner=TOTAL, bytes=delta))
+    if owner != TOTAL and conn.execute(sa.update(USAGE).where(USAGE.c.owner == owner)
+                                       .values(bytes=USAGE.c.bytes + delta)).rowcount == 0:
+        conn.execute(sa.insert(USAGE).values(owner=owner, bytes=delta))
+    rows = dict(conn.execute(sa.select(USAGE.c.owner, USAGE.c.bytes).where(USAGE.c.owner.in_([owner, TOTAL]))).all())
+    return int(rows[owner]), int(rows[TOTAL])
+
+
+def charge_each(conn: Connection, freed: dict[str, int]) -> None:
+    """Take each owner's freed bytes (``{owner: bytes}``) off its and the total's use."""
+    for owner, size in freed.items():
+        if size:
+            charge(conn, owner, -size)
 
 
 def owner_bytes(conn: Connection, owner: str) -> int:
-    """Bytes stored for ``owner`` (the items of its conversations, the lines of its batches)."""
-    def total(size: sa.Column, source: sa.FromClause, mine: sa.ColumnElement) -> int:
-        query = sa.select(sa.func.coalesce(sa.func.sum(size), 0)).select_from(source).where(mine)
-        return int(conn.execute(query).scalar_one())
+    """Bytes stored for ``owner`` (its responses, files, batch lines, its conversations' items)."""
+    return int(conn.execute(sa.select(USAGE.c.bytes).where(USAGE.c.owner == owner)).scalar() or 0)
 
-    return (total(RESPONSES.c.size, RESPONSES, RESPONSES.c.owner == owner)
-            + total(FILES.c.bytes, FILES, FILES.c.owner == owner)
-            + total(ITEMS.c.size, ITEMS.join(CONVERSATIONS, CONVERSATIONS.c.id == ITEMS.c.conversation_id),
-                    CONVERSATIONS.c.owner == owner)
-            + total(BATCH_LINES.c.size, BATCH_LINES.join(BATCHES, BATCHES.c.id == BATCH_LINES.c.batch_id),
-                    BATCHES.c.owner == owner))
+
+def stored_bytes(conn: Connection) -> int:
+    """Bytes stored, all owners together."""
+    return owner_bytes(conn, TOTAL)
+
+
+def delete_responses(conn: Connection, where: sa.ColumnElement, limit: int | None = None) -> int:
+    """Delete the responses matching ``where`` (``limit``: at most that many), ``PAGE`` at a
+    time, and take their bytes off their owners' use; how many were deleted."""
+    freed: dict[str, int] = {}
+    count = 0
+    while limit is None or count < limit:
+        page = PAGE if limit is None else min(PAGE, limit - count)
+        rows = conn.execute(sa.select(RESPONSES.c.id, RESPONSES.c.owner, RESPONSES.c.size).where(where)
+                            .limit(page)).all()
+        _delete(conn, rows, freed)
+        count += len(rows)
+        if len(rows) < page:
+            break
+    charge_each(conn, freed)
+    return count
+
+
+def _delete(conn: Connection, rows: Iterable, freed: dict[str, int]) -> None:
+    rows = list(rows)
+    for start in range(0, len(rows), PAGE):
+        page = rows[start:start + PAGE]
+        conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id.in_([row.id for row in page])))
+        for row in page:
+            freed[row.owner] = freed.get(row.owner, 0) + int(row.size)
 
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """``max_bytes`` in all; ``max_bytes_per_key`` per owner (None: no per-owner bound)."""
+    """``max_bytes`` in all (None: no bound); ``max_bytes_per_key`` each owner's share (None:
+    ``max_bytes`` divided by ``keys``, the number of the server's API keys)."""
 
-    max_bytes: int
+    max_bytes: int | None = None
     max_bytes_per_key: int | None = None
+    keys: int = 1
 
-    def _excess(self, conn: Connection, owner: str, incoming: int) -> int:
-        excess = stored_bytes(conn) + incoming - self.max_bytes
+    @property
+    def share(self) -> int | None:
+        """The bytes one owner may keep (None: no bound)."""
         if self.max_bytes_per_key is not None:
-            excess = max(excess, owner_bytes(conn, owner) + incoming - self.max_bytes_per_key)
-        return excess
+            return self.max_bytes_per_key
+        return None if self.max_bytes is None else self.max_bytes // max(1, self.keys)
 
     def reserve(self, conn: Connection, owner: str, incoming: int) -> None:
-        """Make room for ``incoming`` bytes of ``owner``: its own oldest stored responses are
-        deleted while a bound would be passed. Raises ``StoreFull`` (deleting nothing) when
-        that is not enough."""
-        excess = self._excess(conn, owner, incoming)
-        if excess <= 0:
+        """Count ``incoming`` more bytes of ``owner`` and make room for them (see the module's
+        rules). Raises ``StoreFull`` when they do not fit; the caller's transaction then rolls
+        back, so nothing is counted or deleted."""
+        mine, total = charge(conn, owner, incoming)
+        self._make_room(conn, owner, mine, total, RESPONSES.c.id.is_not(None), incoming)
+
+    def trim(self, conn: Connection, owner: str, delta: int, keep: str) -> None:
+        """Count ``delta`` more bytes of ``owner``'s stored response ``keep`` and keep the
+        bounds by deleting other responses, as far as they go (never refused)."""
+        mine, total = charge(conn, owner, delta)
+        self._make_room(conn, owner, mine, total, RESPONSES.c.id != keep, None)
+
+    def _make_room(self, conn: Connection, owner: str, mine: int, total: int, others: sa.ColumnElement,
+                   incoming: int | None) -> None:
+        share = self.share
+        if share is None or self.max_bytes is None:
             return
-        doomed = _oldest(conn, excess, RESPONSES.c.owner == owner)
-        if doomed is None:
-            bound = ("--store-max-bytes-per-key", self.max_bytes_per_key) \
-                if self.max_bytes_per_key is not None and owner_bytes(conn, owner) + incoming > self.max_bytes_per_key \
-                else ("--store-max-bytes", self.max_bytes)
-            raise StoreFull(f"the server's store is full ({bound[0]} {bound[1]}): delete files, batches or "
-                            "conversations to make room")
-        conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id.in_(doomed)))
+        if mine > share:
+            freed = self._evict(conn, {owner: mine - share}, others, mine - share)
+            mine, total = mine - freed, total - freed
+            if mine > share and incoming is not None:
+                flag = "--store-max-bytes-per-key" if self.max_bytes_per_key is not None else \
+                    f"--store-max-bytes / {self.keys} keys; see --store-max-bytes-per-key"
+                raise StoreFull(f"the server's store is full for this API key: {incoming} bytes more would bring "
+                                f"its stored bytes to {mine}, past its share of {share} ({flag}): delete files, "
+                                "batches or conversations to make room")
+        if total > self.max_bytes:
+            over = {row.owner: int(row.bytes) - share for row in conn.execute(
+                sa.select(USAGE.c.owner, USAGE.c.bytes).where(USAGE.c.bytes > share, USAGE.c.owner != TOTAL,
+                                                              USAGE.c.owner != owner))}
+            if over:
+                total -= self._evict(conn, over, others, total - self.max_bytes)
+            if total > self.max_bytes:
+                total -= self._evict(conn, {owner: total - self.max_bytes}, others, total - self.max_bytes)
+            if total > self.max_bytes and incoming is not None:
+                raise StoreFull(f"the server's store is full: {incoming} bytes more would bring it to {total} bytes, "
+                                f"past --store-max-bytes {self.max_bytes} (this API key holds {mine}): delete "
+                                "files, batches or conversations to make room")
 
-    def trim(self, conn: Connection, owner: str, keep: str) -> None:
-        """After ``owner`` stored the response ``keep``: delete the owner's oldest other
-        responses past the per-key bound, then any owner's oldest responses past the total
-        (as far as responses go)."""
-        others = RESPONSES.c.id != keep
-        if self.max_bytes_per_key is not None:
-            excess = owner_bytes(conn, owner) - self.max_bytes_per_key
-            if excess > 0:
-                conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id.in_(
-                    _oldest(conn, excess, sa.and_(RESPONSES.c.owner == owner, others), partial=True) or [])))
-        excess = stored_bytes(conn) - self.max_bytes
-        if excess > 0:
-            conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id.in_(
-                _oldest(conn, excess, others, partial=True) or [])))
-
-
-def _oldest(conn: Connection, excess: int, where: sa.ColumnElement, partial: bool = False) -> list[str] | None:
-    """Ids of the oldest responses matching ``where`` whose sizes sum to at least ``excess``;
-    when they do not reach it: None, or (``partial``) all of them."""
-    doomed: list[str] = []
-    for row in conn.execute(sa.select(RESPONSES.c.id, RESPONSES.c.size).where(where)
-                            .order_by(RESPONSES.c.created_at, RESPONSES.c.id)):
-        if excess <= 0:
-            break
-        doomed.append(row.id)
-        excess -= row.size
-    return doomed if excess <= 0 or partial else None
+    @staticmethod
+    def _evict(conn: Connection, excess: dict[str, int], others: sa.ColumnElement, cap: int) -> int:
+        """Delete the oldest ended responses of the owners in ``excess`` (``{owner: bytes to
+        free}``, each freed no further than that) that match ``others``, until ``cap`` bytes
+        are freed in all or none is left; the bytes freed."""
+        freed: dict[str, int] = {}
+        doomed: list = []
+        total, after = 0, None
+        order = (RESPONSES.c.created_at, RESPONSES.c.id)
+        where = sa.and_(RESPONSES.c.owner.in_(list(excess)), RESPONSES.c.status.not_in(RUNNING), others)
+        while total < cap and any(v > 0 for v in excess.values()):
+            query = sa.select(RESPONSES.c.id, RESPONSES.c.owner, RESPONSES.c.size, *order).where(where)
+            if after is not None:
+                query = query.where(sa.tuple_(*order) > sa.tuple_(*(sa.literal(v) for v in after)))
+            rows = conn.execute(query.order_by(*order).limit(PAGE)).all()
+            if not rows:
+                break
+            for row in rows:
+                if total >= cap:
+                    break
+                if excess[row.owner] > 0:
+                    doomed.append(row)
+                    excess[row.owner] -= int(row.size)
+                    total += int(row.size)
+            after = (rows[-1].created_at, rows[-1].id)
+        _delete(conn, doomed, freed)
+        charge_each(conn, freed)
+        return total

@@ -15,10 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from glmserve.state.quota import Quota, stored_bytes
+from glmserve.state.quota import RUNNING, TOTAL, Quota, charge, delete_responses, stored_bytes
 from glmserve.state.tables import RESPONSES, db_now, dumps
-
-RUNNING = ("queued", "in_progress")  # the statuses of a background run not yet ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +37,22 @@ class StoredResponse:
 class ResponseStore:
     """Responses in the state ``database`` (``state.open_database``, a SQLAlchemy engine):
     ``ttl_s`` seconds after it was made a response is gone (unreadable at once, deleted by ``purge``); past
-    ``max_bytes`` stored in all (or ``max_bytes_per_key`` by one owner), the oldest are deleted
-    to make room (``quota.Quota``, which the other stores of the database share)."""
+    ``max_bytes`` stored in all, or an owner past its share (``max_bytes_per_key``; None: the
+    total over ``keys``, the server's API keys), the oldest are deleted to make room
+    (``quota.Quota``, which the other stores of the database share)."""
 
-    def __init__(self, database: Engine, ttl_s: float, max_bytes: int, max_bytes_per_key: int | None = None) -> None:
+    def __init__(self, database: Engine, ttl_s: float, max_bytes: int, max_bytes_per_key: int | None = None,
+                 keys: int = 1) -> None:
         self.database, self.ttl_s = database, ttl_s
-        self.quota = Quota(max_bytes, max_bytes_per_key)
+        self.quota = Quota(max_bytes, max_bytes_per_key, keys)
 
     def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]],
-            unless_cancelled: bool = False) -> bool:
+            unless_cancelled: bool = False, update_only: bool = False) -> bool:
         """Insert the response ``body`` (``body["id"]`` its key) or replace the one stored under
         its id (a background run's later states), then keep the bounds (``Quota.trim``);
         ``unless_cancelled``: leave a stored ``cancelled`` response as it is (a run cancelled
-        from another replica). Whether it was written."""
+        from another replica); ``update_only``: write it only over a stored one (a background
+        run's later state: a response deleted meanwhile stays deleted). Whether it was written."""
         text, items = dumps(body), dumps(input_items)
         now = time.time()
         row = {"owner": owner, "status": body.get("status", ""), "body": text, "input_items": items,
@@ -59,17 +60,18 @@ class ResponseStore:
                "heartbeat_at": now if body.get("status") in RUNNING else None}
         mine = sa.and_(RESPONSES.c.id == body["id"], RESPONSES.c.owner == owner)
         with self.database.begin() as conn:
+            charge(conn, owner, 0)  # the store's write lock, before anything is read
             if row["heartbeat_at"] is not None:
                 row["heartbeat_at"] = db_now(conn)
-            query = sa.update(RESPONSES).where(mine)
-            if unless_cancelled:
-                query = query.where(RESPONSES.c.status != "cancelled")
-            if conn.execute(query.values(**row)).rowcount == 0:
-                if conn.execute(sa.select(RESPONSES.c.id).where(mine)).first() is not None:
-                    return False  # cancelled meanwhile
+            old = conn.execute(sa.select(RESPONSES.c.status, RESPONSES.c.size).where(mine)).first()
+            if old is None and update_only or old is not None and unless_cancelled and old.status == "cancelled":
+                return False  # deleted or cancelled meanwhile
+            if old is None:
                 conn.execute(sa.insert(RESPONSES).values(id=body["id"], created_at=now, expires_at=now + self.ttl_s,
                                                          **row))
-            self.quota.trim(conn, owner, body["id"])
+            else:
+                conn.execute(sa.update(RESPONSES).where(mine).values(**row))
+            self.quota.trim(conn, owner, row["size"] - (0 if old is None else int(old.size)), body["id"])
         return True
 
     def status(self, owner: str, response_id: str) -> str | None:
@@ -101,11 +103,18 @@ class ResponseStore:
         """Store ``cancelled`` (the response, ``cancelled``) if its stored run is still going
         (``RUNNING``): a run that ended meanwhile keeps its end. Whether it was written."""
         text = dumps(cancelled)
+        running = sa.and_(RESPONSES.c.id == cancelled["id"], RESPONSES.c.owner == owner,
+                          RESPONSES.c.status.in_(RUNNING))
         with self.database.begin() as conn:
-            return conn.execute(sa.update(RESPONSES).where(
-                RESPONSES.c.id == cancelled["id"], RESPONSES.c.owner == owner, RESPONSES.c.status.in_(RUNNING))
-                .values(status=cancelled["status"], body=text, heartbeat_at=None,
-                        size=len(text.encode()) + sa.func.length(RESPONSES.c.input_items))).rowcount > 0
+            charge(conn, owner, 0)  # the store's write lock
+            old = conn.execute(sa.select(RESPONSES.c.size, RESPONSES.c.body).where(running)).first()
+            if old is None:
+                return False
+            size = int(old.size) - len(old.body.encode()) + len(text.encode())
+            conn.execute(sa.update(RESPONSES).where(running).values(status=cancelled["status"], body=text,
+                                                                   heartbeat_at=None, size=size))
+            charge(conn, owner, size - int(old.size))
+        return True
 
     def fail_lost(self, owner: str, seen: StoredResponse, failed: dict[str, Any]) -> bool:
         """Store ``failed`` (the response, ended) in place of ``seen``, a run whose server
@@ -114,25 +123,38 @@ class ResponseStore:
         text = dumps(failed)
         beat = (RESPONSES.c.heartbeat_at.is_(None) if seen.heartbeat_at is None
                 else RESPONSES.c.heartbeat_at == seen.heartbeat_at)
+        unchanged = sa.and_(RESPONSES.c.id == failed["id"], RESPONSES.c.owner == owner, beat,
+                            RESPONSES.c.status == seen.body.get("status"))
         with self.database.begin() as conn:
-            return conn.execute(sa.update(RESPONSES).where(
-                RESPONSES.c.id == failed["id"], RESPONSES.c.owner == owner, beat,
-                RESPONSES.c.status == seen.body.get("status")).values(
-                    status=failed["status"], body=text, heartbeat_at=None,
-                    size=len(text.encode()) + len(dumps(seen.input_items).encode()))).rowcount > 0
+            charge(conn, owner, 0)  # the store's write lock
+            old = conn.execute(sa.select(RESPONSES.c.size, RESPONSES.c.body).where(unchanged)).first()
+            if old is None:
+                return False
+            size = int(old.size) - len(old.body.encode()) + len(text.encode())
+            conn.execute(sa.update(RESPONSES).where(unchanged).values(status=failed["status"], body=text,
+                                                                     heartbeat_at=None, size=size))
+            charge(conn, owner, size - int(old.size))
+        return True
 
     def delete(self, owner: str, response_id: str) -> bool:
         """Delete ``response_id`` if ``owner`` stored it; whether there was one to delete."""
         with self.database.begin() as conn:
-            gone = conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.id == response_id, RESPONSES.c.owner == owner,
-                                                           RESPONSES.c.expires_at > time.time()))
-        return gone.rowcount > 0
+            charge(conn, owner, 0)  # the store's write lock
+            return delete_responses(conn, sa.and_(RESPONSES.c.id == response_id, RESPONSES.c.owner == owner,
+                                                  RESPONSES.c.expires_at > time.time())) > 0
 
-    def purge(self, now: float | None = None) -> int:
-        """Delete the responses expired at ``now`` (default: the clock); how many."""
-        with self.database.begin() as conn:
-            gone = conn.execute(sa.delete(RESPONSES).where(RESPONSES.c.expires_at <= (now or time.time())))
-        return gone.rowcount
+    def purge(self, now: float | None = None, page: int = 5000) -> int:
+        """Delete the responses expired at ``now`` (default: the clock), ``page`` at most per
+        transaction (the write lock is given up between them); how many."""
+        expired = RESPONSES.c.expires_at <= (now or time.time())
+        count = 0
+        while True:
+            with self.database.begin() as conn:
+                charge(conn, TOTAL, 0)  # the store's write lock
+                gone = delete_responses(conn, expired, page)
+            count += gone
+            if gone < page:
+                return count
 
     def total_bytes(self) -> int:
         """Bytes stored (``quota.stored_bytes``), all owners together."""

@@ -63,6 +63,8 @@ BATCHES = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("body", sa.Text, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=True),  # the end of its completion window
+    sa.Column("build", sa.Text, nullable=True),  # an ending batch's files being written (batches.Build, JSON)
+    sa.Column("build_at", sa.Float, nullable=True),  # when its builder last wrote a piece (db_now)
 )
 BATCH_LINES = sa.Table(
     "batch_lines", METADATA,
@@ -81,6 +83,13 @@ BATCH_LINES = sa.Table(
     sa.Column("retries", sa.Integer, nullable=False, server_default="0"),  # claims that ended in a 429/503
     sa.Column("not_before", sa.Float, nullable=True),  # a retried line's back-off
     sa.Column("size", sa.BigInteger, nullable=False, server_default="0"),  # bytes of its request and result
+)
+
+
+USAGE = sa.Table(  # bytes stored per owner, kept in the transaction of each write (state/quota.py)
+    "store_usage", METADATA,
+    sa.Column("owner", sa.String(64), primary_key=True),  # quota.TOTAL: all owners together
+    sa.Column("bytes", sa.BigInteger, nullable=False),
 )
 
 
@@ -116,11 +125,3 @@ def keyset_page(conn: Connection, query: sa.Select, columns: tuple[sa.ColumnElem
         query = query.where(row < mark if descending else row > mark)
     return list(conn.execute(query.order_by(*(c.desc() if descending else c.asc() for c in columns))
                              .limit(limit + 1)))
-
-
-def table_bytes(conn: Connection, table: sa.Table) -> int:
-    """Bytes stored in ``table`` (its ``size`` or ``bytes`` column), all owners together."""
-    size = table.c.bytes if "bytes" in table.c else table.c.size
-    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(size), 0))).scalar_one())
-
-

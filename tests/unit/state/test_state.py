@@ -311,14 +311,14 @@ def test_the_bounds_count_everything_and_one_key_never_evicts_another(tmp_path):
     before = owner_bytes(store.database.connect(), "b")
     batches.create("b", "batch_b", "openai", {"status": "in_progress"}, [("l1", {"text": "u" * 1000})])
     [line] = batches.claim("r", 1, 30.0)
-    batches.complete(line.id, 200, {"answer": "t" * 3000})
+    batches.complete(line.id, "b", 200, {"answer": "t" * 3000})
     with store.database.connect() as conn:
         assert owner_bytes(conn, "b") - before > 4000
-    # the total bound: c's responses may push out the oldest of anyone's responses (a cache with
-    # a TTL), never a file
+    # c's responses past its share push out its own oldest, never another key's, never a file
     for i in range(40):
         store.put("c", {"id": f"resp_c{i}", "status": "completed", "text": "s" * 2000}, [])
     assert store.total_bytes() <= 60_000 and files.get("a", "file-a1") is not None
+    assert all(store.get("b", f"resp_b{i}") is not None for i in range(4))
 
 
 def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tmp_path):

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from glmserve.serving.batches.service import BatchService
-from glmserve.state import ClaimedLine
+from glmserve.serving.batches.service import BUILD_LEASE_S, BatchService
+from glmserve.state import ClaimedLine, StoreFull
 
 log = logging.getLogger("glmserve.batches")
 
@@ -23,6 +23,7 @@ QUIET_S = 1.0  # no new line starts until interactive requests have left the eng
 TRANSIENT = (429, 503, 529)  # refusals for now (queue full, model busy, overloaded): retried, never a result
 MAX_LOST = 3  # a line whose runs ended this many times with nothing recorded (its server died) is failed
 MAX_BACKOFF_S = 60.0
+SWEEP_BATCHES = 20  # batches ended per pass of the loop at most
 IDLE_POLL_S = 10.0  # no batch unfinished in the database: looked at again this often (or when woken)
 
 
@@ -98,17 +99,34 @@ class BatchRunner:
         service.wake = self._wake.set
 
     async def run_forever(self) -> None:
+        beating = asyncio.create_task(self._beat_forever())
+        try:
+            await self._loop()
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    async def _beat_forever(self) -> None:
+        """Keep the claims of the lines running here fresh every ``LEASE_S / 3``, on a timer of
+        its own: a slow pass of the loop (a batch's files being written, a busy database) does
+        not let them lapse."""
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            try:
+                if self._running:
+                    await asyncio.to_thread(self.service.batches.heartbeat, self.runner_id, list(self._running))
+            except Exception:  # noqa: BLE001 (a database hiccup: the next beat tries again)
+                log.exception("renewing batch lines' claims failed")
+
+    async def _loop(self) -> None:
         store = self.service.batches
-        last_beat = last_finish = 0.0
+        last_finish = 0.0
         was_running, woken = False, True
         idle = False  # the database held no unfinished batch at the last look, and no line ran here
         while True:
             try:
                 now = time.monotonic()
-                if now - last_beat > LEASE_S / 3:
-                    if self._running:  # the claims of the lines running here kept fresh
-                        await asyncio.to_thread(store.heartbeat, self.runner_id, list(self._running))
-                    last_beat = now
                 # idle, the database is looked at again after idle_poll_s or when the service wakes
                 # the runner (a batch created here); another server's new batch waits that long here
                 if not idle or woken or now - last_finish > self.idle_poll_s:
@@ -118,12 +136,13 @@ class BatchRunner:
                     # have ended; not when interactive requests come and go (a round trip each)
                     if now - last_finish > self.poll_s or woken or (was_running and not claimed and
                                                                     not self._running):
-                        unfinished = await asyncio.to_thread(store.unfinished)
-                        expired = set(await asyncio.to_thread(store.expired)) if unfinished else set()
-                        for batch_id in unfinished:
-                            await self.service.finish_if_done(batch_id, expire=batch_id in expired)
+                        # the batches to end now, SWEEP_BATCHES a pass at most: one query, however
+                        # many batches wait on lines (of a model no server has, say)
+                        for batch_id, expired in await asyncio.to_thread(store.ready, BUILD_LEASE_S,
+                                                                         SWEEP_BATCHES):
+                            await self.service.finish_if_done(batch_id, expire=expired)
                         last_finish = now
-                        idle = not unfinished and not self._running
+                        idle = not self._running and not await asyncio.to_thread(store.unfinished)
                 was_running = bool(self._running)
             except asyncio.CancelledError:
                 raise
@@ -149,7 +168,8 @@ class BatchRunner:
         if free <= 0:
             return []
         models = None if self.models is None else self.models()
-        claimed = await asyncio.to_thread(self.service.batches.claim, self.runner_id, free, LEASE_S, models)
+        claimed = await asyncio.to_thread(self.service.batches.claim, self.runner_id, free, LEASE_S, models,
+                                          list(self._running))
         for line in claimed:
             self._running[line.id] = asyncio.create_task(self._run(line))
         return claimed
@@ -160,14 +180,19 @@ class BatchRunner:
             if line.lost >= MAX_LOST:
                 log.error("batch %s line %s: lost %d times, recorded as failed", line.batch_id, line.custom_id,
                           line.lost)
-                await asyncio.to_thread(store.complete, line.id, 500, lost_error(line))
+                await asyncio.to_thread(store.complete, line.id, line.owner, 500, lost_error(line))
                 return
             url = "/v1/messages" if line.api == "anthropic" else await self._endpoint(line.batch_id)
             status, body = await self.dispatch(line.owner, url, line.request)
             if status in TRANSIENT:
                 await asyncio.to_thread(store.retry_later, self.runner_id, line.id, backoff_s)
             else:
-                await asyncio.to_thread(store.complete, line.id, status, body)
+                await asyncio.to_thread(store.complete, line.id, line.owner, status, body)
+        except StoreFull as exc:  # the line is recorded with the error; its batch ends failed
+            try:
+                await self.service.stop_full(line.batch_id, str(exc))
+            except Exception:  # noqa: BLE001 (its batch goes on; the next line's result stops it)
+                log.exception("batch %s: stopping it for a full store failed", line.batch_id)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 (the claim lapses; a line lost MAX_LOST times is failed)

@@ -36,7 +36,9 @@ from typing import Any, BinaryIO
 from glmserve.protocol.errors import APIError, invalid_request
 from glmserve.serving.batches.files import checked_utf8, jsonl, lines_of, parse_lines
 from glmserve.serving.items import is_stored_id, list_object, unknown_cursor
-from glmserve.state import BatchStore, FileStore, StoreFull, UnknownCursor
+from glmserve.state import BatchStore, Build, FileStore, LostBuild, StoreFull, UnknownCursor
+from glmserve.state.batches import FINALIZING
+from glmserve.state.files import rechunk
 
 log = logging.getLogger("glmserve.batches")
 
@@ -56,6 +58,9 @@ def _lower_priority() -> None:
 # file, in threads that give way to the engine's (a stream's next token) on a busy machine
 _BULK = concurrent.futures.ThreadPoolExecutor(2, "glmserve-bulk", initializer=_lower_priority)
 ENDED = ("completed", "failed", "cancelled", "expired", "ended")  # a batch's final statuses (body_status)
+_FILES = ("output_file_id", "error_file_id")  # an ended OpenAI batch's files: 200 lines, the others
+PIECE_LINES = 500  # lines written per piece of a batch's files (one short transaction each)
+BUILD_LEASE_S = 60.0  # a build with no piece written for this long lost its server: taken over
 
 
 
@@ -254,6 +259,17 @@ class BatchService:
             raise invalid_request(f"batch '{batch_id}' has not ended yet: its results are not ready", None)
         not_run = {"type": "expired"} if body["status"] == "expired" else {"type": "canceled"}
 
+        async def pages() -> AsyncIterator[bytes]:
+            after = -1
+            while (page := await self._call(self, "_results_page", batch_id, after, not_run))[0]:
+                yield page[0]
+                after = page[1]
+        return pages()
+
+    def _results_page(self, batch_id: str, after: int, not_run: dict) -> tuple[bytes, int]:
+        """Blocking (a worker thread: encoding 1000 results is milliseconds of CPU, kept off the
+        event loop): a page of Anthropic result lines after line ``after`` and the page's last
+        line (``b""`` past the end)."""
         def result(line) -> dict:
             if line.status_code is None:
                 return not_run
@@ -261,52 +277,70 @@ class BatchService:
                 return {"type": "succeeded", "message": line.result}
             return {"type": "errored", "error": line.result}
 
-        async def pages() -> AsyncIterator[bytes]:
-            after = -1
-            while page := await self._call(self.batches, "results_page", batch_id, after):
-                yield b"".join(jsonl({"custom_id": line.custom_id, "result": result(line)} for line in page))
-                after = page[-1].line_no
-        return pages()
+        page = self.batches.results_page(batch_id, after)
+        if not page:
+            return b"", after
+        return b"".join(jsonl({"custom_id": line.custom_id, "result": result(line)} for line in page)), page[-1].line_no
 
     # --- finishing ------------------------------------------------------------------------
 
     async def finish_if_done(self, batch_id: str, expire: bool = False) -> None:
         """If no line of the batch is left to run (or, cancelling, none is running), write its
-        results and end it: ``completed`` (OpenAI: output and error files) or ``cancelled``;
-        Anthropic's ``ended``. ``expire``: its window has ended: end it now, ``expired``, its
-        lines not run listed as such (OpenAI's error file: ``batch_expired``; Anthropic's
-        results: ``expired``)."""
+        results and end it: ``completed`` (OpenAI: output and error files), ``cancelled``, or
+        ``failed`` when a result did not fit the store (``stop_full``); Anthropic's ``ended``.
+        ``expire``: its window has ended: end it now, ``expired``, its lines not run listed as
+        such (OpenAI's error file: ``batch_expired``; Anthropic's results: ``expired``). An
+        OpenAI batch is ``finalizing`` while its files are written (``BatchStore.begin_build``),
+        and one whose builder stopped is taken over here."""
         body = await self._call(self.batches, "body", batch_id)
-        if body is None or body["status"] not in ("in_progress", "cancelling"):
+        if body is None:
+            return
+        if body["status"] == FINALIZING:
+            taken = await self._call(self.batches, "take_build", batch_id, BUILD_LEASE_S)
+            if taken is not None:
+                await self._build(batch_id, body, *taken)
+            return
+        if body["status"] not in ("in_progress", "cancelling"):
             return
         total, done, failed, in_flight = await self._call(self.batches, "counts", batch_id)
         if not expire and (body["status"] == "in_progress" and done < total
                            or body["status"] == "cancelling" and in_flight):
             return
-        owner = await self._call(self.batches, "owner_of", batch_id)
         now = time.time()
-        status = "expired" if expire else "cancelled" if body["status"] == "cancelling" else "completed"
+        status = "expired" if expire else "failed" if body.get("errors") else \
+            "cancelled" if body["status"] == "cancelling" else "completed"
         if body.get("type") == "message_batch":
             ended = _with_counts({**body, "status": status}, total, done, failed)
             ended.update(status="ended" if status != "expired" else status, processing_status="ended",
                          ended_at=_rfc3339(now))
-        else:
-            ended = await self._call(self, "_openai_files", body, owner, expire, bulk=True)
-            ended = _with_counts(ended, total, done, failed)
-            ended.update(status=status, finalizing_at=int(now), **{f"{status}_at": int(now)})
-        if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
-            log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
-            if body.get("type") != "message_batch":  # its files hold the results now
-                await self._call(self.batches, "drop_lines", batch_id)
-        else:  # another server ended it first: these files are nobody's
-            for key in ("output_file_id", "error_file_id"):
-                if ended.get(key) and ended[key] != body.get(key):
-                    await self._call(self.files, "delete", owner, ended[key])
+            if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
+                log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
+            return
+        build = Build(status, [total, done, failed], {key: [f"file-{uuid.uuid4().hex}", 0, 0] for key in _FILES})
+        finalizing = {**_with_counts(body, total, done, failed), "status": FINALIZING, "finalizing_at": int(now)}
+        seen = await self._call(self.batches, "begin_build", batch_id, finalizing, build, ("in_progress", "cancelling"))
+        if seen is not None:
+            await self._build(batch_id, finalizing, seen, build)
 
-    def _openai_files(self, body: dict, owner: str, expired: bool) -> dict:
-        """Blocking (a worker thread: a batch of 50,000 lines makes files of many MiB): the
-        ended batch's output and error files stored as their lines are read (a page at a time)
-        and made, none where it would be empty; ``body`` with their ids."""
+    async def _build(self, batch_id: str, body: dict, seen: str, build: Build) -> None:
+        owner = await self._call(self.batches, "owner_of", batch_id)
+        try:
+            ended = await self._call(self, "_write_files", batch_id, owner, body, seen, build, bulk=True)
+        except LostBuild:
+            log.warning("batch %s: another server took over writing its files", batch_id)
+            return
+        if ended is not None:
+            total, done, failed = build.counts
+            log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
+
+    def _write_files(self, batch_id: str, owner: str, body: dict, seen: str, build: Build) -> dict | None:
+        """Blocking (a bulk worker: a batch of 50,000 lines makes files of many MiB): the
+        ending batch's output and error files written from its lines, a page of lines a piece
+        (``BatchStore.write_piece``: one short transaction each, the lines written deleted),
+        then the batch ended with the files that are not empty (``end_build``). The ended
+        batch, or None when another server ended it. Raises ``LostBuild``."""
+        expired = build.status == "expired"
+
         def record(line) -> dict:
             if line.status_code is None:  # not run before the batch expired
                 return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
@@ -316,18 +350,41 @@ class BatchService:
                     "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
                                  "body": line.result}, "error": None}
 
-        kept = {"output_file_id": lambda line: line.status_code == 200,  # the rest: the error file
-                "error_file_id": lambda line: line.status_code != 200 and (expired or line.status_code is not None)}
-        ended = dict(body)
-        for key, keep in kept.items():
-            lines = (record(line) for line in self.batches.results(body["id"]) if keep(line))
-            file = self.files.create(owner, f"file-{uuid.uuid4().hex}", "batch_output",
-                                     f"{body['id']}_{key.split('_')[0]}.jsonl", jsonl(lines), False)
-            if file["bytes"]:
-                ended[key] = file["id"]
-            else:
-                self.files.delete(owner, file["id"])
-        return ended
+        def kind(line) -> str | None:
+            if line.status_code == 200:
+                return "output_file_id"
+            return "error_file_id" if expired or line.status_code is not None else None
+
+        while page := self.batches.results_page(batch_id, build.after, PIECE_LINES):
+            pieces: dict[str, list[bytes]] = {key: [] for key in _FILES}
+            for key in _FILES:
+                lines = (record(line) for line in page if kind(line) == key)
+                pieces[key] = list(rechunk(jsonl(lines)))
+                build.files[key][1] += len(pieces[key])
+                build.files[key][2] += sum(len(piece) for piece in pieces[key])
+            build.after = page[-1].line_no
+            seen = self.batches.write_piece(batch_id, owner, seen, build, pieces, build.after)
+        now = int(time.time())
+        ended = {**body, **{key: file_id for key, (file_id, _, size) in build.files.items() if size},
+                 "status": build.status, f"{build.status}_at": now}
+        files = [(file_id, f"{batch_id}_{key.split('_')[0]}.jsonl", size)
+                 for key, (file_id, _, size) in build.files.items() if size]
+        return ended if self.batches.end_build(batch_id, owner, seen, ended, files) else None
+
+    async def stop_full(self, batch_id: str, message: str) -> None:
+        """A line's result did not fit the store (``StoreFull``): no new line of the batch
+        starts, and it ends ``failed`` (Anthropic: ``ended``) with ``message`` in its
+        ``errors`` once the lines running end; what it stored is kept (the line is in its error
+        file as a ``store_full`` error)."""
+        body = await self._call(self.batches, "body", batch_id)
+        if body is None or body["status"] != "in_progress":
+            return
+        body = _cancelling(body, time.time())
+        if body.get("type") != "message_batch":
+            body["errors"] = {"object": "list", "data": [{"code": "store_full", "message": message, "param": None,
+                                                          "line": None}]}
+        if await self._call(self.batches, "update", batch_id, body, ("in_progress",)):
+            log.warning("batch %s stopped: %s", batch_id, message)
 
 
 async def _bulk(fn, *args):

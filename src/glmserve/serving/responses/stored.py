@@ -337,12 +337,16 @@ class _Keep:
         return self.store or self.conversation is not None
 
     async def put(self, body: dict) -> bool:
-        """Store this state of the response; False when a background run was cancelled
-        meanwhile (from another replica: the stored ``cancelled`` stays)."""
+        """Store this state of the response; False when a background run was cancelled or
+        deleted meanwhile (from another replica: the stored ``cancelled`` stays)."""
         if not self.store:
             return True
+        background = bool(body.get("background"))
+        # a background run's later states are written over its stored one only: a response
+        # deleted meanwhile (from another replica too) stays deleted
         return await asyncio.to_thread(self.storage.store.put, self.owner, body, self.items,
-                                       bool(body.get("background")) and body.get("status") != "cancelled")
+                                       background and body.get("status") != "cancelled",
+                                       background and body.get("status") != "queued")
 
     async def __call__(self, body: dict) -> None:
         if not await self.put(body):

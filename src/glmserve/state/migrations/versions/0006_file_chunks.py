@@ -17,13 +17,20 @@ branch_labels = None
 depends_on = None
 
 
+def _recreate() -> str:
+    """SQLite drops a column by copying the table (its ``DROP COLUMN`` came in 3.35; RHEL 9 and
+    Debian 11 have 3.34); PostgreSQL alters it."""
+    return "always" if op.get_bind().dialect.name == "sqlite" else "never"
+
+
 def upgrade() -> None:
     op.create_table("file_chunks",
                     sa.Column("file_id", sa.String(80), primary_key=True),
                     sa.Column("seq", sa.Integer, primary_key=True),
                     sa.Column("data", sa.LargeBinary, nullable=False))
     op.execute("INSERT INTO file_chunks (file_id, seq, data) SELECT id, 0, content FROM files")
-    op.drop_column("files", "content")
+    with op.batch_alter_table("files", recreate=_recreate()) as files:  # SQLite < 3.35 has no DROP COLUMN
+        files.drop_column("content")
     op.create_index("batch_lines_order", "batch_lines", ["batch_id", "line_no"])
 
 
