@@ -78,10 +78,8 @@ class StateSettings(BaseModel):
     store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes the state keeps in all (responses, conversations, "
                                                             "files, batches); past it the oldest responses go.")
     store_max_bytes_per_key: int | None = Field(
-        None, ge=1, description="Bytes the state keeps for one API key (default: --store-max-bytes divided by the "
-                                "number of keys); past it that key's oldest responses go, then its uploads, "
-                                "conversation items and batches are refused. No key loses data to another while "
-                                "within its share.")
+        None, ge=1, description="Bytes one API key keeps (default: --store-max-bytes / the number of keys); past it "
+                                "its oldest responses go, then its writes are refused.")
 
     @field_validator("database_url")
     @classmethod
