@@ -31,7 +31,7 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     ``STARTUP_ERRORS`` as ``start_runtime`` does (``DatabaseError``: the state database cannot
     be opened), before any engine starts."""
     ttl_s = settings.store_ttl_s()
-    database = open_database(settings.state_database_url())
+    database = open_database(settings.state_database_url(), private_folder=settings.database_url is None)
     keys = {*settings.api_key, *settings.admin_api_key}  # the owners of what is stored (one: no key)
     store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key, len(keys))
     runtime = start_runtime(settings)

@@ -38,6 +38,9 @@ from glmserve.state.quota import Quota, StoreFull, charge
 from glmserve.state.tables import BATCH_LINES, BATCHES, FILE_CHUNKS, FILES, db_now, dumps, keyset_page
 
 RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (cancelling: none new)
+# an output file's line takes this many bytes beyond its result and custom_id (ids, status, keys:
+# 171 in OpenAI's shape, compact): counted with the result, so that writing the file adds nothing
+RECORD_BYTES = 180
 FINALIZING = "finalizing"  # an OpenAI batch whose files are being written (OpenAI's status for it)
 
 
@@ -228,14 +231,15 @@ class BatchStore:
     def _record(self, line_id: int, owner: str, status_code: int, text: str, bounded: bool) -> bool:
         with self.database.begin() as conn:
             charge(conn, owner, 0)  # the store's write lock
+            size = len(text) + RECORD_BYTES
             done = conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id == line_id,
                                                              BATCH_LINES.c.done.is_(False))
                                 .values(done=True, status_code=status_code, result=text,
-                                        size=BATCH_LINES.c.size + len(text))).rowcount > 0
+                                        size=BATCH_LINES.c.size + size)).rowcount > 0
             if done and bounded:
-                self.quota.reserve(conn, owner, len(text))
+                self.quota.reserve(conn, owner, size)
             elif done:
-                charge(conn, owner, len(text))
+                charge(conn, owner, size)
         return done
 
     def counts(self, batch_id: str) -> tuple[int, int, int, int]:
@@ -333,8 +337,9 @@ class BatchStore:
                     last_line: int) -> str:
         """One piece of a build, one transaction: ``pieces`` (``{key: [bytes, ...]}``, each at
         most ``files.CHUNK_BYTES``) appended to the build's files, the lines up to ``last_line``
-        deleted (their results are in the files now), the bytes counted (never refused: what
-        is written is what the lines held, less their requests), ``build`` (the state after
+        deleted (their results are in the files now), the bytes counted (never refused: a
+        line's result was counted with ``RECORD_BYTES``, its line in the file's size, and its
+        request is freed), ``build`` (the state after
         this piece) recorded. The new state's text; raises ``LostBuild`` when the recorded
         state is not ``seen`` (another server took the build over)."""
         text = build.text()

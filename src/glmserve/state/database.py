@@ -52,10 +52,12 @@ def _sqlite_pragmas(connection, _record) -> None:
     cursor.close()
 
 
-def open_database(url: str) -> Engine:
-    """The state database on ``url``, a SQLAlchemy engine (``postgresql://...`` or ``sqlite:///PATH``; an SQLite file's folder
-    is created), its schema migrated to the newest revision. Raises ``DatabaseError`` with a
-    one-line reason when the database cannot be reached, created or migrated."""
+def open_database(url: str, private_folder: bool = False) -> Engine:
+    """The state database on ``url``, a SQLAlchemy engine (``postgresql://...`` or
+    ``sqlite:///PATH``; an SQLite file's folder is created, and made 0700 when
+    ``private_folder``: ``--state-dir``, not a folder the user named), its schema migrated to
+    the newest revision. Raises ``DatabaseError`` with a one-line reason when the database
+    cannot be reached, created or migrated."""
     try:
         full = sqlalchemy_url(url)
     except ValueError as exc:
@@ -65,7 +67,7 @@ def open_database(url: str) -> Engine:
         if full.startswith("sqlite"):
             file = sa.engine.make_url(full).database
             if file and file != ":memory:":
-                lock = _private_file(Path(file))
+                lock = _private_file(Path(file), private_folder)
             database = sa.create_engine(full, connect_args={"timeout": 10})
             sa.event.listen(database, "connect", _sqlite_pragmas)
         else:
@@ -80,12 +82,14 @@ def open_database(url: str) -> Engine:
 
 
 @contextlib.contextmanager
-def _private_file(database: Path) -> Iterator[None]:
-    """Create ``database``'s folder (0700) and the file (0600) if they are not there, and hold
+def _private_file(database: Path, private_folder: bool) -> Iterator[None]:
+    """Create ``database``'s folder (0700) and the file (0600) if they are not there, take
+    from them (the folder: only when ``private_folder``) any permission beyond those, and hold
     the file lock ``<database>.lock`` (waiting up to 60 s for another process's migration)."""
     database.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.close(os.open(database, os.O_CREAT | os.O_RDWR, 0o600))
-    _tighten(database.parent, 0o700)
+    if private_folder:
+        _tighten(database.parent, 0o700)
     for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
         _tighten(path, 0o600)
     with FileLock(f"{database}.lock", timeout=60, mode=0o600):
