@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+
 import httpx
 import openai
 import pytest
@@ -77,5 +80,39 @@ def test_admin_routes_need_an_admin_key_when_there_is_one():
             reply = server.client(api_key=key).chat.completions.create(
                 model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
             assert reply.choices[0].message.content is not None
+    finally:
+        server.stop()
+
+
+def test_the_model_routes_need_an_admin_key_when_there_is_one(tmp_path):
+    """A server of several models with ``--admin-api-key``: ``/models/load``, ``/models/unload``
+    and ``/models/events`` answer a user key 403 and a wrong key 401, and serve an admin key."""
+    from glmserve.models import default_model_path
+
+    for name in ("alpha", "beta"):
+        (tmp_path / f"{name}.gguf").symlink_to(default_model_path())
+    server = RemoteServer("--models-dir", str(tmp_path), "--api-key", "user-key", "--admin-api-key", "admin-key",
+                          "--max-loaded-models", "2")
+    try:
+        def call(method: str, path: str, key: str) -> httpx.Response:
+            return httpx.request(method, f"{server.url}{path}", headers={"Authorization": f"Bearer {key}"},
+                                 json={"model": "alpha"}, timeout=120)
+
+        for method, path in [("POST", "/models/load"), ("POST", "/models/unload")]:
+            refused = call(method, path, "user-key")
+            assert refused.status_code == 403, (path, refused.text)
+            assert refused.json()["error"]["code"] == "insufficient_permissions"
+            assert call(method, path, "wrong").status_code == 401
+        for key, status in (("user-key", 403), ("wrong", 401)):
+            assert httpx.get(f"{server.url}/models/events", headers={"Authorization": f"Bearer {key}"},
+                             timeout=30).status_code == status
+        assert call("POST", "/models/load", "admin-key").json() == {"model": "alpha", "status": "loaded"}
+        with httpx.stream("GET", f"{server.url}/models/events", headers={"Authorization": "Bearer admin-key"},
+                          timeout=60) as events:
+            assert events.status_code == 200
+            first = [json.loads(line[5:]) for line in itertools.islice(
+                (line for line in events.iter_lines() if line.startswith("data:")), 1)]
+            assert first[0]["model"] in ("alpha", "beta", DEFAULT_MODEL)
+        assert call("POST", "/models/unload", "admin-key").json() == {"model": "alpha", "status": "unloaded"}
     finally:
         server.stop()

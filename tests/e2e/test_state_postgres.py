@@ -1,15 +1,19 @@
 """The state stores on PostgreSQL, driven directly (no server): replicas on hosts whose clocks
 disagree agree on claim leases and heartbeats, because every such time is the database's
-(``state.tables.db_now``); concurrent claims take different lines."""
+(``state.tables.db_now``); concurrent claims take different lines; the migrations from each
+earlier revision, and after a crash inside one; the size bounds under concurrent writes, and
+one key's batch never deleting another key's responses."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 import uuid
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 
 from glmserve.state import BatchStore, ResponseStore, open_database
 from glmserve.state import responses as responses_module
@@ -17,10 +21,7 @@ from glmserve.state import responses as responses_module
 
 @pytest.fixture()
 def database(postgres):
-    name = f"state_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    engine = open_database(postgres.url.rsplit("/", 1)[0] + f"/{name}")
+    engine = open_database(_fresh(postgres))
     yield engine
     engine.dispose()
 
@@ -60,3 +61,91 @@ def test_replicas_claiming_at_once_take_different_lines(database):
         claims = list(pool.map(lambda r: [line.id for line in store.claim(f"r{r}", 10, 30.0)], range(6)))
     ids = [i for claim in claims for i in claim]
     assert len(ids) == len(set(ids)) == 60
+
+
+def _fresh(postgres) -> str:
+    name = f"state_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.mark.parametrize("start", ["0001", "0005", "0006"])
+def test_the_migrations_run_from_each_revision_and_roll_back_a_crash(postgres, monkeypatch, start):
+    """From an earlier revision (a response and a file stored), a migration that fails part
+    way leaves the database as it was, and the next start migrates to the newest, with
+    ``store_usage`` agreeing with the tables."""
+    from glmserve.state import FileStore, sqlalchemy_url
+    from tests.state_checks import crash_in, revisions, upgrade, usage_agrees
+
+    url = _fresh(postgres)
+    upgrade(sqlalchemy_url(url), start)
+    engine = sa.create_engine(sqlalchemy_url(url))
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO responses (id, owner, created_at, expires_at, status, body, input_items, "
+                             "size) VALUES ('resp_1', 'k', 1.0, 9e9, 'completed', '{}', '[]', 4)"))
+        if start >= "0003":
+            content = ", content" if start < "0006" else ""
+            conn.execute(sa.text(f"INSERT INTO files (id, owner, created_at, purpose, filename, bytes{content}) "
+                                 f"VALUES ('file-1', 'k', 1.0, 'batch', 'a.jsonl', 3{', :c' if content else ''})"),
+                         {"c": b"{}\n"})
+    engine.dispose()
+    with monkeypatch.context() as patched:
+        crash_in(patched, revisions()[-1])
+        with pytest.raises(Exception, match="died here"):
+            open_database(url)
+    engine = sa.create_engine(sqlalchemy_url(url))
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one() == start
+    engine.dispose()
+    store = ResponseStore(open_database(url), 3600.0, 1 << 20)
+    assert store.get("k", "resp_1") is not None
+    usage_agrees(store.database)
+    if start >= "0003":
+        assert b"".join(FileStore(store).pieces("file-1")) == (b"{}\n" if start < "0006" else b"")
+
+
+def test_uploads_at_once_cannot_both_pass_a_bound(database):
+    """Each of eight uploads fits alone, two do not: the sizes are read under the store's lock
+    (the ``TOTAL`` row), so exactly one per share passes, whatever their order."""
+    from glmserve.state import FileStore, StoreFull
+    from tests.state_checks import usage_agrees
+
+    files = FileStore(ResponseStore(database, 3600.0, 100_000, 60_000))
+    barrier = threading.Barrier(8)
+
+    def upload(i: int) -> bool:
+        barrier.wait()
+        try:
+            files.create("k", f"file-{i}", "batch", "a.jsonl", b"z" * 40_000)
+            return True
+        except StoreFull:
+            return False
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(upload, range(8))) == 1
+    usage_agrees(database)
+
+
+def test_a_batch_past_its_share_leaves_another_keys_responses_and_long_item_ids_are_kept(database):
+    """The issue's case on PostgreSQL (two keys, 60,000 bytes): b's batch results stop at b's
+    share; a's 8 responses stay. A conversation item id of 200 characters is kept."""
+    from glmserve.state import ConversationStore, StoreFull
+    from tests.state_checks import usage_agrees
+
+    store = ResponseStore(database, 3600.0, 60_000, None, 2)
+    for i in range(8):
+        store.put("a", {"id": f"resp_a{i}", "status": "completed", "text": "x" * 2000}, [])
+    batches = BatchStore(database, store.quota)
+    batches.create("b", "batch_b", "openai", {"status": "in_progress"}, [(f"r{i}", {"model": "m"}) for i in range(80)])
+    with pytest.raises(StoreFull, match="share of 30000"):
+        for line in batches.claim("runner", 80, 30.0):
+            batches.complete(line.id, "b", 200, {"text": "y" * 1500})
+    store.put("b", {"id": "resp_b", "status": "completed", "text": "x" * 2000}, [])
+    assert all(store.get("a", f"resp_a{i}") is not None for i in range(8))
+    conversations = ConversationStore(store)
+    conversations.create("a", "conv_1", {}, [])
+    long_id = "msg_" + "x" * 196
+    assert conversations.add_items("a", "conv_1", [{"id": long_id, "type": "message"}])
+    assert conversations.item("a", "conv_1", long_id) == {"id": long_id, "type": "message"}
+    usage_agrees(database)

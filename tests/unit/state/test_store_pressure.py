@@ -21,6 +21,7 @@ from glmserve.serving.batches.service import BatchService
 from glmserve.state import BatchStore, ConversationStore, FileStore, ResponseStore, StoreFull, open_database
 from glmserve.state.quota import TOTAL, owner_bytes, stored_bytes
 from glmserve.state.tables import BATCH_LINES, BATCHES, RESPONSES, USAGE, dumps
+from tests.state_checks import crash_in, revisions, upgrade, usage_agrees
 
 
 def _store(tmp_path, max_bytes: int, per_key: int | None = None, keys: int = 1) -> ResponseStore:
@@ -36,25 +37,6 @@ def _respond(store: ResponseStore, owner: str, n: int, size: int = 1000, prefix:
 
 def _kept(store: ResponseStore, owner: str, ids: list[str]) -> int:
     return sum(store.get(owner, rid) is not None for rid in ids)
-
-
-def _recount(conn) -> dict[str, int]:
-    """Every owner's bytes summed from the tables (what ``store_usage`` must agree with)."""
-    sums: dict[str, int] = {}
-    for query in ("SELECT owner, size FROM responses", "SELECT owner, bytes FROM files",
-                  "SELECT c.owner, i.size FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id",
-                  "SELECT b.owner, l.size FROM batch_lines l JOIN batches b ON b.id = l.batch_id"):
-        for owner, size in conn.execute(sa.text(query)):
-            sums[owner] = sums.get(owner, 0) + int(size)
-    return sums
-
-
-def _usage_agrees(store: ResponseStore) -> None:
-    with store.database.connect() as conn:
-        sums = _recount(conn)
-        usage = {row.owner: int(row.bytes) for row in conn.execute(sa.select(USAGE)) if row.owner != TOTAL}
-        assert {k: v for k, v in usage.items() if v} == {k: v for k, v in sums.items() if v}
-        assert stored_bytes(conn) == sum(sums.values())
 
 
 def _batch_of(service: BatchService, owner: str, batch_id: str, n: int, size: int) -> None:
@@ -96,7 +78,7 @@ def test_a_batch_whose_output_passes_the_bound_leaves_every_other_keys_responses
     assert _kept(store, "a", mine) == 8
     with store.database.connect() as conn:
         assert owner_bytes(conn, "b") <= 30_000 + 2000 and stored_bytes(conn) <= 60_000
-    _usage_agrees(store)
+    usage_agrees(store.database)
 
 
 def test_eviction_takes_from_keys_over_their_share_first_oldest_first(tmp_path):
@@ -114,7 +96,7 @@ def test_eviction_takes_from_keys_over_their_share_first_oldest_first(tmp_path):
     assert _kept(store, "a", a) == 14 and _kept(store, "b", b) == 1 and _kept(store, "c", c2) >= 1
     more = _respond(store, "a", 2, 2000, "late")  # a passes its own share: a's own oldest go, no one else's
     assert _kept(store, "a", more) == 2 and _kept(store, "a", a[:2]) == 0 and _kept(store, "b", b) == 1
-    _usage_agrees(store)
+    usage_agrees(store.database)
 
 
 def test_one_key_filling_the_store_leaves_another_key_able_to_upload(tmp_path):
@@ -140,7 +122,7 @@ def test_one_key_filling_the_store_leaves_another_key_able_to_upload(tmp_path):
         files.create("b", "file-b2", "batch", "b.jsonl", b"z" * 5_000)  # b's own share is full now
     with store.database.connect() as conn:
         assert stored_bytes(conn) <= 50_000 and owner_bytes(conn, "a") >= 25_000 - 2000
-    _usage_agrees(store)
+    usage_agrees(store.database)
 
 
 def _old_sqlite_limits(engine) -> None:
@@ -169,7 +151,7 @@ def test_forty_thousand_stored_responses_are_trimmed_without_error(tmp_path):
     with store.database.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(RESPONSES)).scalar_one() <= 50
     assert small.purge(now + 7200) >= 1
-    _usage_agrees(store)
+    usage_agrees(store.database)
 
 
 def test_a_big_output_file_is_written_while_responses_are_stored(tmp_path):
@@ -217,7 +199,7 @@ def test_a_big_output_file_is_written_while_responses_are_stored(tmp_path):
     import json
     assert [json.loads(line)["custom_id"] for line in lines] == [f"r{i}" for i in range(n)]
     assert service.batches.counts("batch_big")[0] == 0  # the lines are in the file, not held twice
-    _usage_agrees(store)
+    usage_agrees(store.database)
 
 
 def test_a_build_whose_server_stopped_is_taken_over(tmp_path, monkeypatch):
@@ -256,7 +238,7 @@ def test_a_build_whose_server_stopped_is_taken_over(tmp_path, monkeypatch):
     lines = b"".join(service.files.pieces(ended["output_file_id"])).splitlines()
     assert [json.loads(line)["custom_id"] for line in lines] == [f"r{i}" for i in range(35)]
     assert service.files.get("a", ended["output_file_id"])["bytes"] == sum(len(x) + 1 for x in lines)
-    _usage_agrees(store)
+    usage_agrees(store.database)
 
 
 def test_a_sweep_of_thousands_of_waiting_batches_does_not_delay_heartbeats(tmp_path, monkeypatch):
@@ -339,7 +321,7 @@ def test_conversation_items_are_never_orphaned_and_a_deleted_background_response
         adding.join()
     with store.database.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM conversation_items")).scalar_one() == 0
-    _usage_agrees(store)
+    usage_agrees(store.database)
     store.put("a", {"id": "resp_bg", "status": "queued", "background": True}, [], True, False)
     assert store.delete("a", "resp_bg")
     assert not store.put("a", {"id": "resp_bg", "status": "completed", "background": True}, [], True, True)
@@ -369,32 +351,6 @@ def test_a_state_left_readable_by_others_is_made_private(tmp_path, caplog):
 
 # --- migrations -------------------------------------------------------------------------
 
-def _revisions() -> list[str]:
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    from glmserve.state.database import MIGRATIONS
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    return [s.revision for s in reversed(list(ScriptDirectory.from_config(config).walk_revisions()))]
-
-
-def _upgrade(url: str, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from glmserve.state.database import MIGRATIONS
-
-    engine = sa.create_engine(url)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
-    engine.dispose()
-
-
 def _no_drop_column(engine) -> None:
     """SQLite before 3.35 (RHEL 9, Debian 11: 3.34) has no ``ALTER TABLE ... DROP COLUMN``: refuse it."""
     def refuse(conn, cursor, statement, *args) -> None:
@@ -408,7 +364,7 @@ def test_the_migrations_run_without_drop_column_from_each_revision(tmp_path, mon
     """From each earlier revision (with a response, a file and a batch stored) to the newest
     on an SQLite that has no ``DROP COLUMN``; ``store_usage`` then agrees with the tables."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    _upgrade(url, start)
+    upgrade(url, start)
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO responses (id, owner, created_at, expires_at, status, body, input_items, "
@@ -430,7 +386,7 @@ def test_the_migrations_run_without_drop_column_from_each_revision(tmp_path, mon
     monkeypatch.setattr(sa, "create_engine", old_sqlite)
     store = ResponseStore(open_database(url), 3600.0, 1 << 20)
     assert store.get("k", "resp_1") is not None
-    _usage_agrees(store)
+    usage_agrees(store.database)
     if start >= "0003":
         assert b"".join(FileStore(store).pieces("file-1")) == (b"{}\n" if start < "0006" else b"")
 
@@ -439,22 +395,12 @@ def test_the_migrations_run_without_drop_column_from_each_revision(tmp_path, mon
 def test_a_crash_inside_a_migration_leaves_the_database_as_it_was(tmp_path, monkeypatch, revision):
     """A migration that fails after its statements ran (the process dies before its revision
     is written) rolls back whole: the next start migrates from the revision before it."""
-    from alembic.runtime import migration
-
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    revisions = _revisions()
-    _upgrade(url, revisions[revisions.index(revision) - 1])
-    real = migration.HeadMaintainer.update_to_step
-
-    def crash(self, step):
-        if step.info.up_revision_id == revision:
-            raise RuntimeError("the process died here")
-        return real(self, step)
-
-    monkeypatch.setattr(migration.HeadMaintainer, "update_to_step", crash)
-    with pytest.raises(Exception, match="died here"):
-        open_database(url)
-    monkeypatch.setattr(migration.HeadMaintainer, "update_to_step", real)
+    upgrade(url, revisions()[revisions().index(revision) - 1])
+    with monkeypatch.context() as patched:
+        crash_in(patched, revision)
+        with pytest.raises(Exception, match="died here"):
+            open_database(url)
     store = ResponseStore(open_database(url), 3600.0, 1 << 20)
     store.put("k", {"id": "resp_1", "status": "completed"}, [])
     assert store.get("k", "resp_1") is not None
