@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections import Counter
 
 import pytest
 import sqlalchemy as sa
 
 from glmserve.serving.batches import runner as batch_runner
+from glmserve.serving.batches import service as batches_service
 from glmserve.serving.batches.runner import Activity, BatchRunner
 from glmserve.serving.batches.service import BatchService
 from glmserve.state import BatchStore, FileStore, ResponseStore, open_database
@@ -348,12 +350,69 @@ def test_a_batch_of_many_pages_ends_with_every_line_in_its_files_in_order(tmp_pa
         conn.execute(sa.update(BATCHES).values(status="ended", body=json.dumps(
             {"id": "msgbatch_many", "type": "message_batch", "status": "ended", "processing_status": "ended"})))
 
+    encoded_in: set[str] = set()
+    real_jsonl = batches_service.jsonl
+
+    def jsonl(records):
+        encoded_in.add(threading.current_thread().name)
+        return real_jsonl(records)
+
     async def results() -> list[dict]:
         pages = await service.message_results("", "msgbatch_many")
         return [json.loads(x) for x in b"".join([page async for page in pages]).decode().splitlines()]
 
-    assert [(r["custom_id"], r["result"]["type"]) for r in asyncio.run(results())] == [
-        (f"r{i}", "succeeded" if i % 2 else "errored") for i in range(2500)]
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(batches_service, "jsonl", jsonl)
+        assert [(r["custom_id"], r["result"]["type"]) for r in asyncio.run(results())] == [
+            (f"r{i}", "succeeded" if i % 2 else "errored") for i in range(2500)]
+    assert encoded_in and threading.main_thread().name not in encoded_in  # off the event loop's thread
+
+
+def test_a_batch_whose_results_pass_its_share_ends_failed_keeping_what_it_stored(tmp_path):
+    """The runner records a result that does not fit the key's share as a ``store_full``
+    error, starts no further line of that batch, and the batch ends ``failed`` with the reason
+    in its ``errors`` and its error file; its results so far are in its output file. An
+    Anthropic batch ends with the line ``errored`` and the lines not run ``canceled``."""
+    database = open_database(f"sqlite:///{tmp_path / 'state.db'}")
+    store = ResponseStore(database, 100.0, 40_000, 20_000)
+    service = BatchService(BatchStore(database, store.quota), FileStore(store))
+
+    async def big(owner: str, url: str, body: dict) -> tuple[int, dict]:
+        return 200, {"object": "chat.completion", "text": "r" * 3000}
+
+    batch_seen: dict = {}
+
+    async def remember(batch_id: str) -> bool:
+        batch_seen.update(await service.get("", batch_id))
+        return batch_seen["status"] == "failed"
+
+    async def openai_part() -> dict:
+        batch = await _batch(service, ["m"] * 12)
+        await _run([_runner(service, big)], lambda: remember(batch["id"]))
+        return batch_seen
+
+    ended = asyncio.run(openai_part())
+    assert ended["errors"]["data"][0]["code"] == "store_full" and "share of 20000" in ended["errors"]["data"][0]["message"]
+    done = ended["request_counts"]["completed"]
+    assert 1 <= done < 12
+    output = asyncio.run(_records(service, ended["output_file_id"]))
+    errors = asyncio.run(_records(service, ended["error_file_id"]))
+    assert len(output) == done and errors[0]["response"]["body"]["error"]["code"] == "store_full"
+    asyncio.run(service.delete("", ended["id"]))
+
+    async def anthropic_part() -> list[dict]:
+        batch = await service.create_messages("", [{"custom_id": f"c{i}", "params": {"model": "m"}} for i in range(12)])
+        await _run([_runner(service, big)], lambda: _processing_ended(service, batch["id"]))
+        pages = await service.message_results("", batch["id"])
+        return [json.loads(x) for x in b"".join([p async for p in pages]).decode().splitlines()]
+
+    kinds = Counter(r["result"]["type"] for r in asyncio.run(anthropic_part()))
+    assert kinds["succeeded"] >= 1 and kinds["errored"] >= 1 and kinds["canceled"] >= 1
+    assert sum(kinds.values()) == 12
+
+
+async def _processing_ended(service: BatchService, batch_id: str) -> bool:
+    return (await service.get("", batch_id, "anthropic"))["processing_status"] == "ended"
 
 
 def test_batch_lines_reach_the_engine_at_batch_priority_and_routes_at_interactive():
