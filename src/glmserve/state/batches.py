@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,21 +266,6 @@ class BatchStore:
         with self.database.connect() as conn:
             return [LineResult(r.line_no, r.custom_id, r.status_code if r.done else None,
                                json.loads(r.result) if r.done else None) for r in conn.execute(query)]
-
-    def results(self, batch_id: str) -> Iterator[LineResult]:
-        """Every line, in the input's order, with its result, read a page at a time."""
-        after = -1
-        while page := self.results_page(batch_id, after):
-            yield from page
-            after = page[-1].line_no
-
-    def expired(self, now: float | None = None) -> list[str]:
-        """Ids of the batches runners still work on whose window ended at ``now`` (default: the
-        clock)."""
-        query = sa.select(BATCHES.c.id).where(BATCHES.c.status.in_(RUNNING), BATCHES.c.expires_at.is_not(None),
-                                              BATCHES.c.expires_at <= (now or time.time()))
-        with self.database.connect() as conn:
-            return [r.id for r in conn.execute(query)]
 
     def unfinished(self) -> bool:
         """Whether a batch is still worked on (``RUNNING``, or its files being written)."""
