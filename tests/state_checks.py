@@ -69,3 +69,16 @@ def crash_in(monkeypatch, revision: str) -> None:
         return real(self, step)
 
     monkeypatch.setattr(migration.HeadMaintainer, "update_to_step", crash)
+
+
+def seed(conn, revision: str) -> None:
+    """Store, as a server at ``revision`` would have, the response ``resp_1`` and (from 0003)
+    the file ``file-1`` (3 bytes, ``{}`` and a line feed; before 0006 in ``files.content``),
+    both of the owner ``k``."""
+    conn.execute(sa.text("INSERT INTO responses (id, owner, created_at, expires_at, status, body, input_items, "
+                         "size) VALUES ('resp_1', 'k', 1.0, 9e9, 'completed', '{}', '[]', 4)"))
+    if revision >= "0003":
+        content = ", content" if revision < "0006" else ""
+        conn.execute(sa.text(f"INSERT INTO files (id, owner, created_at, purpose, filename, bytes{content}) "
+                             f"VALUES ('file-1', 'k', 1.0, 'batch', 'a.jsonl', 3{', :c' if content else ''})"),
+                     {"c": b"{}\n"})

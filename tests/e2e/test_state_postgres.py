@@ -76,19 +76,13 @@ def test_the_migrations_run_from_each_revision_and_roll_back_a_crash(postgres, m
     way leaves the database as it was, and the next start migrates to the newest, with
     ``store_usage`` agreeing with the tables."""
     from glmserve.state import FileStore, sqlalchemy_url
-    from tests.state_checks import crash_in, revisions, upgrade, usage_agrees
+    from tests.state_checks import crash_in, revisions, seed, upgrade, usage_agrees
 
     url = _fresh(postgres)
     upgrade(sqlalchemy_url(url), start)
     engine = sa.create_engine(sqlalchemy_url(url))
     with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO responses (id, owner, created_at, expires_at, status, body, input_items, "
-                             "size) VALUES ('resp_1', 'k', 1.0, 9e9, 'completed', '{}', '[]', 4)"))
-        if start >= "0003":
-            content = ", content" if start < "0006" else ""
-            conn.execute(sa.text(f"INSERT INTO files (id, owner, created_at, purpose, filename, bytes{content}) "
-                                 f"VALUES ('file-1', 'k', 1.0, 'batch', 'a.jsonl', 3{', :c' if content else ''})"),
-                         {"c": b"{}\n"})
+        seed(conn, start)
     engine.dispose()
     with monkeypatch.context() as patched:
         crash_in(patched, revisions()[-1])

@@ -102,37 +102,30 @@ class ResponseStore:
     def cancel(self, owner: str, cancelled: dict[str, Any]) -> bool:
         """Store ``cancelled`` (the response, ``cancelled``) if its stored run is still going
         (``RUNNING``): a run that ended meanwhile keeps its end. Whether it was written."""
-        text = dumps(cancelled)
-        running = sa.and_(RESPONSES.c.id == cancelled["id"], RESPONSES.c.owner == owner,
-                          RESPONSES.c.status.in_(RUNNING))
-        with self.database.begin() as conn:
-            charge(conn, owner, 0)  # the store's write lock
-            old = conn.execute(sa.select(RESPONSES.c.size, RESPONSES.c.body).where(running)).first()
-            if old is None:
-                return False
-            size = int(old.size) - len(old.body.encode()) + len(text.encode())
-            conn.execute(sa.update(RESPONSES).where(running).values(status=cancelled["status"], body=text,
-                                                                   heartbeat_at=None, size=size))
-            charge(conn, owner, size - int(old.size))
-        return True
+        return self._end(owner, sa.and_(RESPONSES.c.id == cancelled["id"], RESPONSES.c.owner == owner,
+                                        RESPONSES.c.status.in_(RUNNING)), cancelled)
 
     def fail_lost(self, owner: str, seen: StoredResponse, failed: dict[str, Any]) -> bool:
         """Store ``failed`` (the response, ended) in place of ``seen``, a run whose server
         stopped, if nothing changed it since it was read (no newer heartbeat or state); whether
         it was written."""
-        text = dumps(failed)
         beat = (RESPONSES.c.heartbeat_at.is_(None) if seen.heartbeat_at is None
                 else RESPONSES.c.heartbeat_at == seen.heartbeat_at)
-        unchanged = sa.and_(RESPONSES.c.id == failed["id"], RESPONSES.c.owner == owner, beat,
-                            RESPONSES.c.status == seen.body.get("status"))
+        return self._end(owner, sa.and_(RESPONSES.c.id == failed["id"], RESPONSES.c.owner == owner, beat,
+                                        RESPONSES.c.status == seen.body.get("status")), failed)
+
+    def _end(self, owner: str, where: sa.ColumnElement, ended: dict[str, Any]) -> bool:
+        """Write ``ended`` (a run's last state: no heartbeat) over the response matching
+        ``where``, its input items kept, its size counted; whether one matched."""
+        text = dumps(ended)
         with self.database.begin() as conn:
             charge(conn, owner, 0)  # the store's write lock
-            old = conn.execute(sa.select(RESPONSES.c.size, RESPONSES.c.body).where(unchanged)).first()
+            old = conn.execute(sa.select(RESPONSES.c.size, RESPONSES.c.body).where(where)).first()
             if old is None:
                 return False
             size = int(old.size) - len(old.body.encode()) + len(text.encode())
-            conn.execute(sa.update(RESPONSES).where(unchanged).values(status=failed["status"], body=text,
-                                                                     heartbeat_at=None, size=size))
+            conn.execute(sa.update(RESPONSES).where(where).values(status=ended["status"], body=text,
+                                                                  heartbeat_at=None, size=size))
             charge(conn, owner, size - int(old.size))
         return True
 

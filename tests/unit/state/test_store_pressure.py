@@ -21,7 +21,7 @@ from glmserve.serving.batches.service import BatchService
 from glmserve.state import BatchStore, ConversationStore, FileStore, ResponseStore, StoreFull, open_database
 from glmserve.state.quota import TOTAL, owner_bytes, stored_bytes
 from glmserve.state.tables import BATCH_LINES, BATCHES, RESPONSES, USAGE, dumps
-from tests.state_checks import crash_in, revisions, upgrade, usage_agrees
+from tests.state_checks import crash_in, revisions, seed, upgrade, usage_agrees
 
 
 def _store(tmp_path, max_bytes: int, per_key: int | None = None, keys: int = 1) -> ResponseStore:
@@ -367,13 +367,7 @@ def test_the_migrations_run_without_drop_column_from_each_revision(tmp_path, mon
     upgrade(url, start)
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO responses (id, owner, created_at, expires_at, status, body, input_items, "
-                             "size) VALUES ('resp_1', 'k', 1.0, 9e9, 'completed', '{}', '[]', 4)"))
-        if start >= "0003":
-            content = ", content" if start < "0006" else ""
-            conn.execute(sa.text(f"INSERT INTO files (id, owner, created_at, purpose, filename, bytes{content}) "
-                                 f"VALUES ('file-1', 'k', 1.0, 'batch', 'a.jsonl', 3{', :c' if content else ''})"),
-                         {"c": b"{}\n"})
+        seed(conn, start)
     engine.dispose()
     real = sa.create_engine
 
