@@ -70,7 +70,7 @@ def _fresh(postgres) -> str:
     return postgres.url.rsplit("/", 1)[0] + f"/{name}"
 
 
-@pytest.mark.parametrize("start", ["0001", "0005", "0006"])
+@pytest.mark.parametrize("start", ["0001", "0002", "0003", "0004", "0005", "0006"])
 def test_the_migrations_run_from_each_revision_and_roll_back_a_crash(postgres, monkeypatch, start):
     """From an earlier revision (a response and a file stored), a migration that fails part
     way leaves the database as it was, and the next start migrates to the newest, with

@@ -167,6 +167,30 @@ def test_cancelled_background_response_stops_in_the_engine(server, client, model
         client.responses.cancel(client.responses.create(model=model, input="Hi", max_output_tokens=2).id)
 
 
+def test_a_background_run_deleted_on_another_server_stops_and_stays_deleted(state_backend, server, client, model):
+    """A background response deleted through another server of the database while it runs:
+    the server running it stops it, and its later states do not store it again (before, its
+    end re-inserted it)."""
+    other = RemoteServer("--api-key", KEY, *GREEDY, env=state_backend[1])
+    try:
+        run = client.responses.create(model=model, input=LONG, background=True, max_output_tokens=3000)
+        deadline = time.monotonic() + 60
+        while _running(server) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _running(server) == 1
+        other.client(api_key=KEY).responses.delete(run.id)
+        deadline = time.monotonic() + 60
+        while _running(server) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _running(server) == 0  # stopped long before its 3000 tokens
+        for _ in range(30):  # its last state is written (or not) just after the engine is done with it
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(run.id)
+            time.sleep(0.1)
+    finally:
+        other.stop()
+
+
 def test_a_run_cancelled_on_another_server_of_the_database_stops(state_backend, server, client, model):
     """Two servers on one database (replicas): a background run cancelled through the other
     one is stopped in its own engine, and stays cancelled."""

@@ -152,7 +152,7 @@ class ResponseStorage:
                 if time.monotonic() - checked > CANCEL_CHECK_S:  # cancelled on another replica?
                     checked = time.monotonic()
                     status = await asyncio.to_thread(self.store.status, run.owner, body["id"])
-                    if status == "cancelled":
+                    if status in ("cancelled", None):  # None: deleted through another replica
                         raise asyncio.CancelledError
                 if event.type == "response.in_progress":
                     body = {**body, "status": "in_progress"}
