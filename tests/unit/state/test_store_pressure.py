@@ -398,3 +398,23 @@ def test_a_crash_inside_a_migration_leaves_the_database_as_it_was(tmp_path, monk
     store = ResponseStore(open_database(url), 3600.0, 1 << 20)
     store.put("k", {"id": "resp_1", "status": "completed"}, [])
     assert store.get("k", "resp_1") is not None
+
+
+def test_a_write_reads_running_totals_not_whole_tables(tmp_path):
+    """A stored response, an upload and a conversation item each read the owners' running
+    totals (``store_usage``), and the first statement of each takes the store's write lock
+    (the ``TOTAL`` row) before anything is read: no ``sum`` over a table, no size read
+    unlocked."""
+    store = _store(tmp_path, 1 << 30, keys=2)
+    _respond(store, "a", 3)
+    statements: list[str] = []
+    sa.event.listen(store.database, "before_cursor_execute",
+                    lambda conn, cursor, statement, *args: statements.append(" ".join(statement.split())))
+    for write in (lambda: _respond(store, "a", 1, prefix="more"),
+                  lambda: FileStore(store).create("a", "file-1", "batch", "a.jsonl", b"{}\n"),
+                  lambda: ConversationStore(store).create("a", "conv_1", {}, [{"id": "msg_1"}])):
+        statements.clear()
+        write()
+        assert not any("sum(" in s.lower() for s in statements), statements
+        first = next(s for s in statements if not s.startswith("INSERT INTO file_chunks"))
+        assert first.startswith("UPDATE store_usage SET bytes") and "store_usage.owner = ?" in first, statements
