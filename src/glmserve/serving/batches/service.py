@@ -356,10 +356,9 @@ class BatchService:
             return "error_file_id" if expired or line.status_code is not None else None
 
         while page := self.batches.results_page(batch_id, build.after, PIECE_LINES):
-            pieces: dict[str, list[bytes]] = {key: [] for key in _FILES}
+            pieces = {key: list(rechunk(jsonl(record(line) for line in page if kind(line) == key)))
+                      for key in _FILES}
             for key in _FILES:
-                lines = (record(line) for line in page if kind(line) == key)
-                pieces[key] = list(rechunk(jsonl(lines)))
                 build.files[key][1] += len(pieces[key])
                 build.files[key][2] += sum(len(piece) for piece in pieces[key])
             build.after = page[-1].line_no
