@@ -129,7 +129,7 @@ def _migrate(database: Engine) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     migrating = database
-    if database.dialect.name == "sqlite":
+    if database.dialect.name == "sqlite" and database.url.database not in (None, "", ":memory:"):  # a file
         migrating = sa.create_engine(database.url, connect_args={"timeout": 10}, poolclass=sa.pool.NullPool)
         sa.event.listen(migrating, "connect", _sqlite_transactional)
         sa.event.listen(migrating, "begin", _begin)
