@@ -132,7 +132,9 @@ def test_errors_are_one_line(server):
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
 
 
-def test_wrong_api_key_is_one_line():
+def test_the_api_key_is_sent_and_a_wrong_one_is_one_line():
+    """``--api-key KEY`` is sent as the bearer token (before, the key list was: ``['KEY']``),
+    and a key the server refuses is one line."""
     from tests.conftest import RemoteServer
 
     srv = RemoteServer("--api-key", "right")
@@ -140,5 +142,7 @@ def test_wrong_api_key_is_one_line():
         proc = _piped("--url", srv.url, "--api-key", "wrong", stdin="Hi\n")
         assert proc.returncode == 1 and "refused the API key" in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+        proc = _piped("--url", srv.url, "--api-key", "right", stdin="Hi\n")
+        assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
     finally:
         srv.stop()

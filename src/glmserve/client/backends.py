@@ -52,7 +52,8 @@ class RemoteBackend:
         from glmserve.bench.runner import api_base
 
         self._openai = openai
-        self._client = openai.OpenAI(base_url=api_base(settings.url), api_key=settings.api_key or "none",
+        # --api-key is a list (the serve flag's: keys split at commas); the first is the one sent
+        self._client = openai.OpenAI(base_url=api_base(settings.url), api_key=next(iter(settings.api_key), "none"),
                                      max_retries=0, timeout=600)
         self.where = settings.url
         try:
