@@ -171,7 +171,7 @@ def test_the_troubleshooting_statuses_and_codes_are_the_servers():
     declared = {int(s) for line in (ROOT / "docs" / "reference" / "routes.md").read_text().splitlines()
                 if line.startswith("| ") and line.count("|") == 6 for s in re.findall(r"\b\d{3}\b", line.split("|")[4])}
     source = "\n".join(p.read_text() for p in (ROOT / "src" / "glmserve").rglob("*.py"))
-    assert len(rows) == 11
+    assert len(rows) == 12
     for status, codes in rows:
         assert int(status) in declared | {502}, status
         for code in re.findall(r"`([a-z_]+)`", codes):
