@@ -45,7 +45,7 @@ SERVE_STAMP := $(VENV)/.glmserve-serve
 # (the tests convert tiny BERT embedding models with it)
 CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
 
-.PHONY: postgres install install-serve browser serve test docs bench clean
+.PHONY: postgres old-sqlite install install-serve browser serve test docs bench clean
 
 install: $(STAMP) $(CONVERTER)
 
@@ -93,7 +93,20 @@ postgres:
 	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { $(SUDO) apt-get update -q && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql; }
 
-test: install browser postgres
+# The state tests also run the migrations and stores on Debian 11's (and RHEL 9's) SQLite,
+# 3.34.1, which has no DROP COLUMN: fetched from Debian's archive (scripts/old_sqlite.py), and
+# pysqlite3 built against it into build/old-sqlite/site (the interpreter's own sqlite3 module
+# needs a newer library).
+OLD_SQLITE := build/old-sqlite
+OLD_SQLITE_LIB := $(CURDIR)/$(OLD_SQLITE)/root/usr/lib/x86_64-linux-gnu
+$(OLD_SQLITE)/site/pysqlite3: scripts/old_sqlite.py | $(STAMP)
+	rm -rf $(OLD_SQLITE)
+	$(BIN)/python scripts/old_sqlite.py $(OLD_SQLITE)
+	CFLAGS="-I$(CURDIR)/$(OLD_SQLITE)/root/usr/include" LDFLAGS="-L$(OLD_SQLITE_LIB) -Wl,-rpath,$(OLD_SQLITE_LIB)" \
+	  $(BIN)/pip install -q --no-cache-dir --no-deps --no-binary pysqlite3 --target $(OLD_SQLITE)/site 'pysqlite3==0.6.1'
+old-sqlite: $(OLD_SQLITE)/site/pysqlite3
+
+test: install browser postgres old-sqlite
 	$(BIN)/python -m pytest tests --durations=20
 
 # the documentation site (docs/, mkdocs.yml) into site/; the flag, route and metric tables are

@@ -418,3 +418,21 @@ def test_a_write_reads_running_totals_not_whole_tables(tmp_path):
         assert not any("sum(" in s.lower() for s in statements), statements
         first = next(s for s in statements if not s.startswith("INSERT INTO file_chunks"))
         assert first.startswith("UPDATE store_usage SET bytes") and "store_usage.owner = ?" in first, statements
+
+
+def test_the_migrations_and_stores_run_on_debian_11s_sqlite(tmp_path):
+    """Debian 11's and RHEL 9's SQLite, 3.34.1 (no ``DROP COLUMN``; pysqlite3 built against it
+    by ``make old-sqlite``, which ``make test`` runs): the migrations from each earlier
+    revision, a crash inside the newest, and writes of every store (``tests/old_sqlite_check.py``,
+    in a process of its own)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    site = root / "build" / "old-sqlite" / "site"
+    assert (site / "pysqlite3").is_dir(), "Debian 11's SQLite is not built: run make old-sqlite (make test does)"
+    done = subprocess.run([sys.executable, str(root / "tests" / "old_sqlite_check.py"), str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(root)])},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok 3.34.1", done.stdout + done.stderr
