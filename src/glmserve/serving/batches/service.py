@@ -23,7 +23,6 @@ import concurrent.futures
 import contextlib
 import datetime
 import io
-import json
 import logging
 import os
 import re
