@@ -14,10 +14,14 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
+import uuid
+
 from glmserve.protocol.errors import invalid_request
-from glmserve.state.files import CHUNK_BYTES
+from glmserve.state.batches import LineResult
+from glmserve.state.files import CHUNK_BYTES, rechunk
 
 MAX_LINES = 50_000  # OpenAI's limit of requests in one batch
+OUTPUT_FILES = ("output_file_id", "error_file_id")  # an ended batch's files: 200 lines, the others
 
 
 def checked_utf8(source: BinaryIO) -> Iterator[bytes]:
@@ -100,3 +104,27 @@ def jsonl(records: Iterable[dict]) -> Iterator[bytes]:
     pieces as they come)."""
     for record in records:  # compact, as the results are stored (state.tables.dumps): no bytes added
         yield json.dumps(record, separators=(",", ":")).encode() + b"\n"
+
+
+def _record(line: LineResult) -> dict:
+    """The output or error file's line of ``line`` (OpenAI's shape)."""
+    if line.status_code is None:  # not run before the batch expired
+        return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
+                "error": {"code": "batch_expired", "message": "This request could not be executed "
+                          "before the completion window expired."}}
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+            "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
+                         "body": line.result}, "error": None}
+
+
+def output_pieces(page: list[LineResult], expired: bool) -> dict[str, list[bytes]]:
+    """A page of an ended batch's lines as the pieces (at most ``CHUNK_BYTES`` each) they add
+    to its files: ``{"output_file_id": ..., "error_file_id": ...}``. A 200 goes to the output
+    file, another status to the error file, a line not run to the error file when the batch
+    ``expired`` (a cancelled batch's are not listed)."""
+    def kind(line: LineResult) -> str | None:
+        if line.status_code == 200:
+            return "output_file_id"
+        return "error_file_id" if expired or line.status_code is not None else None
+
+    return {key: list(rechunk(jsonl(_record(line) for line in page if kind(line) == key))) for key in OUTPUT_FILES}

@@ -33,11 +33,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO
 
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.batches.files import checked_utf8, jsonl, lines_of, parse_lines
+from glmserve.serving.batches.files import OUTPUT_FILES, checked_utf8, jsonl, lines_of, output_pieces, parse_lines
 from glmserve.serving.items import is_stored_id, list_object, unknown_cursor
 from glmserve.state import BatchStore, Build, FileStore, LostBuild, StoreFull, UnknownCursor
 from glmserve.state.batches import FINALIZING
-from glmserve.state.files import rechunk
 
 log = logging.getLogger("glmserve.batches")
 
@@ -57,7 +56,6 @@ def _lower_priority() -> None:
 # file, in threads that give way to the engine's (a stream's next token) on a busy machine
 _BULK = concurrent.futures.ThreadPoolExecutor(2, "glmserve-bulk", initializer=_lower_priority)
 ENDED = ("completed", "failed", "cancelled", "expired", "ended")  # a batch's final statuses (body_status)
-_FILES = ("output_file_id", "error_file_id")  # an ended OpenAI batch's files: 200 lines, the others
 PIECE_LINES = 500  # lines written per piece of a batch's files (one short transaction each)
 BUILD_LEASE_S = 60.0  # a build with no piece written for this long lost its server: taken over
 
@@ -315,7 +313,7 @@ class BatchService:
             if await self._call(self.batches, "update", batch_id, ended, ("in_progress", "cancelling")):
                 log.info("batch %s %s: %d of %d lines run, %d failed", batch_id, ended["status"], done, total, failed)
             return
-        build = Build(status, [total, done, failed], {key: [f"file-{uuid.uuid4().hex}", 0, 0] for key in _FILES})
+        build = Build(status, [total, done, failed], {key: [f"file-{uuid.uuid4().hex}", 0, 0] for key in OUTPUT_FILES})
         finalizing = {**_with_counts(body, total, done, failed), "status": FINALIZING, "finalizing_at": int(now)}
         seen = await self._call(self.batches, "begin_build", batch_id, finalizing, build, ("in_progress", "cancelling"))
         if seen is not None:
@@ -338,26 +336,9 @@ class BatchService:
         (``BatchStore.write_piece``: one short transaction each, the lines written deleted),
         then the batch ended with the files that are not empty (``end_build``). The ended
         batch, or None when another server ended it. Raises ``LostBuild``."""
-        expired = build.status == "expired"
-
-        def record(line) -> dict:
-            if line.status_code is None:  # not run before the batch expired
-                return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
-                        "error": {"code": "batch_expired", "message": "This request could not be executed "
-                                  "before the completion window expired."}}
-            return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-                    "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
-                                 "body": line.result}, "error": None}
-
-        def kind(line) -> str | None:
-            if line.status_code == 200:
-                return "output_file_id"
-            return "error_file_id" if expired or line.status_code is not None else None
-
         while page := self.batches.results_page(batch_id, build.after, PIECE_LINES):
-            pieces = {key: list(rechunk(jsonl(record(line) for line in page if kind(line) == key)))
-                      for key in _FILES}
-            for key in _FILES:
+            pieces = output_pieces(page, expired=build.status == "expired")
+            for key in OUTPUT_FILES:
                 build.files[key][1] += len(pieces[key])
                 build.files[key][2] += sum(len(piece) for piece in pieces[key])
             build.after = page[-1].line_no
