@@ -41,6 +41,12 @@ RUNNING = ("in_progress", "cancelling")  # statuses whose lines runners take (ca
 # an output file's line takes this many bytes beyond its result and custom_id (ids, status, keys:
 # 171 in OpenAI's shape, compact): counted with the result, so that writing the file adds nothing
 RECORD_BYTES = 180
+# a line's answer when its result does not fit: the batch's errors say more (serving's stop_full)
+FULL_ERROR = {"error": {"message": "the server's store is full for this API key: the batch stopped",
+                        "type": "invalid_request_error", "param": None, "code": "store_full"}}
+# bytes a line holds from the batch's creation for its answer: FULL_ERROR's line in an output
+# file, so that a batch that stops for room still answers every line within the bound
+LINE_RESERVE = RECORD_BYTES + len(dumps(FULL_ERROR))
 FINALIZING = "finalizing"  # an OpenAI batch whose files are being written (OpenAI's status for it)
 
 
@@ -100,7 +106,8 @@ class BatchStore:
         (``(custom_id, request)`` in order), expiring at ``expires_at`` (epoch seconds). Raises
         ``StoreFull`` when the lines do not fit the owner's room."""
         rows = [{"batch_id": batch_id, "line_no": i, "custom_id": custom_id, "request": (text := dumps(request)),
-                 "size": len(text) + len(custom_id.encode()), "done": False, "attempts": 0, "retries": 0,
+                 "size": len(text) + len(custom_id.encode()) + LINE_RESERVE, "done": False, "attempts": 0,
+                 "retries": 0,
                  "model": model if isinstance(model := request.get("model"), str) else None}
                 for i, (custom_id, request) in enumerate(lines)]
         with self.database.begin() as conn:
@@ -218,28 +225,25 @@ class BatchStore:
     def complete(self, line_id: int, owner: str, status_code: int, result: Any) -> bool:
         """Record a line's result (``owner``: its batch's), unless it is done already; whether
         it was recorded. Raises ``StoreFull`` when the result does not fit the owner's share or
-        the store: the line is then recorded with that error (a 400 ``store_full``) instead."""
+        the store: the line is then recorded with ``FULL_ERROR`` instead (a 400 ``store_full``,
+        within the ``LINE_RESERVE`` it has held since the batch was made)."""
         try:
-            return self._record(line_id, owner, status_code, dumps(result), True)
-        except StoreFull as exc:
-            error = {"error": {"message": str(exc), "type": "invalid_request_error", "param": None,
-                               "code": "store_full"}}
-            if self._record(line_id, owner, 400, dumps(error), False):
+            return self._record(line_id, owner, status_code, dumps(result))
+        except StoreFull:
+            if self._record(line_id, owner, 400, dumps(FULL_ERROR)):
                 raise
             return False
 
-    def _record(self, line_id: int, owner: str, status_code: int, text: str, bounded: bool) -> bool:
+    def _record(self, line_id: int, owner: str, status_code: int, text: str) -> bool:
+        extra = max(0, len(text) + RECORD_BYTES - LINE_RESERVE)  # beyond what the line holds already
         with self.database.begin() as conn:
             charge(conn, owner, 0)  # the store's write lock
-            size = len(text) + RECORD_BYTES
             done = conn.execute(sa.update(BATCH_LINES).where(BATCH_LINES.c.id == line_id,
                                                              BATCH_LINES.c.done.is_(False))
                                 .values(done=True, status_code=status_code, result=text,
-                                        size=BATCH_LINES.c.size + size)).rowcount > 0
-            if done and bounded:
-                self.quota.reserve(conn, owner, size)
-            elif done:
-                charge(conn, owner, size)
+                                        size=BATCH_LINES.c.size + extra)).rowcount > 0
+            if done and extra:
+                self.quota.reserve(conn, owner, extra)
         return done
 
     def counts(self, batch_id: str) -> tuple[int, int, int, int]:

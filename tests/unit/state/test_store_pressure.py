@@ -7,6 +7,7 @@ PostgreSQL: ``tests/e2e/test_state_postgres.py``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import sqlite3
@@ -49,8 +50,10 @@ def _batch_of(service: BatchService, owner: str, batch_id: str, n: int, size: in
 
 def test_a_batch_whose_output_passes_the_bound_leaves_every_other_keys_responses(tmp_path):
     """The issue's case: two keys, ``--store-max-bytes 60000``. Key a stores 8 responses; key
-    b's 80-line batch passes b's share: it stops (``failed``, the reason in its ``errors`` and
-    error file), and b's next stored response still leaves all 8 of a's."""
+    b's 80-line batch, its lines all running, passes b's share: it stops (``failed``, the reason
+    in its ``errors``), each line answered once (a result, or ``store_full`` within the room the
+    line held since the batch was made: b stays within its share), and b's next stored response
+    still leaves all 8 of a's."""
     store = _store(tmp_path, 60_000, keys=2)
     service = BatchService(BatchStore(store.database, store.quota), FileStore(store))
     mine = _respond(store, "a", 8, 2000)
@@ -58,26 +61,28 @@ def test_a_batch_whose_output_passes_the_bound_leaves_every_other_keys_responses
             "endpoint": "/v1/chat/completions", "request_counts": {"total": 80, "completed": 0, "failed": 0}}
     service.batches.create("b", "batch_b", "openai", body, [(f"r{i}", {"model": "m"}) for i in range(80)])
     full = None
-    claimed = service.batches.claim("runner", 80, 30.0)
-    for n, line in enumerate(claimed):
+    for line in service.batches.claim("runner", 80, 30.0):  # all running at once: each ends after the stop
         try:
             service.batches.complete(line.id, "b", 200, {"text": "y" * 1500})
         except StoreFull as exc:
-            full = str(exc)
-            asyncio.run(service.stop_full("batch_b", full))
-            service.batches.release("runner", [other.id for other in claimed[n + 1:]])  # not started
-            break
+            if full is None:
+                full = str(exc)
+                asyncio.run(service.stop_full("batch_b", full))
     assert full is not None and "share of 30000" in full
+    with store.database.connect() as conn:  # the lines answered store_full within the room they held
+        assert owner_bytes(conn, "b") <= 30_000
     _respond(store, "b", 1, 2000)
     assert _kept(store, "a", mine) == 8
     asyncio.run(service.finish_if_done("batch_b"))  # cancelling with nothing running: it ends now
     ended = service.batches.body("batch_b")
     assert ended["status"] == "failed" and ended["errors"]["data"][0]["code"] == "store_full"
-    error_file = b"".join(service.files.pieces(ended["error_file_id"]))
-    assert b"store_full" in error_file and ended["output_file_id"]  # what it stored is kept
+    records = [json.loads(line) for key in ("output_file_id", "error_file_id")
+               for line in b"".join(service.files.pieces(ended[key])).splitlines()]
+    assert sorted(r["custom_id"] for r in records) == sorted(f"r{i}" for i in range(80))  # each answered once
+    assert any(r["response"] and r["response"]["status_code"] == 200 for r in records)  # what it stored is kept
     assert _kept(store, "a", mine) == 8
     with store.database.connect() as conn:
-        assert owner_bytes(conn, "b") <= 30_000 + 2000 and stored_bytes(conn) <= 60_000
+        assert owner_bytes(conn, "b") <= 30_000 + 2100 and stored_bytes(conn) <= 60_000
     usage_agrees(store.database)
 
 

@@ -106,25 +106,37 @@ def jsonl(records: Iterable[dict]) -> Iterator[bytes]:
         yield json.dumps(record, separators=(",", ":")).encode() + b"\n"
 
 
-def _record(line: LineResult) -> dict:
-    """The output or error file's line of ``line`` (OpenAI's shape)."""
-    if line.status_code is None:  # not run before the batch expired
+# the error file's line for a line not run, by the batch's end (OpenAI's code for an expired
+# one; a batch stopped for room, ``failed``: each line answered, within the room it held since
+# the batch was made, ``state.batches.LINE_RESERVE``). A cancelled batch's are not listed.
+NOT_RUN = {"expired": {"code": "batch_expired",
+                       "message": "This request could not be executed before the completion window expired."},
+           "failed": {"code": "store_full",
+                      "message": "This request was not run: the batch stopped when the server's store was full."}}
+
+
+def _record(line: LineResult, not_run: dict | None) -> dict:
+    """The output or error file's line of ``line`` (OpenAI's shape); ``not_run``: the error of
+    a line that did not run."""
+    if line.status_code is None:  # not run before the batch expired, or stopped for room
         return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
-                "error": {"code": "batch_expired", "message": "This request could not be executed "
-                          "before the completion window expired."}}
+                "error": not_run}
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
             "response": {"status_code": line.status_code, "request_id": f"req_{uuid.uuid4().hex}",
                          "body": line.result}, "error": None}
 
 
-def output_pieces(page: list[LineResult], expired: bool) -> dict[str, list[bytes]]:
+def output_pieces(page: list[LineResult], status: str) -> dict[str, list[bytes]]:
     """A page of an ended batch's lines as the pieces (at most ``CHUNK_BYTES`` each) they add
     to its files: ``{"output_file_id": ..., "error_file_id": ...}``. A 200 goes to the output
-    file, another status to the error file, a line not run to the error file when the batch
-    ``expired`` (a cancelled batch's are not listed)."""
+    file, another status to the error file, a line not run to the error file with the error
+    ``NOT_RUN`` gives for the batch's final ``status`` (not listed when it gives none)."""
+    not_run = NOT_RUN.get(status)
+
     def kind(line: LineResult) -> str | None:
         if line.status_code == 200:
             return "output_file_id"
-        return "error_file_id" if expired or line.status_code is not None else None
+        return "error_file_id" if not_run or line.status_code is not None else None
 
-    return {key: list(rechunk(jsonl(_record(line) for line in page if kind(line) == key))) for key in OUTPUT_FILES}
+    return {key: list(rechunk(jsonl(_record(line, not_run) for line in page if kind(line) == key)))
+            for key in OUTPUT_FILES}

@@ -337,7 +337,7 @@ class BatchService:
         then the batch ended with the files that are not empty (``end_build``). The ended
         batch, or None when another server ended it. Raises ``LostBuild``."""
         while page := self.batches.results_page(batch_id, build.after, PIECE_LINES):
-            pieces = output_pieces(page, expired=build.status == "expired")
+            pieces = output_pieces(page, build.status)
             for key in OUTPUT_FILES:
                 build.files[key][1] += len(pieces[key])
                 build.files[key][2] += sum(len(piece) for piece in pieces[key])
