@@ -15,7 +15,7 @@ the start, within its share, and reads them back every 20 seconds. Checked, and 
   total against the bound (``store_usage``), and at the end that the running totals agree
   with the tables;
 - every batch ended, each of its lines answered once (its output and error files hold each
-  ``custom_id`` at most once, and all of them unless the batch stopped with ``store_full``).
+  ``custom_id`` once: a line not run when its batch stopped for room answers ``store_full``).
 
     python benchmarks/state_soak.py [--minutes 30] [--backends sqlite,postgresql]
 """
