@@ -22,7 +22,7 @@ from glmserve.runtime.catalog import read_config
 from glmserve.runtime.start import model_settings
 from glmserve.settings.serve import DeploySettings, ServeSettings
 from scripts.docs_hooks import settings_class
-from tests.docs_examples import ROOT, cli_commands, pages, yaml_blocks
+from tests.docs_examples import ROOT, cli_commands, examples, pages, yaml_blocks
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,27 @@ def test_every_glmserve_command_in_the_docs_parses(where, command, flags, capsys
         pytest.fail(f"{where}: glmserve {command} {' '.join(flags)}: {capsys.readouterr().err}")
     if command != "bench":  # and every flag is one the chosen engine reads, as start-up checks
         check_engine_settings(settings)
+
+
+def test_every_code_block_the_site_shows_is_a_fenced_example(site):
+    """An indented code block (or a fence the tests' reader misses) is rendered as code but
+    neither run nor parsed: each ``<pre>`` of a built page is one of its page's fenced blocks."""
+    fenced: dict[str, set[str]] = {}
+    for example in examples():
+        fenced.setdefault(example.page, set()).add(" ".join(example.code.split()))
+    escaped = []
+    for page in pages()[1:]:
+        name = page.relative_to(ROOT / "docs").with_suffix("")
+        built = site / ("index.html" if name.name == "index" and name.parent == Path(".") else
+                        name.parent / "index.html" if name.name == "index" else name / "index.html")
+        for block in re.findall(r"<pre[^>]*>(.*?)</pre>", built.read_text(), re.S):
+            if " ".join(_text_keeping_space(block).split()) not in fenced.get(str(page.relative_to(ROOT)), set()):
+                escaped.append(f"{page.relative_to(ROOT)}: {_text_keeping_space(block)[:80]!r}")
+    assert not escaped, "code blocks that are not fenced examples:\n" + "\n".join(escaped)
+
+
+def _text_keeping_space(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
 
 
 def test_the_docs_show_each_command():
