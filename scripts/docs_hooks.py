@@ -8,6 +8,8 @@ the code.
 - ``<!-- glmserve:flags serve|chat|bench -->``: that command's flags, group by group, rendered from
   ``glmserve.flags.flag_groups`` as ``glmserve COMMAND --help`` prints them (one line of help each,
   ending in the default), with each flag's environment variable;
+- ``<!-- glmserve:usage pull|models|launch -->``: that command's ``--help``, as it prints it, in a
+  ``text`` block;
 - ``<!-- glmserve:routes -->``: every route in the OpenAPI document of a server on the default
   model (started with ``--allow-runtime-lora-updating`` and a ``--models-dir`` of one more model,
   so that the LoRA and model-admin routes are in it), with the statuses it declares;
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 BLOCK = re.compile(r"<!-- glmserve:(\w+)(?: (\w+))? -->\n.*?<!-- /glmserve:\1 -->", re.S)
-PAGES = ("flags.md", "routes.md", "metrics.md")  # under docs/reference
+PAGES = ("flags.md", "cli.md", "routes.md", "metrics.md")  # under docs/reference
 
 # each route's page in these docs, by path prefix (first match wins)
 ROUTE_PAGES = (
@@ -79,6 +81,27 @@ def render_flags(command: str) -> str:
     return "\n".join(out)
 
 
+def render_usage(command: str) -> str:
+    """``glmserve COMMAND --help`` for ``pull``, ``models`` and ``launch``, in a fenced block."""
+    import os
+
+    from glmserve import cli, launch
+
+    if command == "launch":
+        text = launch.USAGE
+    else:
+        columns = os.environ.get("COLUMNS")
+        os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: the page's width, whatever runs it
+        try:
+            text = {"pull": cli.pull_parser, "models": cli.models_parser}[command]().format_help()
+        finally:
+            if columns is None:
+                del os.environ["COLUMNS"]
+            else:
+                os.environ["COLUMNS"] = columns
+    return f"```text\n{text.rstrip()}\n```\n"
+
+
 @functools.cache
 def _live_server() -> tuple[dict, str]:
     """(the OpenAPI document, the /metrics text) of a server on the default model."""
@@ -120,7 +143,7 @@ def render_metrics(_: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-RENDER = {"flags": render_flags, "routes": render_routes, "metrics": render_metrics}
+RENDER = {"flags": render_flags, "usage": render_usage, "routes": render_routes, "metrics": render_metrics}
 
 
 def fill(markdown: str, marks: bool = True) -> str:

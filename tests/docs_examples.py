@@ -4,8 +4,8 @@ An example is a fenced ``sh``, ``bash`` or ``python`` block. It talks to a serve
 the docs' server address (``http://127.0.0.1:8000`` or ``localhost:8000``) or runs ``claude`` or
 ``codex``. Such a block may be preceded by ``<!-- not run here: REASON -->`` when it cannot run
 against the default model on a CPU; every other one is run by ``tests/e2e/test_docs_examples.py``.
-Each ``glmserve serve``, ``chat`` and ``bench`` command in any block is parsed with that command's
-flag parser, and each YAML block (a ``--config`` file, a Ray Serve config) is read as the server
+Each ``glmserve`` command in any block (``serve``, ``chat``, ``bench``, ``pull``, ``models``,
+``launch``) is parsed with that command's flag parser, and each YAML block (a ``--config`` file, a Ray Serve config) is read as the server
 reads it (``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader.
 """
 
@@ -65,15 +65,15 @@ def examples() -> list[Example]:
 
 
 def cli_commands() -> list[tuple[str, str, list[str]]]:
-    """Each ``glmserve serve|chat|bench`` command of a shell block: (where, the command, its
-    flags), continuation lines joined, a pipe's left side, redirections and a trailing ``#``
+    """Each ``glmserve serve|chat|bench|pull|models|launch`` command of a shell block: (where,
+    the command, its words after it), continuation lines joined, a pipe's left side, redirections and a trailing ``#``
     comment dropped."""
     commands = []
     for example in examples():
         if example.language not in {"sh", "bash"}:
             continue
         for line in example.code.replace("\\\n", " ").splitlines():
-            match = re.search(r"(?:^|\|)\s*(?:\S*/)?glmserve (serve|chat|bench)\b(.*)$", line)
+            match = re.search(r"(?:^|\|)\s*(?:\S*/)?glmserve (serve|chat|bench|pull|models|launch)\b(.*)$", line)
             if match:
                 commands.append((example.id, match.group(1), _without_redirections(
                     shlex.split(match.group(2), comments=True))))

@@ -52,19 +52,24 @@ def chat(args: list[str]) -> int:
     return run_chat(settings)
 
 
-def pull(args: list[str]) -> int:
-    """``glmserve pull ORG/NAME[:QUANT][@REV] [--engine E] [--revision REV]``: what ``serve
-    --model`` would fetch."""
-    parser = argparse.ArgumentParser(prog="glmserve pull", description="Fetch a model by name from the Hugging "
-                                     "Face Hub (HF_ENDPOINT, HF_TOKEN) into its cache, as glmserve serve --model "
-                                     "would, without serving it.")
+def pull_parser() -> argparse.ArgumentParser:
+    """``glmserve pull``'s flags (``docs/reference/cli.md`` prints its help)."""
+    parser = argparse.ArgumentParser(prog="glmserve pull", allow_abbrev=False,
+                                     description="Fetch a model by name from the Hugging Face Hub (HF_ENDPOINT, "
+                                     "HF_TOKEN) into its cache, as glmserve serve --model would, without serving it.")
     parser.add_argument("model", metavar="ORG/NAME[:QUANT][@REV]",
                         help="a repository; :QUANT picks a GGUF's quantization tag, @REV a branch, tag or commit")
     parser.add_argument("--revision", default=None, metavar="REV", help="a branch, tag or commit (as @REV)")
     parser.add_argument("--engine", choices=["llama_cpp", "transformers", "vllm"], default=None,
                         help="the engine it is for (default: llama_cpp for NAME:QUANT or a name ending in GGUF, "
                              "else transformers)")
-    parsed = parser.parse_args(args)
+    return parser
+
+
+def pull(args: list[str]) -> int:
+    """``glmserve pull ORG/NAME[:QUANT][@REV] [--engine E] [--revision REV]``: what ``serve
+    --model`` would fetch."""
+    parsed = pull_parser().parse_args(args)
     logging.basicConfig(level="INFO", format="%(message)s")
     from glmserve.models import ModelNotFoundError, hub
 
@@ -80,12 +85,18 @@ def pull(args: list[str]) -> int:
     return 0
 
 
+def models_parser() -> argparse.ArgumentParser:
+    """``glmserve models``'s flags (``docs/reference/cli.md`` prints its help)."""
+    parser = argparse.ArgumentParser(prog="glmserve models", allow_abbrev=False,
+                                     description="List the models here: those in the Hugging Face cache (servable "
+                                     "by name) and under each --models-dir, with sizes.")
+    parser.add_argument("--models-dir", action="append", default=[], metavar="DIR", help="a folder of models")
+    return parser
+
+
 def models(args: list[str]) -> int:
     """``glmserve models [--models-dir DIR]...``: what ``serve --model`` finds here without a download."""
-    parser = argparse.ArgumentParser(prog="glmserve models", description="List the models here: those in the "
-                                     "Hugging Face cache (servable by name) and under each --models-dir, with sizes.")
-    parser.add_argument("--models-dir", action="append", default=[], metavar="DIR", help="a folder of models")
-    parsed = parser.parse_args(args)
+    parsed = models_parser().parse_args(args)
     from glmserve.models import hub
     from glmserve.runtime.catalog import ConfigError, scan_models_dir
 

@@ -87,6 +87,24 @@ AGENTS = {"claude": Agent("claude", "@anthropic-ai/claude-code"), "codex": Agent
           "opencode": Agent("opencode", "opencode-ai")}
 
 
+# ``glmserve launch --help`` (``docs/reference/cli.md`` prints it)
+USAGE = f"""usage: glmserve launch {{{','.join(AGENTS)}}} [SERVE FLAGS | --url URL [--api-key KEY]] [-- AGENT ARGS]
+
+Run a coding agent against glmserve, set up so that it reaches glmserve only, whatever the
+user's and the project's agent configuration say.
+
+  SERVE FLAGS      start a server on 127.0.0.1 with glmserve serve's flags (glmserve serve --help)
+                   for the agent's run, serving the model's own context unless --n-ctx is given
+  --url URL        use a running server instead (no serve flags but --api-key)
+  --api-key KEY    the key the agent sends, and a started server requires (default: the first
+                   of GLMSERVE_API_KEY, else a random one, which a --url server without keys ignores)
+  -- AGENT ARGS    the agent's own arguments, e.g. -- -p "a prompt" (claude), -- exec "a task" (codex)
+
+Exit status: the agent's; 128 + N when signal N ended the launch before the agent ran; 2 for
+a bad serve flag; 1 with a one-line error.
+"""
+
+
 class LaunchError(Exception):
     """Why the agent cannot be launched, in one line."""
 
@@ -100,7 +118,8 @@ class Stopped(Exception):
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str], list[str]]:
-    """``(--url, serve flags, agent args)`` of the words after the agent's name."""
+    """``(--url, serve flags, agent args)`` of the words after the agent's name. Raises
+    ``LaunchError`` for ``--url`` with serve flags other than ``--api-key``."""
     serve, agent = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
     url = None
     if "--url" in serve:
@@ -108,6 +127,8 @@ def split_args(args: list[str]) -> tuple[str | None, list[str], list[str]]:
         if at + 1 >= len(serve):
             raise LaunchError("--url needs a URL")
         url, serve = serve[at + 1].rstrip("/"), serve[:at] + serve[at + 2:]
+        if _without(serve, "--api-key"):
+            raise LaunchError("with --url the server runs already: serve flags (but --api-key) cannot apply to it")
     return url, serve, agent
 
 
@@ -314,6 +335,9 @@ class _Signals:
 def launch(args: list[str]) -> int:
     """``glmserve launch``'s whole run (see the module docstring): the agent's exit status.
     Raises ``LaunchError``."""
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
     if not args or args[0] not in AGENTS:
         raise LaunchError(f"name an agent: glmserve launch {{{','.join(AGENTS)}}} [SERVE FLAGS] [-- AGENT ARGS]")
     name, (url, serve, agent_args) = args[0], split_args(args[1:])
@@ -321,8 +345,6 @@ def launch(args: list[str]) -> int:
     exe = shutil.which(agent.command)
     if exe is None:
         raise LaunchError(f"{agent.command} is not installed: npm install -g {agent.package}")
-    if url is not None and _without(serve, "--api-key"):
-        raise LaunchError("with --url the server runs already: serve flags (but --api-key) cannot apply to it")
     key, server_env = server_key(serve)
     signals, proc = _Signals(), None
     try:

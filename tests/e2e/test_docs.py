@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from glmserve.cli import models_parser, pull_parser
 from glmserve.flags import parse_flags
+from glmserve.launch import AGENTS, LaunchError, split_args
 from glmserve.engine import check_engine_settings
 from glmserve.runtime.catalog import read_config
 from glmserve.runtime.start import model_settings
@@ -66,6 +68,7 @@ def test_the_site_builds_strictly_with_every_section(site):
                  "guides/gpu-vllm/index.html", "guides/many-models/index.html", "guides/lora/index.html",
                  "guides/vision/index.html", "guides/tools/index.html", "guides/ray/index.html",
                  "guides/chat-ui/index.html", "guides/python-api/index.html", "reference/flags/index.html",
+                 "reference/cli/index.html",
                  "reference/routes/index.html", "reference/metrics/index.html", "performance/index.html",
                  "design/index.html"):
         assert (site / page).is_file(), page
@@ -111,7 +114,20 @@ def test_the_metric_table_holds_the_served_metrics(site):
 
 @pytest.mark.parametrize("where,command,flags", cli_commands(), ids=[f"{w}:{c}" for w, c, _ in cli_commands()])
 def test_every_glmserve_command_in_the_docs_parses(where, command, flags, capsys):
+    url = None
+    if command == "launch":  # an agent, then serve's flags (or --url and --api-key), then the agent's own
+        assert flags[0] in AGENTS, f"{where}: glmserve launch {flags[0]}"
+        try:
+            url, flags, _ = split_args(flags[1:])
+        except LaunchError as exc:
+            pytest.fail(f"{where}: glmserve launch: {exc}")
+        command = "serve"
     try:
+        if command in ("pull", "models"):
+            {"pull": pull_parser, "models": models_parser}[command]().parse_args(flags)
+            return
+        if url is not None:  # a running server: only the key it is sent (split_args checks)
+            return
         settings = parse_flags(settings_class(command), flags)
     except SystemExit:
         pytest.fail(f"{where}: glmserve {command} {' '.join(flags)}: {capsys.readouterr().err}")
@@ -141,7 +157,7 @@ def _text_keeping_space(fragment: str) -> str:
 
 
 def test_the_docs_show_each_command():
-    assert {command for _, command, _ in cli_commands()} == {"serve", "chat", "bench"}
+    assert {command for _, command, _ in cli_commands()} == {"serve", "chat", "bench", "pull", "models", "launch"}
     assert len(cli_commands()) >= 15
 
 
