@@ -30,11 +30,13 @@ ERROR_STATUSES = {
 }
 
 
-def error_responses(*statuses: int, anthropic: bool = False) -> dict[int | str, dict[str, Any]]:
+def error_responses(*statuses: int, anthropic: bool = False, **descriptions: str) -> dict[int | str, dict[str, Any]]:
     """FastAPI ``responses=`` entries for ``statuses``, each with the OpenAI error body
-    (``anthropic``: Anthropic's)."""
+    (``anthropic``: Anthropic's) and ``ERROR_STATUSES``'s description, or the route's own as
+    ``s503="..."``."""
     model = ErrorEnvelope if anthropic else ErrorResponse
-    return {status: {"model": model, "description": ERROR_STATUSES[status]} for status in statuses}
+    return {status: {"model": model, "description": descriptions.get(f"s{status}", ERROR_STATUSES[status])}
+            for status in statuses}
 
 
 def install_openapi(app: FastAPI) -> None:

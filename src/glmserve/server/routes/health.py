@@ -12,11 +12,13 @@ from fastapi import APIRouter, Request
 
 from glmserve.engine import EngineError
 from glmserve.protocol.errors import APIError
+from glmserve.server.openapi import error_responses
 
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", responses=error_responses(
+    503, s503="The engine cannot serve (`engine_unhealthy`): its worker or core died"))
 async def health(request: Request) -> dict[str, Any]:
     state = request.app.state
     try:
