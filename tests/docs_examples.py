@@ -11,6 +11,8 @@ reads it (``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ SERVER = re.compile(r"(?:https?://)?(?:127\.0\.0\.1|localhost):8000")
 AGENT = re.compile(r"^\s*(?:\S+=\S+\s+)*(?:claude|codex)\b", re.M)
 COMMENT = re.compile(r"(?:^|\s)#.*$", re.M)
 NOT_RUN = re.compile(r"<!-- not run here: (.+?) -->\s*$")
+COMMANDS = ("serve", "chat", "bench", "pull", "models", "launch")  # glmserve's commands the tests parse
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
 
 
@@ -65,18 +68,26 @@ def examples() -> list[Example]:
 
 
 def cli_commands() -> list[tuple[str, str, list[str]]]:
-    """Each ``glmserve serve|chat|bench|pull|models|launch`` command of a shell block: (where,
-    the command, its words after it), continuation lines joined, a pipe's left side, redirections and a trailing ``#``
-    comment dropped."""
+    """Each ``glmserve serve|chat|bench|pull|models|launch`` command of a shell block, a systemd
+    unit's ``ExecStart=`` or a Dockerfile's ``CMD [...]``: (where, the command, its words after
+    it), continuation lines joined, a trailing ``#`` comment, redirections and what follows a
+    ``|``, ``&&`` or ``;`` dropped."""
     commands = []
     for example in examples():
-        if example.language not in {"sh", "bash"}:
+        if example.language not in {"sh", "bash", "ini", "dockerfile"}:
             continue
         for line in example.code.replace("\\\n", " ").splitlines():
-            match = re.search(r"(?:^|\|)\s*(?:\S*/)?glmserve (serve|chat|bench|pull|models|launch)\b(.*)$", line)
-            if match:
-                commands.append((example.id, match.group(1), _without_redirections(
-                    shlex.split(match.group(2), comments=True))))
+            if not re.search(rf"glmserve\W+(?:{'|'.join(COMMANDS)})\b", line):
+                continue
+            if re.match(r"(?:CMD|ENTRYPOINT)\s*\[", line):  # a Dockerfile's exec form: a JSON list
+                words = json.loads(line.split(None, 1)[1])
+            else:
+                words = shlex.split(line, comments=True)
+            for at, word in enumerate(words[:-1]):
+                if re.split(r"[=/]", word)[-1] == "glmserve" and words[at + 1] in COMMANDS:
+                    rest = list(itertools.takewhile(lambda w: w not in {"|", "&&", ";"}, words[at + 2:]))
+                    commands.append((example.id, words[at + 1], _without_redirections(rest)))
+                    break
     return commands
 
 

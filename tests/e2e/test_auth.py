@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -116,3 +117,28 @@ def test_the_model_routes_need_an_admin_key_when_there_is_one(tmp_path):
         assert call("POST", "/models/unload", "admin-key").json() == {"model": "alpha", "status": "unloaded"}
     finally:
         server.stop()
+
+
+def test_no_key_reaches_the_log_or_the_database():
+    """``docs/guides/security.md``: at ``--log-level debug``, after requests with the right key
+    (OpenAI's and Anthropic's headers, a stored response), a wrong one and an admin key, neither
+    the server's log nor its state database holds any of them (the database: the key's SHA-256
+    digest as the owner)."""
+    user, admin, wrong = "sk-user-5d1c0ffee", "sk-admin-7a11beef", "sk-wrong-3e9dead"
+    srv = RemoteServer("--log-level", "debug", env={"GLMSERVE_API_KEY": user, "GLMSERVE_ADMIN_API_KEY": admin})
+    try:
+        stored = srv.client(api_key=user).responses.create(model=DEFAULT_MODEL, input="Hi", max_output_tokens=2)
+        assert srv.client(api_key=user).responses.retrieve(stored.id).id == stored.id
+        reply = httpx.post(f"{srv.url}/v1/messages", headers={"x-api-key": user, "anthropic-version": "2023-06-01"},
+                           json={"model": DEFAULT_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200
+        assert httpx.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {admin}"}).status_code == 200
+        assert httpx.get(f"{srv.url}/v1/models", headers={"Authorization": f"Bearer {wrong}"}).status_code == 401
+        database = b"".join(path.read_bytes() for path in Path(srv._state_dir).glob("state.db*"))  # with its WAL
+    finally:
+        srv.stop()
+    log = srv.log()
+    assert "GET /v1/models" in log and "POST /v1/responses" in log  # the requests were logged
+    assert stored.id.encode() in database
+    for key in (user, admin, wrong):
+        assert key not in log and key.encode() not in database, key
