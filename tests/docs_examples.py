@@ -4,9 +4,11 @@ An example is a fenced ``sh``, ``bash`` or ``python`` block. It talks to a serve
 the docs' server address (``http://127.0.0.1:8000`` or ``localhost:8000``) or runs ``claude`` or
 ``codex``. Such a block may be preceded by ``<!-- not run here: REASON -->`` when it cannot run
 against the default model on a CPU; every other one is run by ``tests/e2e/test_docs_examples.py``.
-Each ``glmserve`` command in any block (``serve``, ``chat``, ``bench``, ``pull``, ``models``,
-``launch``) is parsed with that command's flag parser, and each YAML block (a ``--config`` file, a Ray Serve config) is read as the server
-reads it (``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader.
+Each ``glmserve`` command (``serve``, ``chat``, ``bench``, ``pull``, ``models``, ``launch``) of a
+shell block, a systemd unit or a Dockerfile is parsed with that command's flag parser, and each
+YAML block (a ``--config`` file, a Ray Serve config) is read as the server reads it
+(``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader. Every code
+block the site shows must be a fenced one (an indented block would escape all this).
 """
 
 from __future__ import annotations

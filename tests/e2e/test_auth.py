@@ -130,7 +130,8 @@ def test_no_key_reaches_the_log_or_the_database():
         stored = srv.client(api_key=user).responses.create(model=DEFAULT_MODEL, input="Hi", max_output_tokens=2)
         assert srv.client(api_key=user).responses.retrieve(stored.id).id == stored.id
         reply = httpx.post(f"{srv.url}/v1/messages", headers={"x-api-key": user, "anthropic-version": "2023-06-01"},
-                           json={"model": DEFAULT_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+                           json={"model": DEFAULT_MODEL, "max_tokens": 2,
+                                 "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200
         assert httpx.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {admin}"}).status_code == 200
         assert httpx.get(f"{srv.url}/v1/models", headers={"Authorization": f"Bearer {wrong}"}).status_code == 401
