@@ -17,6 +17,7 @@ import itertools
 import json
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,8 @@ AGENT = re.compile(r"^\s*(?:\S+=\S+\s+)*(?:claude|codex)\b", re.M)
 COMMENT = re.compile(r"(?:^|\s)#.*$", re.M)
 NOT_RUN = re.compile(r"<!-- not run here: (.+?) -->\s*$")
 COMMANDS = ("serve", "chat", "bench", "pull", "models", "launch")  # glmserve's commands the tests parse
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+# a fenced block, at the margin or indented inside a list item (its lines then share the fence's indent)
+FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```\s*$", re.M | re.S)
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,9 @@ def examples() -> list[Example]:
         for match in FENCE.finditer(text):
             before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
             reason = NOT_RUN.match(before)
+            code = textwrap.dedent(match.group(3)) if match.group(1) else match.group(3)
             found.append(Example(str(path.relative_to(ROOT)), text.count("\n", 0, match.start()) + 1,
-                                 match.group(1), match.group(2), reason.group(1) if reason else None))
+                                 match.group(2), code, reason.group(1) if reason else None))
     return found
 
 
