@@ -12,11 +12,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
+from tests.benchmark_scripts import BENCHMARKS
 
 PROBE = """
 import asyncio, json, sys

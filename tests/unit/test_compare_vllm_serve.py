@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
+from tests.benchmark_scripts import load
+
 
 # run with the hook as sitecustomize: the schedule it wraps is swapped for one giving two
 # steps (33 new requests and 2048 tokens, then a decode step) and one empty step
@@ -28,12 +28,7 @@ for _ in range(3):
 
 
 def _compare():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import compare_vllm_serve
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return compare_vllm_serve
+    return load("compare_vllm_serve")
 
 
 def test_hook_logs_each_step_that_ran_tokens(tmp_path):

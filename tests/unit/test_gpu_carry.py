@@ -4,22 +4,17 @@ through an extra, ``pydantic-extra-types[pycountry]``, was missing from the firs
 
 from __future__ import annotations
 
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
+from tests.benchmark_scripts import load
+
 
 
 def _gpu_carry():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import gpu_carry
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return gpu_carry
+    return load("gpu_carry")
 
 
 def _wheel(folder: Path, name: str, *requires: str) -> Path:

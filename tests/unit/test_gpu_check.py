@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
+from tests.benchmark_scripts import BENCHMARKS, load
+
 
 
 def test_help_documents_both_parts():
@@ -22,12 +22,7 @@ def test_help_documents_both_parts():
 
 
 def _gpu_check():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return gpu_check
+    return load("gpu_check")
 
 
 def test_a_failed_cases_server_log_is_kept_in_the_report():

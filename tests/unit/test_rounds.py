@@ -9,21 +9,16 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-BENCHMARKS = Path(__file__).parent.parent.parent / "benchmarks"
+from tests.benchmark_scripts import load
+
 
 
 def _rounds():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import rounds
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return rounds
+    return load("rounds")
 
 
 def test_order_is_abba_and_balanced_at_every_level():
