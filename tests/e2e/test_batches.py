@@ -8,11 +8,9 @@ keys that do not see each other's files and batches."""
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 
 import anthropic
 import httpx
@@ -20,27 +18,9 @@ import openai
 import pytest
 
 from glmserve.testing import RemoteServer
+from tests.e2e.keyed_state import GREEDY, KEY, OTHER_KEY, client, metric, model, server  # noqa: F401 (fixtures)
 
-KEY, OTHER_KEY = "key-a", "key-b"
-GREEDY = ("--override-generation-config", '{"temperature": 0}')
 ENDED = ("completed", "failed", "cancelled", "expired")
-
-
-@pytest.fixture(scope="module")
-def server(state_backend) -> Iterator[RemoteServer]:
-    srv = RemoteServer("--api-key", KEY, "--api-key", OTHER_KEY, *GREEDY, env=state_backend[1])
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.client(api_key=KEY)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
 
 
 def _own_database(state_backend, request) -> dict[str, str]:
@@ -82,13 +62,11 @@ def _records(client: openai.OpenAI, file_id: str | None) -> list[dict]:
 
 
 def _running(server: RemoteServer) -> float:
-    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-    return float(re.search(r"^glmserve:num_requests_running\{[^}]*\} (\S+)$", text, re.M).group(1))
+    return metric(server, "glmserve:num_requests_running")
 
 
 def _successes(server: RemoteServer) -> int:
-    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-    return int(sum(float(v) for v in re.findall(r"^glmserve:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
+    return int(metric(server, "glmserve:request_success_total"))
 
 
 def test_a_batch_of_200_chat_requests_completes(client, model):

@@ -12,40 +12,20 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
 from glmserve.testing import RemoteServer
+from tests.e2e.keyed_state import GREEDY, KEY, OTHER_KEY, client, metric, model, server  # noqa: F401 (fixtures)
 
 
-KEY, OTHER_KEY = "key-a", "key-b"
-GREEDY = ("--override-generation-config", '{"temperature": 0}')
 LONG = "Write a long story about a dragon."
 
 
-@pytest.fixture(scope="module")
-def server(state_backend) -> Iterator[RemoteServer]:
-    srv = RemoteServer("--api-key", KEY, "--api-key", OTHER_KEY, *GREEDY, env=state_backend[1])
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return server.client(api_key=KEY)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
-
-
 def _running(server: RemoteServer) -> float:
-    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-    return float(re.search(r"^glmserve:num_requests_running\{[^}]*\} (\S+)$", text, re.M).group(1))
+    return metric(server, "glmserve:num_requests_running")
 
 
 def test_store_retrieve_list_delete(client, model):
