@@ -1,9 +1,10 @@
 """The composition root: settings -> the started models -> the HTTP app serving them
 (``build_app``), the one app that ``glmserve serve`` and each Ray Serve replica run.
 
-The layers below it (``server`` over ``serving.runtime.Runtime`` over the engines) never import
-this module or ``glmserve.runtime.start``: every import arrow points down (``tests/unit/
-test_import_graph.py`` keeps it so)."""
+The layers below it (``server`` over ``runtime.services.Runtime`` and ``runtime.served.ServedModels``,
+over ``serving`` and the engines) never import this module, and nothing under ``server`` imports
+``glmserve.runtime.start``: every import arrow points down (``tests/unit/test_import_graph.py``
+keeps it so)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""The command-line flags as users read them: in groups, each flag with one line of help that
-ends in its default.
+"""The command-line flags of ``glmserve serve``, ``chat`` and ``bench`` as users read them: in
+groups, each flag with one line of help that ends in its default, and parsed (``parse_flags``:
+pydantic-settings' CLI source over a settings class; a bad flag is one line and exit status 2).
 
-``glmserve serve --help`` (``cli.py``) and the docs' flag reference (``docs/reference/flags.md``,
-kept up to date by ``scripts/docs_hooks.py``) are both rendered from ``flag_groups``, so the two
-cannot drift apart. The flags themselves, their types, bounds and help sentences are the settings
-classes' fields (``settings.py`` and each engine's ``settings.py``); this module only orders them
-and spells their defaults.
+``glmserve serve --help`` and the docs' flag reference (``docs/reference/flags.md``, kept up to
+date by ``scripts/docs_hooks.py``) are both rendered from ``flag_groups``, so the two cannot
+drift apart. The flags themselves, their types, bounds and help sentences are the settings
+classes' fields (the ``glmserve.settings`` package and each engine's ``settings.py``); this module
+only orders them, spells their defaults and parses them.
 """
 
 from __future__ import annotations

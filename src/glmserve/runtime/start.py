@@ -1,6 +1,7 @@
 """Start a model from settings: engine (started), chat template, and the services over it (a
-``serving.runtime.Runtime``: ``start_runtime``); the models of a server of several
-(``serve_many``), each with the settings it is served with (``model_settings``).
+``runtime.services.Runtime``: ``start_runtime``); the models of a server of several
+(``serve_many``: a ``runtime.served.ServedModels`` over a ``ModelRegistry``), each with the
+settings it is served with (``model_settings``).
 
 Shared by ``glmserve serve``, every Ray Serve replica (through ``glmserve.composition``) and
 the in-process ``LLM``, so all behave the same. Nothing here imports the HTTP server.
