@@ -120,7 +120,13 @@ def serve(port: int, tokens: int) -> None:
         from glmserve.server.http_protocol import guarded_protocol as protocol
     except ImportError:  # a --baseline-src checkout from before it: h11's, as it served then
         from glmserve.server.http_protocol import protocol_with_header_timeout as protocol
-    uvicorn.run(create_app(service, ui=False), host="127.0.0.1", port=port, log_level="warning", http=protocol(30.0))
+    try:
+        from glmserve.server import AppOptions
+
+        app = create_app(service, AppOptions(ui=False))
+    except ImportError:  # a --baseline-src checkout from before AppOptions: keyword arguments
+        app = create_app(service, ui=False)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http=protocol(30.0))
 
 
 # case -> (path, body); every body asks for TOKENS output tokens (filled in by body())

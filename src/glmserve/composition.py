@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI
 
 from glmserve.runtime.start import freeze_heap, serve_many, start_runtime
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.runtime.services import Runtime
 from glmserve.runtime.served import ServedModels
 from glmserve.serving.batches.service import BatchService
@@ -28,7 +28,7 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     """Start the engine and return the HTTP app serving it (the app shuts the engine down on
     exit): the one app that ``glmserve serve`` and each Ray Serve replica run.
 
-    ``replica_id``, ``deployment_health``: see ``server.create_app``. Raises one of
+    ``replica_id``, ``deployment_health``: see ``server.AppOptions``. Raises one of
     ``STARTUP_ERRORS`` as ``start_runtime`` does (``DatabaseError``: the state database cannot
     be opened), before any engine starts."""
     ttl_s = settings.store_ttl_s()
@@ -43,13 +43,13 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
         except BaseException:
             runtime.shutdown()
             raise
-    app = create_app(served, api_key=settings.api_key, admin_api_key=settings.admin_api_key,
-                      shutdown_timeout=settings.shutdown_timeout, max_request_bytes=settings.max_request_bytes,
-                      client_body_timeout=settings.client_body_timeout, allowed_origins=settings.allowed_origins,
-                      replica_id=replica_id, deployment_health=deployment_health, ui=settings.ui,
-                      runtime_lora=settings.allow_runtime_lora_updating,
-                      storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
-                      purge_interval_s=min(3600.0, ttl_s / 10),
-                      batch_service=BatchService(BatchStore(database, store.quota), FileStore(store)))
+    app = create_app(served, AppOptions(
+        api_key=settings.api_key, admin_api_key=settings.admin_api_key, shutdown_timeout=settings.shutdown_timeout,
+        max_request_bytes=settings.max_request_bytes, client_body_timeout=settings.client_body_timeout,
+        allowed_origins=settings.allowed_origins, replica_id=replica_id, deployment_health=deployment_health,
+        ui=settings.ui, runtime_lora=settings.allow_runtime_lora_updating,
+        storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
+        purge_interval_s=min(3600.0, ttl_s / 10),
+        batch_service=BatchService(BatchStore(database, store.quota), FileStore(store))))
     freeze_heap()  # what start-up made lives as long as the process
     return app

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -28,40 +29,57 @@ from glmserve.runtime.served import ServedModels
 from glmserve.serving.responses.stored import ResponseStorage
 
 
-def create_app(
-    served: ServedModels | Runtime | ChatService, api_key: str | Sequence[str] | None = None,
-    shutdown_timeout: float = 30.0, max_request_bytes: int = 64 * 1024 * 1024, client_body_timeout: float = 30.0,
-    allowed_origins: Sequence[str] = (), replica_id: str | None = None,
-    deployment_health: Callable[[], Awaitable[dict]] | None = None, ui: bool = True, runtime_lora: bool = False,
-    storage: ResponseStorage | None = None, purge_interval_s: float = 3600.0,
-    batch_service: BatchService | None = None, admin_api_key: Sequence[str] = (),
-) -> FastAPI:
-    """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
-    or a ``ChatService`` with the default services over it); unloads them all on exit.
+@dataclass(frozen=True)
+class AppOptions:
+    """What ``create_app`` serves besides the models (``composition.build_app`` fills it from
+    the serve settings; every field has the default of a bare app, as the unit tests make it).
 
-    ``api_key``: every route but ``/health`` needs it, or one of them (``/docs`` and ``/redoc``
-    are off then); ``admin_api_key``: keys that alone may call the admin routes (model load and
-    unload, LoRA load and unload, ``/metrics``: ``server/auth.require_admin_key``), and every
-    other route (none: every key is an admin);
-    ``shutdown_timeout``: seconds open streams may run on after SIGTERM; bodies over
-    ``max_request_bytes`` get a 413, bodies that stall for ``client_body_timeout`` seconds a
-    408; ``allowed_origins``: browser origins allowed by CORS (none: no CORS headers). Every
-    response carries ``x-request-id``, and with ``replica_id`` (a Ray Serve replica)
-    ``x-glmserve-replica``; ``deployment_health`` adds the deployment's state to ``/health``;
-    ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``runtime_lora``: mount
-    ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``; ``storage``: stored responses
-    (default: none kept), its expired ones deleted every ``purge_interval_s`` seconds;
-    ``batch_service``: files and batches (default: none kept), whose lines a ``BatchRunner``
-    runs while the app runs."""
+    - ``api_key``: every route but ``/health`` (and the web page) needs one of these keys
+      (``/docs`` and ``/redoc`` are off then); ``admin_api_key``: keys that alone may call the
+      admin routes (model load and unload, LoRA load and unload, ``/models/events``,
+      ``/metrics``: ``server/auth.require_admin_key``) and every other route (none: every key
+      is an admin);
+    - ``shutdown_timeout``: seconds open streams may run on after SIGTERM;
+      ``max_request_bytes``: bodies over it get a 413; ``client_body_timeout``: bodies that
+      stall this many seconds get a 408; ``allowed_origins``: browser origins allowed by CORS
+      (none: no CORS headers);
+    - ``replica_id`` (a Ray Serve replica): sent as ``x-glmserve-replica`` on every response;
+      ``deployment_health``: adds the deployment's state to ``/health``;
+    - ``ui``: serve the web chat page at ``/`` (``server/routes/ui.py``); ``runtime_lora``:
+      mount ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``;
+    - ``storage``: stored responses (default: none kept), its expired ones deleted every
+      ``purge_interval_s`` seconds; ``batch_service``: files and batches (default: none kept),
+      whose lines a ``BatchRunner`` runs while the app runs."""
+
+    api_key: str | Sequence[str] | None = None
+    admin_api_key: Sequence[str] = ()
+    shutdown_timeout: float = 30.0
+    max_request_bytes: int = 64 * 1024 * 1024
+    client_body_timeout: float = 30.0
+    allowed_origins: Sequence[str] = ()
+    replica_id: str | None = None
+    deployment_health: Callable[[], Awaitable[dict]] | None = None
+    ui: bool = True
+    runtime_lora: bool = False
+    storage: ResponseStorage | None = None
+    purge_interval_s: float = 3600.0
+    batch_service: BatchService | None = None
+
+
+def create_app(served: ServedModels | Runtime | ChatService, options: AppOptions = AppOptions()) -> FastAPI:
+    """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
+    or a ``ChatService`` with the default services over it), with ``options`` (``AppOptions``);
+    unloads the models on exit. Every response carries ``x-request-id``."""
+    o = options
     if isinstance(served, ChatService):
         served = Runtime.over(served)
     if isinstance(served, Runtime):
         served = ServedModels.single(served)
     models_served: ServedModels = served
-    admin_keys = tuple(admin_api_key)
-    keys = ((api_key,) if isinstance(api_key, str) else tuple(api_key or ())) + admin_keys
-    stored = storage or ResponseStorage(None)
-    batch_work = batch_service or BatchService(None, None)
+    admin_keys = tuple(o.admin_api_key)
+    keys = ((o.api_key,) if isinstance(o.api_key, str) else tuple(o.api_key or ())) + admin_keys
+    stored = o.storage or ResponseStorage(None)
+    batch_work = o.batch_service or BatchService(None, None)
     activity = Activity()
 
     def capacity() -> int:  # the engines' full batch size
@@ -71,7 +89,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if stored.store:
-            tasks.append(asyncio.create_task(stored.purge_forever(purge_interval_s)))
+            tasks.append(asyncio.create_task(stored.purge_forever(o.purge_interval_s)))
             tasks.append(asyncio.create_task(stored.heartbeat_forever()))
         runner = None
         if batch_work.batches is not None:
@@ -95,17 +113,17 @@ def create_app(
     app.state.batches = batch_work
     app.state.activity = activity
     app.state.models = models_served
-    app.state.replica_id = replica_id
-    app.state.deployment_health = deployment_health
-    app.state.shutdown_timeout = shutdown_timeout
+    app.state.replica_id = o.replica_id
+    app.state.deployment_health = o.deployment_health
+    app.state.shutdown_timeout = o.shutdown_timeout
     install_error_handlers(app)
     install_openapi(app)
     # the last added is the outermost: request id, then CORS, then the body limits
-    app.add_middleware(BodyLimits, max_bytes=max_request_bytes, timeout_s=client_body_timeout)
-    if allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+    app.add_middleware(BodyLimits, max_bytes=o.max_request_bytes, timeout_s=o.client_body_timeout)
+    if o.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(o.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])
-    app.add_middleware(RequestId, replica_id=replica_id)
+    app.add_middleware(RequestId, replica_id=o.replica_id)
     app.include_router(health.router)
     protected = [Depends(require_api_key)]
     needs_key = error_responses(401)
@@ -128,10 +146,10 @@ def create_app(
                        responses=error_responses(401, anthropic=True))
     app.include_router(embeddings.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
-    if runtime_lora:
+    if o.runtime_lora:
         app.include_router(lora.router, dependencies=admin, responses=needs_admin)
     app.include_router(metrics.router, dependencies=admin, responses=needs_admin)
-    if ui:
+    if o.ui:
         install_ui(app)
     return app
 

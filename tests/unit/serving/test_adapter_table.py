@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.engine.base import LoRAAdapterError
 from glmserve.protocol.errors import APIError
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
@@ -127,7 +127,7 @@ def _served(table: AdapterTable, max_loaded: int = 1) -> tuple[TestClient, list[
 
     registry = ModelRegistry([ModelSpec("base", load_base, Runtime.shutdown),
                               ModelSpec("other", load_other, Runtime.shutdown)], max_loaded=max_loaded)
-    app = create_app(ServedModels(registry, "base", {"base": table}), runtime_lora=True)
+    app = create_app(ServedModels(registry, "base", {"base": table}), AppOptions(runtime_lora=True))
     return TestClient(app), engines
 
 
@@ -157,7 +157,7 @@ def test_a_request_loads_an_adapter_that_max_loras_put_out():
     chat = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
     chat.model.adapter_table = AdapterTable(max_loras=1)
     chat.model.adapter_table.attach(engine)
-    with TestClient(create_app(chat, runtime_lora=True)) as http:
+    with TestClient(create_app(chat, AppOptions(runtime_lora=True))) as http:
         for name in ("a", "b"):
             assert http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": f"/x/{name}"}).status_code == 200
         assert engine.model_info.lora_adapters == ("b",)

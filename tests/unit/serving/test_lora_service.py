@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.serving import adapters
 from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
@@ -16,7 +16,7 @@ from tests.unit.fakes import FakeEngine
 def _http(runtime_lora: bool = True) -> TestClient:
     engine = FakeEngine()
     return TestClient(create_app(ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE)),
-                                 runtime_lora=runtime_lora))
+                                 AppOptions(runtime_lora=runtime_lora)))
 
 
 def _load(http, name, path="/adapters/x", **extra):

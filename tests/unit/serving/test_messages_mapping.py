@@ -10,7 +10,7 @@ import json
 from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.serving.chat.service import ChatService
 from tests.unit.fakes import FakeEngine
 from tests.unit.serving.test_serving_tools import TEMPLATES
@@ -24,7 +24,7 @@ CALL = ("\n<think>Call the tool.</think>\n<tool_call>get_weather\n<arg_key>city<
 def _client(reply: str, context_length: int = 4000, **app_kw) -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
     service = ChatService(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45")
-    return engine, TestClient(create_app(service, **app_kw))
+    return engine, TestClient(create_app(service, AppOptions(**app_kw)))
 
 
 def _body(**kw) -> dict:

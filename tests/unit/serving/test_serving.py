@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.sampling import check_supported, to_sampling_params
 from tests.unit.fakes import FakeEngine
@@ -167,7 +167,7 @@ def test_replica_header_and_deployment_health(engine):
         return {"replicas": {"RUNNING": 2}}
 
     service = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
-    with TestClient(create_app(service, replica_id="r1", deployment_health=deployment)) as client:
+    with TestClient(create_app(service, AppOptions(replica_id="r1", deployment_health=deployment))) as client:
         health = client.get("/health")
         assert health.json() == {"status": "ok", "replica": "r1", "deployment": {"replicas": {"RUNNING": 2}}}
         models = client.get("/v1/models")
