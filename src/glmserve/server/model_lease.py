@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request, Response
 
 from glmserve.server.auth import cache_owner, owner
+from glmserve.server.endpoints import ENDPOINTS, Call
 from glmserve.server.sse import OPENAI, SSEDialect, respond
 from glmserve.serving.generation.request_scope import CACHE_SALT
 from glmserve.serving.generation.request_scope import cache_salt as salt_for
@@ -46,6 +47,19 @@ def scope_cache(request: Request, client_salt: str | None) -> None:
     """Set the engine's cache salt (``serving/generation/request_scope.py``) for this request's task, and the
     tasks it starts (a background response)."""
     CACHE_SALT.set(salt_for(cache_owner(request.app, owner(request)), client_salt))
+
+
+def http_call(request: Request) -> Call:
+    """An HTTP request's ``Call`` (``server/endpoints.py``): its key's owner and the app's storage."""
+    return Call(owner(request), request.app.state.responses_storage)
+
+
+async def respond_with_endpoint(request: Request, path: str, body: Any, dialect: SSEDialect = OPENAI) -> Response:
+    """``respond_with_model`` running ``ENDPOINTS[path]`` for ``body`` (its request model)."""
+    endpoint, call = ENDPOINTS[path], http_call(request)
+    return await respond_with_model(request, body.model, lambda runtime: endpoint.run(runtime, body, call), dialect,
+                                    keep_alive=getattr(body, "keep_alive", None),
+                                    cache_salt=getattr(body, "cache_salt", None))
 
 
 @asynccontextmanager

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
+from glmserve.server.endpoints import ENDPOINTS
 from glmserve.serving.batches import runner as batch_runner
 from glmserve.serving.batches import service as batches_service
 from glmserve.serving.batches.runner import Activity, BatchRunner
@@ -34,7 +35,7 @@ def _jsonl(models: list[str]) -> bytes:
 
 async def _batch(service: BatchService, models: list[str]) -> dict:
     file = await service.upload("", "batch", "in.jsonl", _jsonl(models))
-    return await service.create("", file["id"], "/v1/chat/completions", "24h", None)
+    return await service.create("", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
 
 
 def _runner(service: BatchService, dispatch, models=None) -> BatchRunner:

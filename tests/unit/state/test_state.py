@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import ValidationError
 
+from glmserve.server.endpoints import ENDPOINTS
 from glmserve.state import DatabaseError, ResponseStore, open_database, sqlalchemy_url
 from glmserve.state import responses as responses_module
 from glmserve.state.tables import METADATA
@@ -138,7 +139,7 @@ def test_a_batch_file_splits_only_at_line_feeds(tmp_path):
 
     async def make() -> dict:
         file = await service.upload("", "batch", "in.jsonl", content)
-        return await service.create("", file["id"], "/v1/chat/completions", "24h", None)
+        return await service.create("", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
 
     batch = asyncio.run(make())
     assert batch["status"] == "in_progress", batch["errors"]
@@ -345,7 +346,7 @@ def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tm
         file = await service.upload("k", "batch", "big.jsonl", content)
         _, pieces = await service.file_content("k", file["id"])
         back = b"".join([piece async for piece in pieces])
-        batch = await service.create("k", file["id"], "/v1/chat/completions", "24h", None)
+        batch = await service.create("k", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
         return file, back, batch
 
     file, back, batch = asyncio.run(scenario())

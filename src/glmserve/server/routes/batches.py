@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from glmserve.protocol.batches import BatchCreateRequest, MessageBatchCreateRequest
 from glmserve.server.auth import owner
+from glmserve.server.endpoints import ENDPOINTS
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.serving.batches.service import BatchService
@@ -58,7 +59,7 @@ async def file_content(file_id: str, request: Request) -> Response:
 @router.post("/v1/batches", responses=error_responses(400, 404))
 async def create_batch(body: BatchCreateRequest, request: Request) -> JSONResponse:
     return JSONResponse(await _service(request).create(owner(request), body.input_file_id, body.endpoint,
-                                                       body.completion_window, body.metadata))
+                                                       body.completion_window, body.metadata, ENDPOINTS))
 
 
 @router.get("/v1/batches", responses=error_responses(400))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.model_lease import respond_with_model
+from glmserve.server.model_lease import respond_with_endpoint
 
 router = APIRouter()
 
@@ -16,5 +16,4 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500, 503),
 })
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.chat.create(body, text_form="json"),
-                                    keep_alive=body.keep_alive, cache_salt=body.cache_salt)
+    return await respond_with_endpoint(request, "/v1/chat/completions", body)

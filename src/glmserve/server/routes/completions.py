@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from glmserve.protocol.completions import Completion, CompletionRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.model_lease import respond_with_model
+from glmserve.server.model_lease import respond_with_endpoint
 
 router = APIRouter()
 
@@ -17,5 +17,4 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500, 503),
 })
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.completions.create(body),
-                                    keep_alive=body.keep_alive, cache_salt=body.cache_salt)
+    return await respond_with_endpoint(request, "/v1/completions", body)

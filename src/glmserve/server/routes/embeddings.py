@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from glmserve.protocol.embeddings import EmbeddingRequest, EmbeddingResponse
-from glmserve.server.model_lease import model_runtime
+from glmserve.server.endpoints import ENDPOINTS
+from glmserve.server.model_lease import http_call, model_runtime
 from glmserve.server.openapi import error_responses
 
 router = APIRouter()
@@ -14,4 +15,4 @@ router = APIRouter()
 @router.post("/v1/embeddings", responses=error_responses(400, 404, 408, 413, 500, 503))
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
     async with model_runtime(request, body.model, body.keep_alive) as runtime:
-        return await runtime.embeddings.create(body)
+        return await ENDPOINTS["/v1/embeddings"].run(runtime, body, http_call(request))

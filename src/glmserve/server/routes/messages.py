@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from glmserve.protocol.anthropic import CountTokensRequest, CountTokensResponse, Message, MessagesRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.model_lease import model_runtime, respond_with_model
+from glmserve.server.model_lease import model_runtime, respond_with_endpoint
 from glmserve.server.sse import ANTHROPIC
 
 router = APIRouter()
@@ -21,8 +21,7 @@ router = APIRouter()
     **error_responses(400, 404, 408, 413, 429, 500, 529, anthropic=True),
 })
 async def create_message(body: MessagesRequest, request: Request) -> Response:
-    return await respond_with_model(request, body.model, lambda runtime: runtime.messages.create(body, encoded=True),
-                                    ANTHROPIC, keep_alive=body.keep_alive)
+    return await respond_with_endpoint(request, "/v1/messages", body, ANTHROPIC)
 
 
 @router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, anthropic=True))

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 from glmserve.protocol.responses import Response as ResponseObject
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.auth import owner
-from glmserve.server.model_lease import respond_with_model, scope_cache
+from glmserve.server.model_lease import respond_with_endpoint, scope_cache
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.server.sse import RESPONSES, respond
@@ -37,9 +37,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         lease = await request.app.state.models.acquire(body.model, body.keep_alive, generation=True)
         scope_cache(request, body.cache_salt)
         return await respond(storage.start(lease.runtime.responses, body, who, lease.release), request, RESPONSES)
-    return await respond_with_model(request, body.model,
-                                    lambda runtime: storage.create(runtime.responses, body, who, encoded=True),
-                                    RESPONSES, keep_alive=body.keep_alive, cache_salt=body.cache_salt)
+    return await respond_with_endpoint(request, "/v1/responses", body, RESPONSES)
 
 
 @router.get("/v1/responses/{response_id}", responses={

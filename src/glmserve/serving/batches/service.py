@@ -29,7 +29,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any, BinaryIO
 
 from glmserve.protocol.errors import APIError, invalid_request
@@ -40,7 +40,6 @@ from glmserve.state.batches import FINALIZING
 
 log = logging.getLogger("glmserve.batches")
 
-OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 COMPLETION_WINDOW_S = 24 * 3600
 BULK_NICE = 10  # the bulk workers' niceness: below the engine's threads on a busy CPU
 
@@ -142,13 +141,14 @@ class BatchService:
     # --- OpenAI batches -------------------------------------------------------------------
 
     async def create(self, owner: str, input_file_id: str, endpoint: str, completion_window: str,
-                     metadata: dict[str, str] | None) -> dict:
+                     metadata: dict[str, str] | None, endpoints: Collection[str]) -> dict:
         """A batch of the file's lines: ``in_progress``, or ``failed`` with OpenAI's ``errors``
-        (line numbers from 1) when a line is not a request for ``endpoint``. Raises 400 for an
-        endpoint or window not served, 404 for a file that is not there."""
-        if endpoint not in OPENAI_ENDPOINTS:
+        (line numbers from 1) when a line is not a request for ``endpoint``, one of
+        ``endpoints`` (the server's, ``server/endpoints.ENDPOINTS``). Raises 400 for an endpoint
+        or window not served, 404 for a file that is not there."""
+        if endpoint not in endpoints:
             raise invalid_request(f"endpoint {endpoint!r} is not served in batches (one of "
-                                  f"{', '.join(OPENAI_ENDPOINTS)})", "endpoint")
+                                  f"{', '.join(endpoints)})", "endpoint")
         if completion_window != "24h":
             raise invalid_request("completion_window must be '24h'", "completion_window")
         await self.file(owner, input_file_id)

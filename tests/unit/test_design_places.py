@@ -1,0 +1,62 @@
+"""``docs/design.md``'s "Where new things go", checked against the code: every file it names
+exists, each row of the endpoint table (``server/endpoints.ENDPOINTS``) is a POST route of the
+app that takes the row's request model, and a batch may name exactly the table's endpoints;
+a per-model setting (a ``ModelSettings`` field) is a flag and a ``--config`` entry key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
+from glmserve.runtime.catalog import OWN_FIELDS
+from glmserve.server import create_app
+from glmserve.server.endpoints import ENDPOINTS
+from glmserve.serving.chat.service import ChatService
+from glmserve.settings.model import ModelSettings
+from glmserve.settings.serve import DeploySettings
+from tests.unit.fakes import FakeEngine
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTION = (ROOT / "docs" / "design.md").read_text().split("## Where new things go", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_file_the_section_names_exists():
+    named = set(re.findall(r"`((?:[a-z_]+/)+[a-z_<>]*(?:\.py)?)`", SECTION))
+    assert {"server/endpoints.py", "runtime/services.py", "settings/model.py", "server/routes/"} <= named
+    for path in named:
+        if "<name>" in path:  # an engine's package: every engine has it
+            assert all((ROOT / "src" / "glmserve" / path.replace("<name>", e)).exists()
+                       for e in ("llama_cpp", "transformers", "vllm")), path
+        else:
+            assert (ROOT / "src" / "glmserve" / path).exists(), path
+
+
+def test_each_endpoint_row_is_a_route_taking_its_request_model():
+    app = create_app(ChatService(FakeEngine(), "fake", ChatTemplate(CHATML_TEMPLATE)))
+    with TestClient(app) as http:
+        paths = http.get("/openapi.json").json()["paths"]
+    for path, endpoint in ENDPOINTS.items():
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body["$ref"].rsplit("/", 1)[1] == endpoint.request.__name__, path
+    # a batch names one of the table's endpoints, and only those (a stateless app: past that
+    # check, the file is not there)
+    with TestClient(app) as http:
+        def create(endpoint: str):
+            return http.post("/v1/batches", json={"input_file_id": "file-x", "endpoint": endpoint,
+                                                  "completion_window": "24h"})
+
+        refused = create("/tokenize")
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "endpoint"
+        assert all(path in refused.json()["error"]["message"] for path in ENDPOINTS)
+        for path in ENDPOINTS:
+            assert create(path).status_code == 404, path
+
+
+def test_a_per_model_setting_is_a_flag_and_a_config_key():
+    flags = set(DeploySettings.model_fields)
+    for name in ModelSettings.model_fields:
+        assert name in flags, name
+    assert set(OWN_FIELDS) <= set(ModelSettings.model_fields) | flags
