@@ -6,7 +6,8 @@ the fixtures it uses by name; each module gets its own server."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -39,3 +40,10 @@ def metric(server: RemoteServer, name: str) -> float:
     """The sum of metric ``name``'s series on ``server`` (read with ``KEY``)."""
     text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
+
+
+def wait_until(done: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll ``done`` every 50 ms until it holds or ``timeout_s`` pass (the caller asserts)."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)

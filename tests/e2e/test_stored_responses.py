@@ -18,7 +18,8 @@ import openai
 import pytest
 
 from glmserve.testing import RemoteServer
-from tests.e2e.keyed_state import GREEDY, KEY, OTHER_KEY, client, metric, model, server  # noqa: F401 (fixtures)
+from tests.e2e.keyed_state import (GREEDY, KEY, OTHER_KEY, client, metric, model, server,  # noqa: F401 (fixtures)
+                                   wait_until)
 
 
 LONG = "Write a long story about a dragon."
@@ -126,19 +127,14 @@ def test_background_response_is_polled_to_its_end(client, model):
 
 def test_cancelled_background_response_stops_in_the_engine(server, client, model):
     run = client.responses.create(model=model, input=LONG, background=True, max_output_tokens=3000)
-    deadline = time.monotonic() + 60
-    while _running(server) < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: _running(server) >= 1)
     assert _running(server) == 1
     assert client.responses.retrieve(run.id).status in ("queued", "in_progress")
     aborted_before = server.log().count("aborted after")
     cancelled = client.responses.cancel(run.id)
     assert cancelled.status == "cancelled"
     # the engine drops the request at its next step: it says so, and stops running it
-    deadline = time.monotonic() + 60
-    while (server.log().count("aborted after") == aborted_before or _running(server) > 0) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.log().count("aborted after") > aborted_before and _running(server) == 0)
     generated = [int(n) for n in re.findall(r"aborted after (\d+)", server.log())[aborted_before:]]
     assert len(generated) == 1 and generated[0] < 3000
     assert _running(server) == 0
@@ -154,14 +150,10 @@ def test_a_background_run_deleted_on_another_server_stops_and_stays_deleted(stat
     other = RemoteServer("--api-key", KEY, *GREEDY, env=state_backend[1])
     try:
         run = client.responses.create(model=model, input=LONG, background=True, max_output_tokens=3000)
-        deadline = time.monotonic() + 60
-        while _running(server) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: _running(server) >= 1)
         assert _running(server) == 1
         other.client(api_key=KEY).responses.delete(run.id)
-        deadline = time.monotonic() + 60
-        while _running(server) > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: _running(server) == 0)
         assert _running(server) == 0  # stopped long before its 3000 tokens
         for _ in range(30):  # its last state is written (or not) just after the engine is done with it
             with pytest.raises(openai.NotFoundError):
@@ -177,15 +169,10 @@ def test_a_run_cancelled_on_another_server_of_the_database_stops(state_backend, 
     other = RemoteServer("--api-key", KEY, *GREEDY, env=state_backend[1])
     try:
         run = client.responses.create(model=model, input=LONG, background=True, max_output_tokens=3000)
-        deadline = time.monotonic() + 60
-        while _running(server) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: _running(server) >= 1)
         aborted_before = server.log().count("aborted after")
         assert other.client(api_key=KEY).responses.cancel(run.id).status == "cancelled"
-        deadline = time.monotonic() + 60
-        while (server.log().count("aborted after") == aborted_before or _running(server) > 0) \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: server.log().count("aborted after") > aborted_before and _running(server) == 0)
         assert server.log().count("aborted after") == aborted_before + 1 and _running(server) == 0
         assert client.responses.retrieve(run.id).status == "cancelled"
     finally:
