@@ -2,7 +2,7 @@
 cost a request's time to first token compared with a warm one?
 
 Each cycle does what a server serving many models does for one of them: build and start the
-runtime (``glmserve.runtime.start.start_runtime``: engine, chat template, chat service), answer a
+model (``glmserve.runtime.start.start_model``: engine, chat template, chat service), answer a
 streamed chat request (cold: the clock starts before the load), answer the same kind of request
 again (warm), embed one text (the llama_cpp engine's embedding context is made and freed with
 it), then shut the engine down. After each cycle it reads the process's resident memory
@@ -36,7 +36,7 @@ from rounds import memory_mib, save  # benchmarks/rounds.py
 
 from glmserve.bench.report import hardware
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.runtime.start import start_runtime
+from glmserve.runtime.start import start_model
 from glmserve.settings.serve import ServeSettings
 
 QUESTIONS = ["What is the capital of France?", "Name a famous painter.", "List three fruits.", "What is 2 + 2?"]
@@ -61,17 +61,17 @@ def model_cycles(settings: ServeSettings, cycles: int, max_tokens: int) -> list[
     for i in range(cycles):
         question = QUESTIONS[i % len(QUESTIONS)]
         t0 = time.perf_counter()
-        runtime = start_runtime(settings)
+        loaded = start_model(settings)
         load_s = time.perf_counter() - t0
         try:
-            chat = runtime.chat
-            cold = asyncio.run(first_token_s(chat, runtime.model.name, question, max_tokens, t0))
-            warm = asyncio.run(first_token_s(chat, runtime.model.name, question, max_tokens, time.perf_counter()))
-            if runtime.engine.model_info.embedding_size is not None:
-                asyncio.run(runtime.engine.embed(runtime.engine.tokenizer.encode_prompt(question)))
+            chat = loaded.chat
+            cold = asyncio.run(first_token_s(chat, loaded.pipeline.name, question, max_tokens, t0))
+            warm = asyncio.run(first_token_s(chat, loaded.pipeline.name, question, max_tokens, time.perf_counter()))
+            if loaded.engine.model_info.embedding_size is not None:
+                asyncio.run(loaded.engine.embed(loaded.engine.tokenizer.encode_prompt(question)))
         finally:
-            runtime.engine.shutdown()
-        del runtime, chat
+            loaded.engine.shutdown()
+        del loaded, chat
         gc.collect()
         rss, anon = memory_mib()
         rows.append({"cycle": i + 1, "load_s": load_s, "cold_ttft_s": cold, "warm_ttft_s": warm, "rss_mib": rss,
@@ -82,10 +82,10 @@ def model_cycles(settings: ServeSettings, cycles: int, max_tokens: int) -> list[
 
 
 def lora_cycles(settings: ServeSettings, path: Path, cycles: int, max_tokens: int) -> list[dict]:
-    runtime = start_runtime(settings)
+    loaded = start_model(settings)
     rows = []
     try:
-        engine, chat = runtime.engine, runtime.chat
+        engine, chat = loaded.engine, loaded.chat
 
         async def cycle(i: int) -> None:
             await engine.load_lora_adapter("tuned", str(path))
@@ -98,7 +98,7 @@ def lora_cycles(settings: ServeSettings, path: Path, cycles: int, max_tokens: in
             rss, anon = memory_mib()
             rows.append({"cycle": i + 1, "rss_mib": rss, "anon_mib": anon})
     finally:
-        runtime.engine.shutdown()
+        loaded.engine.shutdown()
     return rows
 
 
@@ -135,7 +135,7 @@ def main() -> None:
     lines = [f"hardware: {hardware()} | model: {model} | engine {args.engine}, {args.n_threads} threads | "
              f"{args.cycles} cycles | replies of {args.max_tokens} tokens, greedy, streamed", "",
              "| per cycle (median) | seconds |", "|---|---:|",
-             f"| load (start_runtime) | {med['load_s']:.2f} |",
+             f"| load (start_model) | {med['load_s']:.2f} |",
              f"| cold request: TTFT from before the load | {med['cold_ttft_s']:.2f} |",
              f"| warm request: TTFT | {med['warm_ttft_s']:.3f} |", "",
              *memory_table(rows, "model load/unload")]

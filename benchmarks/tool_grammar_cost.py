@@ -18,7 +18,7 @@ import time
 
 from glmserve.bench.report import hardware
 from glmserve.engine.types import GenerationRequest, SamplingParams
-from glmserve.runtime.start import start_runtime
+from glmserve.runtime.start import start_model
 from glmserve.serving.structured.grammar import json_grammar, tool_call_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.serve import ServeSettings
@@ -55,8 +55,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    runtime = start_runtime(ServeSettings(n_threads=args.threads))
-    engine = runtime.engine
+    loaded = start_model(ServeSettings(n_threads=args.threads))
+    engine = loaded.engine
     times: dict[str, list[float]] = {name: [] for name in CASES}
     lengths: dict[str, int] = {}
 

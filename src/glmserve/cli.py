@@ -153,11 +153,11 @@ def serve(args: list[str]) -> int:
         app = build_app(settings)
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
-    runtime = app.state.models.runtimes()[app.state.models.default]
-    info = runtime.engine.model_info
+    loaded = app.state.models.loaded_models()[app.state.models.default]
+    info = loaded.engine.model_info
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d, max_num_seqs=%d, max_num_batched_tokens=%s, max_queue=%d) on http://%s:%d",
-        runtime.model.name, info.context_length, info.max_num_seqs, info.max_num_batched_tokens,
+        loaded.pipeline.name, info.context_length, info.max_num_seqs, info.max_num_batched_tokens,
         info.max_queue, settings.host, settings.port,
     )
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal into the handler

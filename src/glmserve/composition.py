@@ -1,7 +1,7 @@
 """The composition root: settings -> the started models -> the HTTP app serving them
 (``build_app``), the one app that ``glmserve serve`` and each Ray Serve replica run.
 
-The layers below it (``server`` over ``runtime.services.Runtime`` and ``runtime.served.ServedModels``,
+The layers below it (``server`` over ``runtime.loaded.LoadedModel`` and ``runtime.router.ModelRouter``,
 over ``serving`` and the engines) never import this module, and nothing under ``server`` imports
 ``glmserve.runtime.start``: every import arrow points down (``tests/unit/test_import_graph.py``
 keeps it so)."""
@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
-from glmserve.runtime.start import freeze_heap, serve_many, start_runtime
+from glmserve.runtime.start import freeze_heap, serve_many, start_model
 from glmserve.server import AppOptions, create_app
-from glmserve.runtime.services import Runtime
-from glmserve.runtime.served import ServedModels
+from glmserve.runtime.loaded import LoadedModel
+from glmserve.runtime.router import ModelRouter
 from glmserve.serving.batches.service import BatchService
 from glmserve.serving.responses.conversations import ConversationService
 from glmserve.serving.responses.stored import ResponseStorage
@@ -29,19 +29,19 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     exit): the one app that ``glmserve serve`` and each Ray Serve replica run.
 
     ``replica_id``, ``deployment_health``: see ``server.AppOptions``. Raises one of
-    ``STARTUP_ERRORS`` as ``start_runtime`` does (``DatabaseError``: the state database cannot
+    ``STARTUP_ERRORS`` as ``start_model`` does (``DatabaseError``: the state database cannot
     be opened), before any engine starts."""
     ttl_s = settings.store_ttl_s()
     database = open_database(settings.state_database_url(), private_folder=settings.database_url is None)
     keys = {*settings.api_key, *settings.admin_api_key}  # the owners of what is stored (one: no key)
     store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key, len(keys))
-    runtime = start_runtime(settings)
-    served: Runtime | ServedModels = runtime
+    loaded = start_model(settings)
+    served: LoadedModel | ModelRouter = loaded
     if settings.many_models:
         try:
-            served = serve_many(settings, runtime)
+            served = serve_many(settings, loaded)
         except BaseException:
-            runtime.shutdown()
+            loaded.shutdown()
             raise
     app = create_app(served, AppOptions(
         api_key=settings.api_key, admin_api_key=settings.admin_api_key, shutdown_timeout=settings.shutdown_timeout,

@@ -22,7 +22,7 @@ from typing import Any
 
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
 from glmserve.protocol.errors import APIError, ErrorResponse
-from glmserve.runtime.start import start_runtime
+from glmserve.runtime.start import start_model
 from glmserve.serving.generation.chunks import StreamItem
 from glmserve.settings.serve import ServeSettings
 
@@ -34,8 +34,8 @@ class LLM:
     be loaded. ``close()`` (or ``with LLM() as llm:``) frees it."""
 
     def __init__(self, model: str | None = None, engine: str = "llama_cpp", **settings: Any) -> None:
-        self._runtime = start_runtime(ServeSettings(model=model, engine=engine, **settings))
-        self.model = self._runtime.model.name
+        self._runtime = start_model(ServeSettings(model=model, engine=engine, **settings))
+        self.model = self._runtime.pipeline.name
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="glmserve-llm", daemon=True)
         self._thread.start()

@@ -18,7 +18,7 @@ import pytest
 
 from glmserve.engine import memory_estimate
 from glmserve.models import default_model_path
-from glmserve.runtime.start import start_runtime
+from glmserve.runtime.start import start_model
 from glmserve.settings.serve import ServeSettings
 from tests.conftest import DEFAULT_MODEL, RemoteServer
 
@@ -162,11 +162,11 @@ def test_a_config_file_gives_a_server_setting(configured):
 
 def test_the_memory_estimate_is_the_file_and_the_kv_cache_llama_cpp_allocates():
     settings = ServeSettings(n_ctx=512, max_num_seqs=2, n_threads=1)
-    runtime = start_runtime(settings)
+    loaded = start_model(settings)
     try:
-        kv = runtime.engine.kv_cache_bytes
+        kv = loaded.engine.kv_cache_bytes
     finally:
-        runtime.shutdown()
+        loaded.shutdown()
     assert kv == 2 * 512 * 30 * 2 * 2 * 3 * 64  # split: 2 x 512 cells; 30 layers, K and V, f16, 3 KV heads of 64
     assert memory_estimate(settings) == default_model_path().stat().st_size + kv
 

@@ -25,7 +25,7 @@ SECTION = (ROOT / "docs" / "design.md").read_text().split("## Where new things g
 
 def test_every_file_the_section_names_exists():
     named = set(re.findall(r"`((?:[a-z_]+/)+[a-z_<>]*(?:\.py)?)`", SECTION))
-    assert {"server/endpoints.py", "runtime/services.py", "settings/model.py", "server/routes/"} <= named
+    assert {"server/endpoints.py", "runtime/loaded.py", "settings/model.py", "server/routes/"} <= named
     for path in named:
         if "<name>" in path:  # an engine's package: every engine has it
             assert all((ROOT / "src" / "glmserve" / path.replace("<name>", e)).exists()
@@ -60,3 +60,16 @@ def test_a_per_model_setting_is_a_flag_and_a_config_key():
     for name in ModelSettings.model_fields:
         assert name in flags, name
     assert set(OWN_FIELDS) <= set(ModelSettings.model_fields) | flags
+
+
+def test_each_model_concept_is_defined_where_the_table_says():
+    """The "one name per concept" table: each class is defined in the file its row names, and
+    no other module under ``src/glmserve`` defines a class of that name."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| `([\w/]+\.py)` \|$", text, re.M)
+    assert {name for name, _ in rows} >= {"ModelSpec", "LoadedModel", "ModelPipeline", "ModelRouter", "ModelSettings"}
+    src = ROOT / "src" / "glmserve"
+    for name, path in rows:
+        definers = [p.relative_to(src).as_posix() for p in src.rglob("*.py")
+                    if re.search(rf"^class {name}\b", p.read_text(), re.M)]
+        assert definers == [path], (name, definers)

@@ -154,8 +154,8 @@ class GlmServeReplica:
     def check_health(self) -> None:
         """Ray Serve's periodic health check: raises when the engine can no longer serve, and
         Ray then replaces this replica."""
-        for runtime in self._app.state.models.runtimes().values():
-            runtime.engine.check_health()
+        for loaded in self._app.state.models.loaded_models().values():
+            loaded.engine.check_health()
 
 
 def application(settings: DeploySettings) -> Application:

@@ -1,11 +1,11 @@
-"""Many models in one server: the servable models by name, each loaded on demand into a runtime
+"""Many models in one server: the servable models by name, each loaded on demand
 of its own (engine and services) and unloaded when idle.
 
 After llama-server's router mode (``/models/load``, ``/models/unload``, a model loads on its
 first request) and Ollama's ``keep_alive`` (how long a model stays loaded after its last
 request: a duration, ``0`` unload at once, negative keep loaded):
 
-- ``acquire(name)`` returns a ``Lease`` on the model's runtime, loading it first when it is not
+- ``acquire(name)`` returns a ``Lease`` on the model once loaded, loading it first when it is not
   loaded; concurrent acquirers of a model that is loading wait on that one load. A model with a
   lease (running requests) is never unloaded.
 - Before a load, the least recently used idle models are unloaded until the new one fits
@@ -16,13 +16,13 @@ request: a duration, ``0`` unload at once, negative keep loaded):
   that waited on that load, and wakes the loads waiting for room at once; the other models go
   on. It is tried again only after a back-off (``LOAD_RETRY_S``: 1 s, doubling to 60 s); a
   request before then gets the last failure at once.
-- A runtime counts against ``max_loaded`` and ``memory_budget`` until it is freed: a model
+- A loaded model counts against ``max_loaded`` and ``memory_budget`` until it is freed: a model
   unloaded by ``keep_alive: 0`` is unloaded at once for requests, but a load that needs its room
-  waits for its engine to be freed. ``alive``/``peak_alive``: runtimes not yet freed, now and
+  waits for its engine to be freed. ``alive``/``peak_alive``: loaded models not yet freed, now and
   at most.
 - Every change of a model's status is published to ``subscribe()``'s queues (``/models/events``).
 
-The registry knows nothing of engines: ``ModelSpec.load`` builds and starts a runtime and
+The registry knows nothing of engines: ``ModelSpec.load`` builds and starts a model and
 ``ModelSpec.unload`` stops it (both blocking; run on a worker thread). Used from one event loop.
 """
 
@@ -59,9 +59,9 @@ log = logging.getLogger("glmserve.registry")
 class _Entry(Generic[R]):
     spec: ModelSpec[R]
     status: ModelStatus = ModelStatus.UNLOADED
-    runtime: R | None = None
+    loaded: R | None = None
     loading: asyncio.Task | None = None
-    unloading: asyncio.Task | None = None  # a keep_alive 0 unload still freeing the runtime
+    unloading: asyncio.Task | None = None  # a keep_alive 0 unload still freeing the model
     leases: int = 0
     last_used: float = 0.0
     keep_alive: float = 0.0  # seconds idle before unloading, as the last request asked
@@ -99,7 +99,7 @@ class ModelRegistry(Generic[R]):
         self._changed = asyncio.Condition(self._lock)  # a lease was released or a model unloaded
         self._subscribers: set[asyncio.Queue] = set()
         self._expiry: asyncio.TimerHandle | None = None
-        self.alive = 0  # runtimes loaded and not yet freed
+        self.alive = 0  # models loaded and not yet freed
         self.peak_alive = 0
 
     # ---- reading ------------------------------------------------------------------------
@@ -128,17 +128,17 @@ class ModelRegistry(Generic[R]):
     def loaded(self) -> list[str]:
         return [name for name, e in self._entries.items() if e.status is ModelStatus.LOADED]
 
-    def runtimes(self) -> dict[str, R]:
-        """{model: runtime} of the loaded models."""
-        return {name: e.runtime for name, e in self._entries.items() if e.status is ModelStatus.LOADED}
+    def loaded_models(self) -> dict[str, R]:
+        """{name: loaded model} of the loaded models."""
+        return {name: e.loaded for name, e in self._entries.items() if e.status is ModelStatus.LOADED}
 
-    def adopt(self, name: str, runtime: R) -> None:
-        """Mark model ``name`` loaded with ``runtime``, started by the caller (a model loaded at
+    def adopt(self, name: str, loaded: R) -> None:
+        """Mark model ``name`` loaded with ``loaded``, started by the caller (a model loaded at
         start-up)."""
         entry = self._entries[self.resolve(name)]
         if entry.status is not ModelStatus.UNLOADED:
             raise ValueError(f"model {name!r} is {entry.status.value}")
-        entry.runtime, entry.status, entry.last_used = runtime, ModelStatus.LOADED, self._clock()
+        entry.loaded, entry.status, entry.last_used = loaded, ModelStatus.LOADED, self._clock()
         entry.keep_alive = self._keep_alive(entry, None)
         self._count_loaded()
         if self.memory_budget is not None:
@@ -156,9 +156,9 @@ class ModelRegistry(Generic[R]):
         self.alive += 1
         self.peak_alive = max(self.peak_alive, self.alive)
 
-    async def _free(self, entry: _Entry[R], runtime: R) -> None:
+    async def _free(self, entry: _Entry[R], loaded: R) -> None:
         try:
-            await asyncio.to_thread(entry.spec.unload, runtime)
+            await asyncio.to_thread(entry.spec.unload, loaded)
         finally:
             self.alive -= 1
 
@@ -227,11 +227,11 @@ class ModelRegistry(Generic[R]):
             entry.idle.set()
             loop = asyncio.get_running_loop()
             if entry.keep_alive == 0 and entry.status is ModelStatus.LOADED:
-                # unloaded as of now (the next request loads it again); the runtime is freed behind
-                runtime, entry.runtime, entry.status = entry.runtime, None, ModelStatus.UNLOADED
+                # unloaded as of now (the next request loads it again); the model is freed behind
+                loaded, entry.loaded, entry.status = entry.loaded, None, ModelStatus.UNLOADED
                 log.info("unloading model %s (keep_alive 0)", entry.spec.name)
                 self._publish(entry)
-                entry.unloading = loop.create_task(self._free(entry, runtime))
+                entry.unloading = loop.create_task(self._free(entry, loaded))
                 # a load waiting for room is woken once the engine is freed
                 entry.unloading.add_done_callback(lambda _: loop.create_task(self._notify()))
             loop.create_task(self._after_release())
@@ -249,7 +249,7 @@ class ModelRegistry(Generic[R]):
 
     async def _load(self, entry: _Entry[R]) -> None:
         spec = entry.spec
-        if entry.unloading is not None:  # the runtime of a keep_alive 0 request is still being freed
+        if entry.unloading is not None:  # the model of a keep_alive 0 request is still being freed
             await asyncio.gather(entry.unloading, return_exceptions=True)
             entry.unloading = None
         try:
@@ -262,13 +262,13 @@ class ModelRegistry(Generic[R]):
             log.info("loading model %s", spec.name)
             start = self._clock()
             try:
-                runtime = await asyncio.to_thread(spec.load)
+                loaded = await asyncio.to_thread(spec.load)
             except Exception as exc:
                 log.warning("model %s failed to load: %s", spec.name, one_line(exc))
                 raise ModelLoadError(spec.name, f"model '{spec.name}' failed to load: {one_line(exc)}") from exc
             log.info("model %s loaded in %.1f s", spec.name, self._clock() - start)
             async with self._lock:
-                entry.runtime, entry.status, entry.failures = runtime, ModelStatus.LOADED, 0
+                entry.loaded, entry.status, entry.failures = loaded, ModelStatus.LOADED, 0
                 entry.last_used = self._clock()
                 self._count_loaded()
                 self._publish(entry)
@@ -325,13 +325,13 @@ class ModelRegistry(Generic[R]):
         return True
 
     async def _unload(self, entry: _Entry[R], why: str) -> None:
-        """Stop ``entry``'s runtime (lock held; it has no lease)."""
-        runtime, entry.runtime = entry.runtime, None
+        """Stop ``entry``'s loaded model (lock held; it has no lease)."""
+        loaded, entry.loaded = entry.loaded, None
         entry.status = ModelStatus.UNLOADED
         log.info("unloading model %s (%s)", entry.spec.name, why)
         self._publish(entry)
-        if runtime is not None:
-            await self._free(entry, runtime)
+        if loaded is not None:
+            await self._free(entry, loaded)
         self._changed.notify_all()
 
     async def unload(self, name: str, wait_s: float | None = None) -> bool:
@@ -379,7 +379,7 @@ class ModelRegistry(Generic[R]):
             self._expiry = loop.call_later(delay, lambda: loop.create_task(self.expire_idle()))
 
     async def settle(self) -> None:
-        """Wait until the runtimes of models unloaded by ``keep_alive: 0`` are freed."""
+        """Wait until the models unloaded by ``keep_alive: 0`` are freed."""
         await asyncio.gather(*(e.unloading for e in self._entries.values() if e.unloading is not None),
                              return_exceptions=True)
 

@@ -1,5 +1,5 @@
 """The model registry's vocabulary: a servable model (``ModelSpec``), its status, and the
-errors a request for it can meet (``runtime/registry.py`` uses them; ``runtime/served.py`` maps
+errors a request for it can meet (``runtime/registry.py`` uses them; ``runtime/router.py`` maps
 the errors to API errors)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-R = TypeVar("R")  # a loaded model's runtime
+R = TypeVar("R")  # a loaded model (runtime.loaded.LoadedModel in the server)
 
 
 class ModelStatus(str, Enum):
@@ -40,8 +40,8 @@ class RegistryFull(RegistryError):
 
 @dataclass(slots=True)
 class ModelSpec(Generic[R]):
-    """One servable model. ``load()`` returns its started runtime (blocking; raises on failure),
-    ``unload(runtime)`` stops it; ``estimate()``: bytes it takes once loaded (blocking, called
+    """One servable model. ``load()`` returns the model started (blocking; raises on failure),
+    ``unload(loaded)`` stops it; ``estimate()``: bytes it takes once loaded (blocking, called
     once, before its first load; must not raise); ``keep_alive``: seconds
     it stays loaded when idle (None: the registry's default; ``math.inf``: until unloaded by
     hand or evicted)."""
@@ -57,12 +57,12 @@ class ModelSpec(Generic[R]):
 
 
 class Lease(Generic[R]):
-    """A hold on a loaded model: ``runtime`` stays loaded until ``release()`` (idempotent; also
+    """A hold on a loaded model: ``loaded`` stays loaded until ``release()`` (idempotent; also
     on leaving ``async with``)."""
 
     def __init__(self, registry: Any, entry: Any) -> None:  # a ModelRegistry and its entry
         self._registry, self._entry = registry, entry
-        self.runtime: R = entry.runtime
+        self.loaded: R = entry.loaded
         self.model = entry.spec.name
         self._released = False
         self._then: list[Callable[[], None]] = []

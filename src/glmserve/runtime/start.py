@@ -1,6 +1,6 @@
 """Start a model from settings: engine (started), chat template, and the services over it (a
-``runtime.services.Runtime``: ``start_runtime``); the models of a server of several
-(``serve_many``: a ``runtime.served.ServedModels`` over a ``ModelRegistry``), each with the
+``runtime.loaded.LoadedModel``: ``start_model``); the models of a server of several
+(``serve_many``: a ``runtime.router.ModelRouter`` over a ``ModelRegistry``), each with the
 settings it is served with (``model_settings``).
 
 Shared by ``glmserve serve``, every Ray Serve replica (through ``glmserve.composition``) and
@@ -31,11 +31,11 @@ from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.multimodal import MediaPolicy
 from glmserve.runtime.catalog import OWN_FIELDS, SERVER_WIDE, ConfigError, ModelEntry, read_config, scan_models_dir
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
-from glmserve.runtime.served import ServedModels
-from glmserve.runtime.services import Runtime
+from glmserve.runtime.router import ModelRouter
+from glmserve.runtime.loaded import LoadedModel
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
 from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.serve import ServeSettings
@@ -78,8 +78,8 @@ def schema_limits(settings: ServeSettings) -> SchemaLimits:
                         settings.max_grammar_bytes)
 
 
-def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
-                  adapters: AdapterTable | None = None) -> Runtime:
+def start_model(settings: ServeSettings, aliases: tuple[str, ...] = (),
+                  adapters: AdapterTable | None = None) -> LoadedModel:
     """Build and start the engine and the services over it; ``aliases``: other names requests
     may give the model; ``adapters``: the model's LoRA adapter table, kept from an earlier load
     (its run-time adapters are loaded again at their first request; default: a new one).
@@ -97,13 +97,13 @@ def start_runtime(settings: ServeSettings, aliases: tuple[str, ...] = (),
         table = adapters or AdapterTable(settings.max_loras)
         table.attach(engine, settings.lora_adapters())
         try:
-            model = ServedModel(engine, name, template, parser, media_policy(settings), schema_limits(settings),
+            model = ModelPipeline(engine, name, template, parser, media_policy(settings), schema_limits(settings),
                                 settings.max_n, settings.default_chat_template_kwargs,
                                 settings.override_generation_config, aliases,
                                 None if settings.reasoning_budget < 0 else settings.reasoning_budget, table)
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
-        return Runtime.over(ChatService(model), settings.max_embedding_inputs, settings.max_embedding_tokens,
+        return LoadedModel.over(ChatService(model), settings.max_embedding_inputs, settings.max_embedding_tokens,
                             ReasoningSeal(settings.state_dir))
     except BaseException:
         engine.shutdown()
@@ -149,7 +149,7 @@ def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
     return own
 
 
-def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
+def serve_many(settings: ServeSettings, default: LoadedModel) -> ModelRouter:
     """``--model`` (``default``, started, kept loaded unless evicted) and the models of
     ``--models-dir`` and ``--config``, loaded on demand under ``--max-loaded-models``,
     ``--memory-budget`` and ``--keep-alive``. Raises ``ConfigError`` (a bad file or entry, two
@@ -159,9 +159,9 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
                                             else "transformers")]
     if settings.config:
         entries += read_config(Path(settings.config).expanduser())
-    name = default.model.name
-    tables = {name: default.model.adapter_table}
-    specs = [ModelSpec(name, load=lambda: start_runtime(settings, adapters=tables[name]), unload=_unload_frozen,
+    name = default.pipeline.name
+    tables = {name: default.pipeline.adapter_table}
+    specs = [ModelSpec(name, load=lambda: start_model(settings, adapters=tables[name]), unload=_unload_frozen,
                        keep_alive=math.inf,
                        estimate=lambda: _memory_estimate(settings),
                        metadata={"engine": settings.engine})]
@@ -176,19 +176,19 @@ def serve_many(settings: ServeSettings, default: Runtime) -> ServedModels:
             own = own.model_copy(update={"runner": "pooling"})  # no generation context for it
         tables[entry.name] = AdapterTable(own.max_loras)
         specs.append(ModelSpec(entry.name, load=lambda own=own, aliases=entry.aliases, table=tables[entry.name]:
-                               start_runtime(own, aliases, table),
-                               unload=Runtime.shutdown,
+                               start_model(own, aliases, table),
+                               unload=LoadedModel.shutdown,
                                estimate=lambda own=own: _memory_estimate(own), aliases=entry.aliases,
                                keep_alive=entry.keep_alive,
                                metadata={"engine": own.engine, **({"embedding_only": True} if entry.embedding else {})}))
     try:
-        registry: ModelRegistry[Runtime] = ModelRegistry(
+        registry: ModelRegistry[LoadedModel] = ModelRegistry(
             specs, max_loaded=settings.max_loaded_models, memory_budget=settings.memory_budget,
             keep_alive=parse_keep_alive(settings.keep_alive))
     except ValueError as exc:  # two models of one name
         raise ConfigError(str(exc)) from None
     registry.adopt(name, default)
-    return ServedModels(registry, name, tables)
+    return ModelRouter(registry, name, tables)
 
 
 def freeze_heap() -> None:
@@ -201,11 +201,11 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def _unload_frozen(runtime: Runtime) -> None:
+def _unload_frozen(loaded: LoadedModel) -> None:
     """The unload of a model started before ``freeze_heap``: its objects are frozen, so the
     collector is let see them again (else a cycle among them would never be freed), then what
     is left is frozen again."""
-    runtime.shutdown()
+    loaded.shutdown()
     gc.unfreeze()
     freeze_heap()
 

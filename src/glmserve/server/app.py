@@ -24,8 +24,8 @@ from glmserve.server.routes.ui import install_ui
 from glmserve.serving.batches.runner import Activity, BatchRunner
 from glmserve.serving.batches.service import BatchService
 from glmserve.serving.chat.service import ChatService
-from glmserve.runtime.services import Runtime
-from glmserve.runtime.served import ServedModels
+from glmserve.runtime.loaded import LoadedModel
+from glmserve.runtime.router import ModelRouter
 from glmserve.serving.responses.stored import ResponseStorage
 
 
@@ -66,16 +66,16 @@ class AppOptions:
     batch_service: BatchService | None = None
 
 
-def create_app(served: ServedModels | Runtime | ChatService, options: AppOptions = AppOptions()) -> FastAPI:
-    """The app serving ``served``: the models of a registry, or one started model (a ``Runtime``,
+def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOptions = AppOptions()) -> FastAPI:
+    """The app serving ``served``: the models of a registry, or one started model (a ``LoadedModel``,
     or a ``ChatService`` with the default services over it), with ``options`` (``AppOptions``);
     unloads the models on exit. Every response carries ``x-request-id``."""
     o = options
     if isinstance(served, ChatService):
-        served = Runtime.over(served)
-    if isinstance(served, Runtime):
-        served = ServedModels.single(served)
-    models_served: ServedModels = served
+        served = LoadedModel.over(served)
+    if isinstance(served, LoadedModel):
+        served = ModelRouter.single(served)
+    models_served: ModelRouter = served
     admin_keys = tuple(o.admin_api_key)
     keys = ((o.api_key,) if isinstance(o.api_key, str) else tuple(o.api_key or ())) + admin_keys
     stored = o.storage or ResponseStorage(None)
@@ -83,7 +83,7 @@ def create_app(served: ServedModels | Runtime | ChatService, options: AppOptions
     activity = Activity()
 
     def capacity() -> int:  # the engines' full batch size
-        return max((r.engine.model_info.max_num_seqs or 1 for r in models_served.runtimes().values()), default=1)
+        return max((r.engine.model_info.max_num_seqs or 1 for r in models_served.loaded_models().values()), default=1)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -40,7 +40,7 @@ def dispatcher(app: FastAPI) -> Dispatch:
             CACHE_SALT.set(cache_salt(cache_owner(app, owner), getattr(req, "cache_salt", None)))
             async with await app.state.models.acquire(req.model, getattr(req, "keep_alive", None),
                                                       generation=endpoint.generation) as lease:
-                result = await endpoint.run(lease.runtime, req, Call(owner, app.state.responses_storage, batch=True))
+                result = await endpoint.run(lease.loaded, req, Call(owner, app.state.responses_storage, batch=True))
             return 200, result.model_dump(exclude_none=not endpoint.whole)
         except APIError as exc:
             return error_content(exc, url)

@@ -23,7 +23,7 @@ from glmserve.protocol.responses import ResponsesRequest
 from glmserve.serving.responses.stored import ResponseStorage
 
 if TYPE_CHECKING:
-    from glmserve.runtime.services import Runtime
+    from glmserve.runtime.loaded import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,14 @@ class Call:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """``path``; ``request``: its request model; ``run(runtime, request, call)``: the answer
+    """``path``; ``request``: its request model; ``run(loaded, request, call)``: the answer
     (a reply model, or a stream of items); ``generation``: it holds a generation slot of its
     model (embeddings do not); ``whole``: the fields a reply model dumps in full, nulls
     included (Responses and Messages), where OpenAI's chat shapes leave unset ones out."""
 
     path: str
     request: type[BaseModel]
-    run: Callable[[Runtime, Any, Call], Awaitable[Any]]
+    run: Callable[[LoadedModel, Any, Call], Awaitable[Any]]
     generation: bool = True
     whole: bool = False
 

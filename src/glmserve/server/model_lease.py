@@ -1,4 +1,4 @@
-"""How a route reaches the model a request names: a lease on its runtime (loading it if needed),
+"""How a route reaches the model a request names: a lease on its loaded model (loading it if needed),
 held for as long as the answer needs the model (a stream: until it is closed)."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from glmserve.serving.generation.request_scope import CACHE_SALT
 from glmserve.serving.generation.request_scope import cache_salt as salt_for
 
 if TYPE_CHECKING:
-    from glmserve.runtime.services import Runtime
+    from glmserve.runtime.loaded import LoadedModel
 
 
-async def respond_with_model(request: Request, model: str | None, call: Callable[[Runtime], Awaitable[Any]],
+async def respond_with_model(request: Request, model: str | None, call: Callable[[LoadedModel], Awaitable[Any]],
                              dialect: SSEDialect = OPENAI, keep_alive: float | None = None,
                              cache_salt: str | None = None) -> Response:
-    """``respond(call(runtime))`` on the runtime serving ``model``, released when the response
+    """``respond(call(loaded))`` on the loaded serving ``model``, released when the response
     no longer needs it: the routes that generate text. ``cache_salt``: the client's (its
     request's field); the engine's salt also keeps keys apart (``serving/generation/request_scope.py``).
     Raises ``APIError`` when the model is unknown, cannot be loaded, or is served for
@@ -36,7 +36,7 @@ async def respond_with_model(request: Request, model: str | None, call: Callable
         leave()
 
     try:
-        result = call(lease.runtime)
+        result = call(lease.loaded)
     except BaseException:
         release()
         raise
@@ -57,14 +57,14 @@ def http_call(request: Request) -> Call:
 async def respond_with_endpoint(request: Request, path: str, body: Any, dialect: SSEDialect = OPENAI) -> Response:
     """``respond_with_model`` running ``ENDPOINTS[path]`` for ``body`` (its request model)."""
     endpoint, call = ENDPOINTS[path], http_call(request)
-    return await respond_with_model(request, body.model, lambda runtime: endpoint.run(runtime, body, call), dialect,
+    return await respond_with_model(request, body.model, lambda loaded: endpoint.run(loaded, body, call), dialect,
                                     keep_alive=getattr(body, "keep_alive", None),
                                     cache_salt=getattr(body, "cache_salt", None))
 
 
 @asynccontextmanager
 async def model_runtime(request: Request, model: str | None,
-                        keep_alive: float | None = None) -> AsyncIterator[Runtime]:
-    """The runtime serving ``model`` (None: the default model), held inside the block."""
+                        keep_alive: float | None = None) -> AsyncIterator[LoadedModel]:
+    """The loaded serving ``model`` (None: the default model), held inside the block."""
     async with await request.app.state.models.acquire(model, keep_alive) as lease:
-        yield lease.runtime
+        yield lease.loaded

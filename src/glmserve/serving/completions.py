@@ -3,8 +3,8 @@
 Each prompt (a string, or token ids; a request may hold a list of either) gives ``n`` engine
 requests, all admitted together and run concurrently: choice ``p * n + j`` is prompt ``p``'s
 ``j``-th sample. Admission,
-stop strings, metrics and aborts are the model's shared pipeline (``ServedModel.admit`` and
-``ServedModel.deltas``), as for chat, so both endpoints behave alike.
+stop strings, metrics and aborts are the model's shared pipeline (``ModelPipeline.admit`` and
+``ModelPipeline.deltas``), as for chat, so both endpoints behave alike.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from glmserve.protocol.completions import Completion, CompletionChoice, Completi
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
 from glmserve.serving.generation.request_scope import CACHE_SALT
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.chunks import ChunkStream
 from glmserve.serving.generation.run import Run, usage
 from glmserve.serving.generation.merge import merged
@@ -49,13 +49,13 @@ def check_supported(req: CompletionRequest) -> None:
 
 
 class CompletionService:
-    """Serve ``/v1/completions`` for a ``ServedModel`` (its names, engine, admission).
+    """Serve ``/v1/completions`` for a ``ModelPipeline`` (its names, engine, admission).
 
     ``create(req)`` returns a ``Completion`` or, for ``stream=True``, an async iterator of
     ``Completion`` chunks (ending with an ``ErrorResponse`` if generation fails after the
     stream began). Client errors raise ``APIError`` before anything is generated."""
 
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model: ModelPipeline) -> None:
         self.model = model
         self.tokenizer = model.engine.tokenizer
 

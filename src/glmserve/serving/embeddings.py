@@ -16,7 +16,7 @@ import struct
 from glmserve.protocol.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from glmserve.protocol.errors import context_length_exceeded, invalid_request, server_error
 from glmserve.engine.base import EngineError
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 
 
 def encode_base64(vector: list[float]) -> str:
@@ -32,7 +32,7 @@ class EmbeddingsService:
     name, a model the engine cannot embed with, ``dimensions`` other than the model's size, or
     bad or too large ``input``."""
 
-    def __init__(self, model: ServedModel, max_inputs: int = 2048, max_tokens: int = 32768) -> None:
+    def __init__(self, model: ModelPipeline, max_inputs: int = 2048, max_tokens: int = 32768) -> None:
         self.model = model
         self.engine = model.engine
         self.max_inputs = max_inputs

@@ -9,7 +9,7 @@ import asyncio
 
 from glmserve.protocol.errors import APIError, invalid_request
 from glmserve.protocol.lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 
 
 class LoRAAdapterService:
@@ -19,7 +19,7 @@ class LoRAAdapterService:
     (missing, does not fit the model, or an engine that cannot load it now); 404 for
     unloading a name that is not loaded."""
 
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model: ModelPipeline) -> None:
         self.model = model
         self._lock = asyncio.Lock()  # one load or unload request at a time
 

@@ -13,15 +13,15 @@ from glmserve.protocol.tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 
 
 class TokenizeService:
-    """Over a ``ServedModel`` (its names, template, tool format and tokenizer). Both
+    """Over a ``ModelPipeline`` (its names, template, tool format and tokenizer). Both
     methods are blocking (tokenizing a long prompt takes a while): call them off the event
     loop. They raise ``APIError`` 404 for an unknown ``model`` and 400 for bad input."""
 
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model: ModelPipeline) -> None:
         self.model = model
         self.tokenizer = model.engine.tokenizer
 

@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402
 
 from glmserve.engine.transformers.engine import TransformersEngine  # noqa: E402
 from glmserve.engine.transformers.settings import TransformersSettings  # noqa: E402
-from glmserve.engine.transformers.loader import LoadedModel  # noqa: E402
+from glmserve.engine.transformers.loader import LoadedCheckpoint  # noqa: E402
 from glmserve.engine.types import GenerationRequest, SamplingParams  # noqa: E402
 from glmserve.models import ResolvedModel  # noqa: E402
 from tests.unit.glm_tokenizer import glm_tokenizer  # noqa: E402
@@ -78,7 +78,7 @@ def test_image_and_text_requests_batched_equal_generate_alone():
     with torch.no_grad():
         expected = [_reference(model, image_ids, extra), _reference(model, text_ids, {})]
 
-    loaded = LoadedModel(model, tok, None, torch.device("cpu"), 1024, None, ())
+    loaded = LoadedCheckpoint(model, tok, None, torch.device("cpu"), 1024, None, ())
     engine = TransformersEngine(ResolvedModel(__import__("pathlib").Path("."), "tiny-glm4v", "hf"),
                                 TransformersSettings(engine="transformers", n_threads=2), loaded=loaded)
     engine.start()

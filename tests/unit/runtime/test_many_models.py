@@ -3,7 +3,7 @@ on demand; ``/v1/models`` shows each model's status; ``--max-loaded-models`` unl
 recently used idle one; a model that fails to load answers its own requests with a 500 naming
 it while the others serve; ``keep_alive: 0``; ``/models/load`` and ``/models/unload``. The
 model list itself: ``--models-dir`` scans and ``--config`` files (``runtime/catalog.py``), and
-each model's settings (``runtime.model_settings``). End to end with real engines:
+each model's settings (``loaded.model_settings``). End to end with real engines:
 tests/e2e/test_many_models.py."""
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from glmserve.models import resolve_model
 from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.runtime.catalog import ConfigError, ModelEntry, read_config, scan_models_dir
 from glmserve.runtime.start import model_settings
-from glmserve.runtime.services import Runtime
+from glmserve.runtime.loaded import LoadedModel
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
-from glmserve.runtime.served import ServedModels
+from glmserve.runtime.router import ModelRouter
 from glmserve.settings.serve import ServeSettings
 from tests.unit.fakes import FakeEngine
 
 
 class Farm:
-    """Fake runtimes by name: ``loads``/``unloads`` in order; names in ``broken`` fail to load."""
+    """Fake loaded models by name: ``loads``/``unloads`` in order; names in ``broken`` fail to load."""
 
     def __init__(self) -> None:
         self.loads: list[str] = []
@@ -38,23 +38,23 @@ class Farm:
         self.broken: set[str] = set()
 
     def spec(self, name: str, embedding_size: int | None = None, **kw) -> ModelSpec:
-        def load() -> Runtime:
+        def load() -> LoadedModel:
             self.loads.append(name)
             if name in self.broken:
                 raise OSError(f"cannot read {name}.gguf")
             engine = FakeEngine(reply=f"I am {name}", embedding_size=embedding_size)
-            return Runtime.over(ChatService(engine, name, ChatTemplate(CHATML_TEMPLATE)))
+            return LoadedModel.over(ChatService(engine, name, ChatTemplate(CHATML_TEMPLATE)))
 
-        def unload(runtime: Runtime) -> None:
+        def unload(loaded: LoadedModel) -> None:
             self.unloads.append(name)
-            runtime.shutdown()
+            loaded.shutdown()
 
         return ModelSpec(name, load, unload, **{"metadata": {"engine": "fake"}, **kw})
 
 
 def _app(farm: Farm, names=("a", "b", "c"), **registry_kw) -> TestClient:
     registry = ModelRegistry([farm.spec(n) for n in names], **registry_kw)
-    return TestClient(create_app(ServedModels(registry, names[0])))
+    return TestClient(create_app(ModelRouter(registry, names[0])))
 
 
 def _ask(http, model: str, **kw):
@@ -119,7 +119,7 @@ def test_a_model_served_for_embeddings_only():
     farm = Farm()
     registry = ModelRegistry([farm.spec("a"), farm.spec("vec", embedding_size=8,
                                                          metadata={"engine": "fake", "embedding_only": True})])
-    with TestClient(create_app(ServedModels(registry, "a"))) as http:
+    with TestClient(create_app(ModelRouter(registry, "a"))) as http:
         for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                            ("/v1/completions", {"prompt": "hi"}), ("/v1/responses", {"input": "hi"})]:
             resp = http.post(path, json={"model": "vec", **body})
@@ -262,7 +262,7 @@ def test_one_model_ignores_keep_alive():
 
 
 def test_unloading_the_model_started_before_the_freeze_frees_what_it_held():
-    """``runtime.freeze_heap`` (a server's start-up) hides the heap from the collector; the
+    """``loaded.freeze_heap`` (a server's start-up) hides the heap from the collector; the
     unload of the model started then shuts it down and lets the collector see the heap again,
     so that a reference cycle it left behind is freed, not kept for the life of the process."""
     import gc

@@ -1,4 +1,4 @@
-"""The model registry over fake runtimes and a fake clock: one load for concurrent first
+"""The model registry over fake loaded models and a fake clock: one load for concurrent first
 requests, least-recently-used idle models unloaded under ``max_loaded`` and ``memory_budget``,
 busy models never, keep_alive (0, a duration, forever), a failing model that leaves the others
 serving, explicit load/unload, and the status events."""
@@ -29,7 +29,7 @@ class Clock:
 
 
 class Models:
-    """Fake runtimes: ``loads``/``unloads`` count calls per model; a model in ``broken`` fails
+    """Fake loaded models: ``loads``/``unloads`` count calls per model; a model in ``broken`` fails
     to load; ``gate`` (when set) holds loads until it is set."""
 
     def __init__(self) -> None:
@@ -46,10 +46,10 @@ class Models:
             self.loads[name] = self.loads.get(name, 0) + 1
             if name in self.broken:
                 raise OSError(f"{name}.gguf: not a GGUF file")
-            return f"runtime of {name}"
+            return f"loaded of {name}"
 
-        def unload(runtime):
-            assert runtime == f"runtime of {name}"
+        def unload(loaded):
+            assert loaded == f"loaded of {name}"
             if self.unload_gate is not None:
                 self.unload_gate.wait(10)
             self.unloads[name] = self.unloads.get(name, 0) + 1
@@ -72,7 +72,7 @@ def test_concurrent_first_requests_share_one_load():
         assert registry.status()[0]["status"] == "loading"
         models.gate.set()
         leases = await asyncio.gather(*tasks)
-        assert {lease.runtime for lease in leases} == {"runtime of a"}
+        assert {lease.loaded for lease in leases} == {"loaded of a"}
         assert registry.status()[0]["running"] == 5
         for lease in leases:
             lease.release()
@@ -126,7 +126,7 @@ def test_a_busy_model_is_never_unloaded():
         lease = await registry.acquire("a")
         with pytest.raises(RegistryFull, match="does not fit beside the models in use"):
             await registry.acquire("b")
-        assert registry.loaded() == ["a"] and lease.runtime == "runtime of a"
+        assert registry.loaded() == ["a"] and lease.loaded == "loaded of a"
         # once a goes idle, b's load goes ahead (a waiting load is woken by the release)
         waiting = asyncio.create_task(registry.acquire("b"))
         await asyncio.sleep(0.05)
@@ -187,7 +187,7 @@ def test_a_broken_model_fails_alone_and_is_tried_again_after_a_back_off():
         status = {s["model"]: s for s in registry.status()}
         assert status["bad"]["status"] == "unloaded" and "not a GGUF file" in status["bad"]["error"]
         async with await registry.acquire("good") as lease:
-            assert lease.runtime == "runtime of good"
+            assert lease.loaded == "loaded of good"
         # within the back-off, the last failure at once, without a load
         with pytest.raises(ModelLoadError, match="not a GGUF file .it is tried again in 1 s"):
             await registry.acquire("bad")
@@ -202,7 +202,7 @@ def test_a_broken_model_fails_alone_and_is_tried_again_after_a_back_off():
             await registry.acquire("bad")
         clock.now += 1
         async with await registry.acquire("bad") as lease:  # fixed: the next load after the back-off
-            assert lease.runtime == "runtime of bad"
+            assert lease.loaded == "loaded of bad"
         assert {s["model"]: s["error"] for s in registry.status()}["bad"] is None
         await registry.close()
 

@@ -22,8 +22,8 @@ from glmserve.server import AppOptions, create_app
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
-from glmserve.runtime.services import Runtime
-from glmserve.runtime.served import ServedModels
+from glmserve.runtime.loaded import LoadedModel
+from glmserve.runtime.router import ModelRouter
 from tests.unit.fakes import FakeEngine
 
 
@@ -114,20 +114,20 @@ def _served(table: AdapterTable, max_loaded: int = 1) -> tuple[TestClient, list[
     """Models "base" (with ``table``) and "other" under ``max_loaded``; the engines "base" ran on."""
     engines: list[FakeEngine] = []
 
-    def load_base() -> Runtime:
+    def load_base() -> LoadedModel:
         engine = FakeEngine(reply="I am base")
         engines.append(engine)
         chat = ChatService(engine, "base", ChatTemplate(CHATML_TEMPLATE))
         chat.model.adapter_table = table
         table.attach(engine)
-        return Runtime.over(chat)
+        return LoadedModel.over(chat)
 
-    def load_other() -> Runtime:
-        return Runtime.over(ChatService(FakeEngine(reply="I am other"), "other", ChatTemplate(CHATML_TEMPLATE)))
+    def load_other() -> LoadedModel:
+        return LoadedModel.over(ChatService(FakeEngine(reply="I am other"), "other", ChatTemplate(CHATML_TEMPLATE)))
 
-    registry = ModelRegistry([ModelSpec("base", load_base, Runtime.shutdown),
-                              ModelSpec("other", load_other, Runtime.shutdown)], max_loaded=max_loaded)
-    app = create_app(ServedModels(registry, "base", {"base": table}), AppOptions(runtime_lora=True))
+    registry = ModelRegistry([ModelSpec("base", load_base, LoadedModel.shutdown),
+                              ModelSpec("other", load_other, LoadedModel.shutdown)], max_loaded=max_loaded)
+    app = create_app(ModelRouter(registry, "base", {"base": table}), AppOptions(runtime_lora=True))
     return TestClient(app), engines
 
 

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
-from glmserve.runtime.services import Runtime
+from glmserve.runtime.loaded import LoadedModel
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.responses.sealed_reasoning import KEY_FILE, ReasoningSeal
@@ -35,7 +35,7 @@ INCLUDE = {"include": ["reasoning.encrypted_content"], "store": False}
 def _client(reply: str, state_dir, context_length: int = 8000) -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
     chat = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47")
-    return engine, TestClient(create_app(Runtime.over(chat, seal=ReasoningSeal(state_dir))))
+    return engine, TestClient(create_app(LoadedModel.over(chat, seal=ReasoningSeal(state_dir))))
 
 
 def _resource_ok(response: dict) -> None:

@@ -34,7 +34,7 @@ from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.transformers.batch import PaddedKVBatch
 from glmserve.engine.transformers.grammar import GrammarCompiler
 from glmserve.engine.peft_lora import check_adapter
-from glmserve.engine.transformers.loader import LoadedModel, add_adapter, load_model, remove_adapter
+from glmserve.engine.transformers.loader import LoadedCheckpoint, add_adapter, load_model, remove_adapter
 from glmserve.engine.transformers.sampling import Sampler, token_logprob
 from glmserve.engine.transformers.settings import TransformersSettings
 from glmserve.engine.hf_tokenizer import HFTokenizer, IncrementalDetokenizer
@@ -69,7 +69,7 @@ class TransformersEngine(StepWorker[_Seq]):
 
     log = log
 
-    def __init__(self, model: ResolvedModel, settings: TransformersSettings, loaded: LoadedModel | None = None) -> None:
+    def __init__(self, model: ResolvedModel, settings: TransformersSettings, loaded: LoadedCheckpoint | None = None) -> None:
         """``loaded``: a model already in memory (``start`` then loads nothing; the load
         settings, ``dtype``, ``device``, ``trust_remote_code`` and ``lora``, are not used)."""
         self._resolved = model

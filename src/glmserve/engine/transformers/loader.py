@@ -31,7 +31,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 @dataclass(slots=True)
-class LoadedModel:
+class LoadedCheckpoint:
     model: Any  # a PreTrainedModel, or a PeftModel around one when adapters are loaded
     tokenizer: Any
     processor: Any | None  # AutoProcessor of a vision model
@@ -78,7 +78,7 @@ def _eos_ids(model: Any) -> tuple[int, ...]:
 
 
 def load_model(resolved: ResolvedModel, dtype: str, device: str, trust_remote_code: bool,
-               lora: dict[str, Path] | None = None) -> LoadedModel:
+               lora: dict[str, Path] | None = None) -> LoadedCheckpoint:
     """Load ``resolved`` (see module docstring). Raises ``EngineError`` with a one-line reason."""
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
@@ -115,7 +115,7 @@ def load_model(resolved: ResolvedModel, dtype: str, device: str, trust_remote_co
                           f"{one_line(exc)}") from exc
     model.to(dev).eval()
     template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
-    loaded = LoadedModel(model, tokenizer, processor, dev, _context_length(config, tokenizer), template,
+    loaded = LoadedCheckpoint(model, tokenizer, processor, dev, _context_length(config, tokenizer), template,
                          _eos_ids(model))
     if lora:
         loaded.model = load_adapters(model, lora)

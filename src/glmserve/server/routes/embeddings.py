@@ -14,5 +14,5 @@ router = APIRouter()
 
 @router.post("/v1/embeddings", responses=error_responses(400, 404, 408, 413, 500, 503))
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
-    async with model_runtime(request, body.model, body.keep_alive) as runtime:
-        return await ENDPOINTS["/v1/embeddings"].run(runtime, body, http_call(request))
+    async with model_runtime(request, body.model, body.keep_alive) as loaded:
+        return await ENDPOINTS["/v1/embeddings"].run(loaded, body, http_call(request))

@@ -22,8 +22,8 @@ router = APIRouter()
 async def health(request: Request) -> dict[str, Any]:
     state = request.app.state
     try:
-        for runtime in state.models.runtimes().values():
-            runtime.engine.check_health()
+        for loaded in state.models.loaded_models().values():
+            loaded.engine.check_health()
     except EngineError as exc:
         raise APIError(503, f"the engine cannot serve: {exc}", "server_error", None, "engine_unhealthy") from exc
     body: dict[str, Any] = {"status": "ok"}

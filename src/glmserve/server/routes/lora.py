@@ -16,11 +16,11 @@ router = APIRouter()
 
 @router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=error_responses(400, 413))
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> str:
-    async with model_runtime(request, body.model) as runtime:
-        return await runtime.lora.load(body)
+    async with model_runtime(request, body.model) as loaded:
+        return await loaded.lora.load(body)
 
 
 @router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=error_responses(400, 404, 413))
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> str:
-    async with model_runtime(request, body.model) as runtime:
-        return await runtime.lora.unload(body)
+    async with model_runtime(request, body.model) as loaded:
+        return await loaded.lora.unload(body)

@@ -26,5 +26,5 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 
 @router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, anthropic=True))
 async def count_tokens(body: CountTokensRequest, request: Request) -> CountTokensResponse:
-    async with model_runtime(request, body.model, body.keep_alive) as runtime:
-        return await asyncio.to_thread(runtime.messages.count_tokens, body)
+    async with model_runtime(request, body.model, body.keep_alive) as loaded:
+        return await asyncio.to_thread(loaded.messages.count_tokens, body)

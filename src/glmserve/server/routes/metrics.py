@@ -12,5 +12,5 @@ router = APIRouter()
 @router.get("/metrics", response_class=Response, responses={
     200: {"description": "Prometheus text exposition format", "content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request) -> Response:
-    runtimes = request.app.state.models.runtimes().values()
-    return Response(render_all([runtime.model.metrics for runtime in runtimes]), media_type=CONTENT_TYPE)
+    loaded_models = request.app.state.models.loaded_models().values()
+    return Response(render_all([loaded.pipeline.metrics for loaded in loaded_models]), media_type=CONTENT_TYPE)

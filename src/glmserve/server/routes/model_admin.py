@@ -15,7 +15,7 @@ from sse_starlette import EventSourceResponse
 from glmserve.protocol.chat import _Lenient
 from glmserve.protocol.errors import invalid_request
 from glmserve.runtime.registry import ModelLoadError, RegistryFull, UnknownModel
-from glmserve.runtime.served import registry_error
+from glmserve.runtime.router import registry_error
 from glmserve.server.openapi import error_responses
 
 router = APIRouter()

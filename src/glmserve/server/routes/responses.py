@@ -36,7 +36,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if body.background:  # the run holds the model until it ends, not the connection
         lease = await request.app.state.models.acquire(body.model, body.keep_alive, generation=True)
         scope_cache(request, body.cache_salt)
-        return await respond(storage.start(lease.runtime.responses, body, who, lease.release), request, RESPONSES)
+        return await respond(storage.start(lease.loaded.responses, body, who, lease.release), request, RESPONSES)
     return await respond_with_endpoint(request, "/v1/responses", body, RESPONSES)
 
 

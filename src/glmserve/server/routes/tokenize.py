@@ -15,11 +15,11 @@ router = APIRouter()
 
 @router.post("/tokenize", responses=error_responses(400, 404, 413))
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-    async with model_runtime(request, body.model) as runtime:
-        return await asyncio.to_thread(runtime.tokenize.tokenize, body)
+    async with model_runtime(request, body.model) as loaded:
+        return await asyncio.to_thread(loaded.tokenize.tokenize, body)
 
 
 @router.post("/detokenize", responses=error_responses(400, 404, 413))
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
-    async with model_runtime(request, body.model) as runtime:
-        return await asyncio.to_thread(runtime.tokenize.detokenize, body)
+    async with model_runtime(request, body.model) as loaded:
+        return await asyncio.to_thread(loaded.tokenize.detokenize, body)

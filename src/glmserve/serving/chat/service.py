@@ -1,5 +1,5 @@
 """The chat-completions handler: OpenAI request -> engine request -> OpenAI response or chunks,
-over the model's shared pipeline (``serving/generation/model.py``: admission, deltas, stop
+over the model's shared pipeline (``serving/generation/pipeline.py``: admission, deltas, stop
 strings, applied once for every engine). Used by every front end (HTTP routes, the in-process
 ``LLM``) and by the APIs mapped onto chat (messages, responses)."""
 
@@ -35,7 +35,7 @@ from glmserve.protocol.chat import (
 from glmserve.protocol.errors import APIError
 from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, StreamItem, TextDelta
 from glmserve.serving.generation.merge import merged
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.prompt import build_prompt
 from glmserve.serving.generation.request_scope import CACHE_SALT
 from glmserve.serving.generation.run import Run, usage
@@ -57,7 +57,7 @@ log = logging.getLogger("glmserve.chat")
 
 
 class ChatService:
-    """Serve ``/v1/chat/completions`` for one model (``ServedModel``: its engine, names,
+    """Serve ``/v1/chat/completions`` for one model (``ModelPipeline``: its engine, names,
     template, defaults and the shared admit -> deltas pipeline).
 
     ``create(req)`` returns a ``ChatCompletion`` or, for ``stream=True``, an async iterator of
@@ -66,10 +66,10 @@ class ChatService:
     before anything is generated.
     """
 
-    def __init__(self, model: ServedModel | Engine, *args: Any, **kwargs: Any) -> None:
-        """``model``: the served model, or the arguments of one (``ServedModel(engine,
+    def __init__(self, model: ModelPipeline | Engine, *args: Any, **kwargs: Any) -> None:
+        """``model``: the served model, or the arguments of one (``ModelPipeline(engine,
         served_model_name, template, ...)``)."""
-        self.model = model if isinstance(model, ServedModel) else ServedModel(model, *args, **kwargs)
+        self.model = model if isinstance(model, ModelPipeline) else ModelPipeline(model, *args, **kwargs)
 
     async def create(self, req: ChatCompletionRequest, *, max_tokens_ceiling: bool = False,
                      priority: int = INTERACTIVE_PRIORITY,

@@ -41,7 +41,7 @@ from glmserve.protocol.chat import ChatCompletionChunk, StreamOptions
 from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse, PromptTooLong, invalid_request
 from glmserve.serving.chat.service import ChatService
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, TextDelta
 from glmserve.serving.messages.request import thinking_mode, to_chat_request
 from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_template_defaults
@@ -89,7 +89,7 @@ class MessagesService:
     ``MessageStreamEvent``s (with ``encoded=True`` some as ``{"event", "data"}``, the event's
     type and JSON). Client errors raise ``APIError`` before anything is generated."""
 
-    def __init__(self, model: ServedModel, chat: ChatService) -> None:
+    def __init__(self, model: ModelPipeline, chat: ChatService) -> None:
         self.model, self.chat = model, chat
 
     def _chat_request(self, req: CountTokensRequest):

@@ -48,7 +48,7 @@ from glmserve.protocol.responses import (
     ResponseUsage,
 )
 from glmserve.serving.chat.service import ChatService
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.chunks import MARK, ChunkStream, NumberedJSON, TextDelta
 from glmserve.serving.responses.request import function_tools, to_chat_request
 from glmserve.serving.generation.sampling import with_defaults
@@ -128,7 +128,7 @@ class ResponsesService:
     ``APIError`` before anything is generated. ``seal`` seals and opens reasoning's
     ``encrypted_content`` (None: asking for it is a 400)."""
 
-    def __init__(self, model: ServedModel, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
+    def __init__(self, model: ModelPipeline, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
         self.model, self.chat = model, chat
         self.seal = seal
 

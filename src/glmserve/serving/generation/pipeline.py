@@ -1,4 +1,4 @@
-"""``ServedModel``: one served model as every endpoint service sees it, and the generation
+"""``ModelPipeline``: one served model as every endpoint service sees it, and the generation
 pipeline they share (the role of vLLM's ``OpenAIServingModels`` with its serving base's shared
 pre- and post-processing).
 
@@ -37,7 +37,7 @@ from glmserve.toolcalls import PARSERS, has_reasoning, tag_texts
 from glmserve.toolcalls.reasoning import THINK_END
 
 
-class ServedModel:
+class ModelPipeline:
     """See module docstring. Built once per started model (``runtime/start.py``); the endpoint
     services of the model take it."""
 
@@ -63,7 +63,7 @@ class ServedModel:
         self.engine = engine
         self.name = served_model_name
         self.aliases = frozenset(aliases)
-        # the model's LoRA adapters (start_runtime gives the table that outlives this engine)
+        # the model's LoRA adapters (start_model gives the table that outlives this engine)
         self.adapter_table = adapter_table or AdapterTable()
         if adapter_table is None:
             self.adapter_table.attach(engine)

@@ -1,5 +1,5 @@
 """The models one app serves, as the routes see them: a request's ``model`` (a model's name, an
-alias, or a LoRA adapter of a model) to a lease on that model's ``Runtime`` (and, for an adapter
+alias, or a LoRA adapter of a model) to a lease on that model's ``LoadedModel`` (and, for an adapter
 and a route that generates, a lease on the adapter: ``serving/adapters.py``), with the
 registry's errors as API errors; and the ``/v1/models`` cards.
 
@@ -24,7 +24,7 @@ from glmserve.runtime.registry import (
 )
 
 if TYPE_CHECKING:
-    from glmserve.runtime.services import Runtime
+    from glmserve.runtime.loaded import LoadedModel
 
 RETRY_AFTER_S = 5  # a model that does not fit now: when to try again
 
@@ -43,12 +43,12 @@ def registry_error(exc: Exception) -> APIError:
     raise exc
 
 
-class ServedModels:
-    """Over ``registry`` (of ``Runtime``\\ s); ``default``: the model a request without ``model``
-    gets (``/tokenize``); ``adapters``: each model's LoRA adapters (the table its runtimes are
-    started with, which outlives them; a model without one has the adapters of its runtime)."""
+class ModelRouter:
+    """Over ``registry`` (of ``LoadedModel``\\ s); ``default``: the model a request without ``model``
+    gets (``/tokenize``); ``adapters``: each model's LoRA adapters (the table each load is
+    started with, which outlives them; a model without one has the adapters of its loaded model)."""
 
-    def __init__(self, registry: ModelRegistry[Runtime], default: str,
+    def __init__(self, registry: ModelRegistry[LoadedModel], default: str,
                  adapters: dict[str, AdapterTable] | None = None) -> None:
         self.registry = registry
         self.default = default
@@ -56,16 +56,16 @@ class ServedModels:
         self._created: dict[str, int] = {}
 
     @classmethod
-    def single(cls, runtime: Runtime) -> ServedModels:
+    def single(cls, loaded: LoadedModel) -> ModelRouter:
         """One model, started already, kept loaded."""
-        name = runtime.model.name
-        registry: ModelRegistry[Runtime] = ModelRegistry(
-            [ModelSpec(name, load=lambda: runtime, unload=lambda r: r.shutdown(), pinned=True)])
-        registry.adopt(name, runtime)
-        return cls(registry, name, {name: runtime.model.adapter_table})
+        name = loaded.pipeline.name
+        registry: ModelRegistry[LoadedModel] = ModelRegistry(
+            [ModelSpec(name, load=lambda: loaded, unload=lambda r: r.shutdown(), pinned=True)])
+        registry.adopt(name, loaded)
+        return cls(registry, name, {name: loaded.pipeline.adapter_table})
 
     def _tables(self) -> dict[str, AdapterTable]:
-        return {**{name: runtime.model.adapter_table for name, runtime in self.registry.runtimes().items()},
+        return {**{name: loaded.pipeline.adapter_table for name, loaded in self.registry.loaded_models().items()},
                 **self.adapters}
 
     def _model_of(self, model: str) -> tuple[str, bool]:
@@ -79,8 +79,8 @@ class ServedModels:
             raise
 
     async def acquire(self, model: str | None, keep_alive: float | None = None,
-                      generation: bool = False) -> Lease[Runtime]:
-        """A lease on the runtime serving ``model`` (None: the default model), loading it if
+                      generation: bool = False) -> Lease[LoadedModel]:
+        """A lease on the loaded model serving ``model`` (None: the default model), loading it if
         needed; ``generation``: for a route that generates text, which a model served for
         embeddings only refuses (400, before loading it). Raises ``APIError``
         (``registry_error``)."""
@@ -92,20 +92,20 @@ class ServedModels:
             lease = await self.registry.acquire(name, keep_alive)
         except (UnknownModel, ModelLoadError, RegistryFull) as exc:
             raise registry_error(exc) from exc
-        if generation and not lease.runtime.engine.model_info.generation:
+        if generation and not lease.loaded.engine.model_info.generation:
             lease.release()
             raise invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)",
                                   "model", "model_not_supported")
         if adapter and generation:
             try:  # the adapter is loaded, and stays, until the lease is released
-                lease.also_release(await lease.runtime.model.adapter_table.acquire(model))
+                lease.also_release(await lease.loaded.pipeline.adapter_table.acquire(model))
             except BaseException:
                 lease.release()
                 raise
         return lease
 
-    def runtimes(self) -> dict[str, Runtime]:
-        return self.registry.runtimes()
+    def loaded_models(self) -> dict[str, LoadedModel]:
+        return self.registry.loaded_models()
 
     def names(self) -> set[str]:
         """Every name a request's ``model`` may give here: the models, their aliases and their
@@ -118,16 +118,16 @@ class ServedModels:
     def cards(self) -> list[ModelCard]:
         """Every model (with ``status``), each loaded one followed by its LoRA adapters."""
         cards = []
-        runtimes = self.registry.runtimes()
+        loaded_models = self.registry.loaded_models()
         for item in self.registry.status():
             name = item["model"]
-            runtime = runtimes.get(name)
+            loaded = loaded_models.get(name)
             engine = item["metadata"].get("engine")
-            if runtime is None:
+            if loaded is None:
                 cards.append(ModelCard(id=name, created=self._created_at(name), owned_by="glmserve",
                                        status=item["status"], engine=engine))
                 continue
-            info, model = runtime.engine.model_info, runtime.model
+            info, model = loaded.engine.model_info, loaded.pipeline
             capabilities = (["embedding"] if item["metadata"].get("embedding_only") or not info.generation else
                             model_capabilities(info.vision, model.tool_parser, info.embedding_size is not None))
             for card_name in (model.name, *model.adapters):

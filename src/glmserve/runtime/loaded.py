@@ -1,7 +1,7 @@
-"""``Runtime``: one started model and the services over it (chat, completions, responses,
+"""``LoadedModel``: one started model and the services over it (chat, completions, responses,
 messages, tokenize, embeddings, LoRA adapters), what a request for the model is served by.
-Built by ``glmserve.runtime.start.start_runtime``; used by the server's routes and the registry of
-several models (``runtime/served.py``)."""
+Built by ``glmserve.runtime.start.start_model``; used by the server's routes and the registry of
+several models (``runtime/router.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from glmserve.engine import Engine
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.completions import CompletionService
 from glmserve.serving.embeddings import EmbeddingsService
-from glmserve.serving.generation.model import ServedModel
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.lora import LoRAAdapterService
 from glmserve.serving.messages.service import MessagesService
 from glmserve.serving.responses.service import ResponsesService
@@ -20,12 +20,14 @@ from glmserve.serving.tokenize import TokenizeService
 
 
 @dataclass(slots=True)
-class Runtime:
-    """One started model (``model``: its engine, names, adapters, defaults and shared pipeline) and
-    the services over it: what a request for the model is served by."""
+class LoadedModel:
+    """One started model: its engine, its ``pipeline`` (names, LoRA adapters, template, defaults,
+    metrics and the generation pipeline every endpoint shares) and the endpoint services over
+    it: what a request for the model is served by. The registry (``runtime/registry.py``) loads
+    and unloads these; the router (``runtime/router.py``) leases them to requests."""
 
     engine: Engine
-    model: ServedModel
+    pipeline: ModelPipeline
     chat: ChatService
     completions: CompletionService
     responses: ResponsesService
@@ -36,8 +38,8 @@ class Runtime:
 
     @classmethod
     def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
-             seal: ReasoningSeal | None = None) -> Runtime:
-        """The services over ``chat``'s model (``ServedModel``, its engine started); ``seal``: the
+             seal: ReasoningSeal | None = None) -> LoadedModel:
+        """The services over ``chat``'s model (``ModelPipeline``, its engine started); ``seal``: the
         key of ``/v1/responses``' ``encrypted_content`` (none: a 400 when a request asks for it)."""
         model = chat.model
         return cls(model.engine, model, chat, CompletionService(model), ResponsesService(model, chat, seal),
