@@ -18,6 +18,7 @@ from glmserve.runtime.loaded import LoadedModel
 from glmserve.runtime.router import ModelRouter
 from glmserve.serving.batches.service import BatchService
 from glmserve.serving.responses.conversations import ConversationService
+from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
 from glmserve.serving.responses.stored import ResponseStorage
 from glmserve.settings.serve import ServeSettings
 from glmserve.state import BatchStore, ConversationStore, FileStore, ResponseStore, open_database
@@ -35,11 +36,12 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     database = open_database(settings.state_database_url(), private_folder=settings.database_url is None)
     keys = {*settings.api_key, *settings.admin_api_key}  # the owners of what is stored (one: no key)
     store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key, len(keys))
-    loaded = start_model(settings)
+    seal = ReasoningSeal(settings.state_dir)  # the key of encrypted reasoning, one for all models
+    loaded = start_model(settings, seal=seal)
     served: LoadedModel | ModelRouter = loaded
     if settings.many_models:
         try:
-            served = serve_many(settings, loaded)
+            served = serve_many(settings, loaded, seal)
         except BaseException:
             loaded.shutdown()
             raise

@@ -31,10 +31,20 @@ def engine_settings(engine: str) -> frozenset[str]:
     return importlib.import_module(ENGINES[engine]).SETTINGS
 
 
+def for_engine(settings: EngineSettings) -> EngineSettings:
+    """``settings`` narrowed to ``settings.engine``'s settings class (its package's
+    ``SETTINGS_CLASS``; ``engine.settings.narrowed``): what the engine is given, never the
+    server's settings (API keys, database) nor another engine's flags."""
+    from glmserve.engine.settings import narrowed
+
+    return narrowed(settings, importlib.import_module(ENGINES[settings.engine]).SETTINGS_CLASS)
+
+
 def max_num_seqs_in_force(settings: EngineSettings) -> int:
     """``--max-num-seqs``, or the default of ``settings.engine`` when it is not set (vllm: vLLM's
     API-server default for this machine's device; vLLM is imported)."""
-    return settings.max_num_seqs or importlib.import_module(ENGINES[settings.engine]).default_max_num_seqs(settings)
+    return settings.max_num_seqs or importlib.import_module(ENGINES[settings.engine]).default_max_num_seqs(
+        for_engine(settings))
 
 
 def check_engine_settings(settings: EngineSettings) -> None:
@@ -61,7 +71,7 @@ def memory_estimate(settings: EngineSettings) -> int:
     estimate = getattr(module, "memory_estimate", None)
     if estimate is not None:
         try:
-            return estimate(settings)
+            return estimate(for_engine(settings))
         except ImportError:  # the engine library is not installed: its load will say so
             pass
         except ModelNotFoundError:
@@ -90,7 +100,7 @@ def create_engine(settings: EngineSettings) -> Engine:
         raise EngineError(f"unknown engine {settings.engine!r}; choose one of {sorted(ENGINES)}")
     check_engine_settings(settings)
     try:
-        return importlib.import_module(module_name).build(settings)
+        return importlib.import_module(module_name).build(for_engine(settings))
     except ImportError as exc:
         hint = INSTALL_HINTS.get(settings.engine)
         raise EngineError(f"engine {settings.engine!r} needs {exc.name or exc}, which is not installed"
@@ -109,5 +119,6 @@ __all__ = [
     "SamplingParams",
     "Tokenizer",
     "create_engine",
+    "for_engine",
     "memory_estimate",
 ]

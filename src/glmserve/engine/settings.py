@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+S = TypeVar("S", bound=BaseModel)
 # json_schema_extra of a field that is one model's own, never inherited by another model
 PER_MODEL = {"per_model": True}
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9_.\-/:]{1,128}$")
@@ -26,6 +27,19 @@ def per_model_fields(cls: type[BaseModel]) -> frozenset[str]:
     """The fields of ``cls`` marked ``PER_MODEL``."""
     return frozenset(name for name, field in cls.model_fields.items()
                      if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("per_model"))
+
+
+def narrowed(settings: BaseModel, cls: type[S]) -> S:
+    """``settings`` as a ``cls`` (one of its bases): ``cls``' fields with their values, and which
+    of them were given (``model_fields_set``: a flag's default stays told apart from a value
+    given), nothing else. Not validated again: ``settings`` was. ``settings`` itself when it is a
+    ``cls`` already. How a per-model start sees only ``ModelSettings`` of the server's settings
+    and an engine only its own settings class."""
+    if type(settings) is cls:
+        return settings
+    names = cls.model_fields.keys()
+    return cls.model_construct(_fields_set=settings.model_fields_set & names,
+                               **{name: getattr(settings, name) for name in names})
 
 
 def own_fields(cls: type[BaseModel]) -> frozenset[str]:

@@ -14,7 +14,9 @@
   routes refuse it with a 400); the other keys of an entry are ``glmserve serve``'s flags as they are named in its
   settings (``engine``, ``n_ctx``, ``n_threads``, ``chat_template``, ``tool_call_parser``,
   ``lora``, ...), for that model only. Server-wide flags (``port``, ``api_key``, ...) are refused
-  in an entry.
+  in an entry. Each entry is validated by pydantic as a ``ConfigEntry``, its settings as
+  ``ModelSettings`` with what the model inherits (``runtime.start.model_settings``), all at
+  start-up.
 
 ``keep_alive`` follows Ollama: a number of seconds or a duration (``"90s"``, ``"5m"``,
 ``"1h30m"``); 0 unloads a model right after its reply; a negative value keeps it loaded.
@@ -25,9 +27,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from glmserve.engine.settings import per_model_fields
 from glmserve.models.keep_alive import parse_keep_alive
@@ -133,37 +135,62 @@ def with_server_settings(settings: DeploySettings) -> DeploySettings:
     return settings.model_copy(update={k: v for k, v in given.items() if k not in settings.model_fields_set})
 
 
-def read_config(path: Path) -> list[ModelEntry]:
-    """The models declared in ``path`` (YAML or JSON). Raises ``ConfigError``."""
-    data = _load(path)
-    entries = []
-    for i, item in enumerate(data["models"]):
-        where = f"--config {path}: models[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"{where}: expected a mapping")
-        item = dict(item)
-        name, model = item.pop("name", None), item.get("model")
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{where}: 'name' is required")
-        if not isinstance(model, str) or not model:
-            raise ConfigError(f"{where} ({name}): 'model' (a path) is required")
-        aliases = item.pop("aliases", [])
-        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-            raise ConfigError(f"{where} ({name}): 'aliases' must be a list of names")
-        keep_alive = None
-        if "keep_alive" in item:
-            try:
-                keep_alive = parse_keep_alive(item.pop("keep_alive"))
-            except ValueError as exc:
-                raise ConfigError(f"{where} ({name}): {exc}") from None
-        embedding = item.pop("embedding", False)
-        if not isinstance(embedding, bool):
-            raise ConfigError(f"{where} ({name}): 'embedding' must be true or false")
-        if "served_model_name" in item:
-            raise ConfigError(f"{where} ({name}): served_model_name: the entry's name is the model's id")
-        server_wide = sorted(set(item) & SERVER_WIDE)
+class ConfigEntry(BaseModel):
+    """One entry of a ``--config`` file's ``models`` list, as pydantic validates it: ``name``
+    and ``model`` (required), ``aliases``, ``keep_alive`` (a duration, in seconds once read),
+    ``embedding``; every other key is a ``ModelSettings`` field for this model alone (validated
+    as ``ModelSettings`` with what the model inherits, ``runtime.start.model_settings``). Refused:
+    a server-wide setting, ``served_model_name`` (the entry's ``name`` is the model's id) and a
+    key that is not a model setting."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    aliases: list[Annotated[str, Field(min_length=1)]] = []
+    keep_alive: float | None = None
+    embedding: StrictBool = False
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_keep_alive(value)
+
+    @model_validator(mode="after")
+    def _settings(self) -> ConfigEntry:
+        given = set(self.model_extra or {})
+        if "served_model_name" in given:
+            raise ValueError("served_model_name: the entry's name is the model's id")
+        server_wide = sorted(given & SERVER_WIDE)
         if server_wide:
-            raise ConfigError(f"{where} ({name}): {', '.join(server_wide)} applies to the whole server, not "
-                              "one model")
-        entries.append(ModelEntry(name, item, tuple(aliases), keep_alive, embedding))
+            raise ValueError(f"{', '.join(server_wide)} applies to the whole server, not one model")
+        unknown = sorted(given - set(ModelSettings.model_fields))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a model setting (glmserve serve --help lists them)")
+        return self
+
+    def entry(self) -> ModelEntry:
+        """The ``ModelEntry`` of this entry: its settings are ``model`` and the other keys."""
+        return ModelEntry(self.name, {"model": self.model, **(self.model_extra or {})}, tuple(self.aliases),
+                          self.keep_alive, self.embedding)
+
+
+def read_config(path: Path) -> list[ModelEntry]:
+    """The models declared in ``path`` (YAML or JSON), each validated as a ``ConfigEntry``.
+    Raises ``ConfigError`` naming the entry and the key."""
+    entries = []
+    for i, item in enumerate(_load(path)["models"]):
+        name = item.get("name") if isinstance(item, dict) else None
+        where = f"--config {path}: models[{i}]" + (f" ({name})" if isinstance(name, str) and name else "")
+        try:
+            entries.append(ConfigEntry.model_validate(item).entry())
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: " + "; ".join(_error_text(e) for e in exc.errors())) from None
     return entries
+
+
+def _error_text(error: Any) -> str:
+    """One pydantic error as a line: its key (none for a whole entry) and its message."""
+    key = ".".join(map(str, error["loc"]))
+    message = error["msg"].removeprefix("Value error, ").removeprefix(f"{key}: ")
+    return f"{key}: {message}" if key else message

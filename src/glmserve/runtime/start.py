@@ -26,6 +26,7 @@ from glmserve.engine import (
     engine_settings,
     memory_estimate,
 )
+from glmserve.engine.settings import narrowed
 from glmserve.models import ModelNotFoundError, hub
 from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.multimodal import MediaPolicy
@@ -38,6 +39,7 @@ from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
 from glmserve.serving.structured.schema_check import SchemaLimits
+from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import ServeSettings
 from glmserve.state import DatabaseError
 from glmserve.toolcalls import detect_parser
@@ -47,7 +49,7 @@ log = logging.getLogger("glmserve.runtime.start")
 STARTUP_ERRORS = (EngineError, ModelNotFoundError, ChatTemplateError, OSError, ConfigError, DatabaseError)
 
 
-def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
+def load_chat_template(settings: ModelSettings, engine: Engine) -> ChatTemplate:
     """``--chat-template`` file, else the model's own template, else ChatML.
 
     Raises ``ChatTemplateError`` (does not compile) or ``OSError`` (file unreadable)."""
@@ -59,7 +61,7 @@ def load_chat_template(settings: ServeSettings, engine: Engine) -> ChatTemplate:
     return ChatTemplate(source, bos_token=info.bos_token, eos_token=info.eos_token)
 
 
-def media_policy(settings: ServeSettings) -> MediaPolicy:
+def media_policy(settings: ModelSettings) -> MediaPolicy:
     """The image limits set by ``--allowed-media-domains``, ``--max-image-*`` and
     ``--max-images-per-request``."""
     return MediaPolicy(
@@ -72,21 +74,25 @@ def media_policy(settings: ServeSettings) -> MediaPolicy:
     )
 
 
-def schema_limits(settings: ServeSettings) -> SchemaLimits:
+def schema_limits(settings: ModelSettings) -> SchemaLimits:
     """The ``--max-schema-*`` and ``--max-grammar-bytes`` bounds on client JSON schemas."""
     return SchemaLimits(settings.max_schema_depth, settings.max_schema_nodes, settings.max_schema_repeat,
                         settings.max_grammar_bytes)
 
 
-def start_model(settings: ServeSettings, aliases: tuple[str, ...] = (),
-                  adapters: AdapterTable | None = None) -> LoadedModel:
-    """Build and start the engine and the services over it; ``aliases``: other names requests
-    may give the model; ``adapters``: the model's LoRA adapter table, kept from an earlier load
-    (its run-time adapters are loaded again at their first request; default: a new one).
+def start_model(settings: ModelSettings, aliases: tuple[str, ...] = (),
+                adapters: AdapterTable | None = None, seal: ReasoningSeal | None = None) -> LoadedModel:
+    """Build and start the engine and the services over it, from ``settings`` (a
+    ``ModelSettings``; of a ``ServeSettings`` only its ``ModelSettings`` part is read, and the
+    engine gets only its own settings class: ``engine.for_engine``); ``aliases``: other names
+    requests may give the model; ``adapters``: the model's LoRA adapter table, kept from an
+    earlier load (its run-time adapters are loaded again at their first request; default: a new
+    one); ``seal``: the key of ``/v1/responses``' ``encrypted_content`` (the server's, one for
+    all its models; None: a request asking for it gets a 400).
 
     Raises one of ``STARTUP_ERRORS`` with a one-line message when the model cannot be found or
     loaded; the engine is shut down again if a later step fails."""
-    settings = fetched(settings)
+    settings = fetched(narrowed(settings, ModelSettings))
     engine = create_engine(settings)
     engine.start()
     try:
@@ -104,13 +110,13 @@ def start_model(settings: ServeSettings, aliases: tuple[str, ...] = (),
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
         return LoadedModel.over(ChatService(model), settings.max_embedding_inputs, settings.max_embedding_tokens,
-                            ReasoningSeal(settings.state_dir))
+                                seal)
     except BaseException:
         engine.shutdown()
         raise
 
 
-def fetched(settings: ServeSettings) -> ServeSettings:
+def fetched(settings: ModelSettings) -> ModelSettings:
     """``settings`` with a ``--model`` that names a Hugging Face Hub repository (``models/hub.py``)
     replaced by its local copy, fetched into the Hugging Face cache unless it is there (with a
     GGUF's vision projector, as ``--mmproj`` unless that is given), and served under the
@@ -124,7 +130,7 @@ def fetched(settings: ServeSettings) -> ServeSettings:
     return settings.model_copy(update=update)
 
 
-def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
+def model_settings(settings: ServeSettings, entry: ModelEntry) -> ModelSettings:
     """The settings ``entry`` is served with: its own fields, over the flags given to the server
     that a model inherits (not the server's own, ``SERVER_WIDE``, nor ``--model``'s,
     ``OWN_FIELDS``; an engine flag only where the entry's engine reads it), named ``entry.name``.
@@ -138,7 +144,7 @@ def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
     inherited = {name: getattr(settings, name) for name in settings.model_fields_set
                  if name not in SERVER_WIDE | OWN_FIELDS and (name not in engine_fields or name in used)}
     try:
-        own = type(settings)(**{**inherited, **entry.fields, "served_model_name": entry.name})
+        own = ModelSettings(**{**inherited, **entry.fields, "served_model_name": entry.name})
     except ValidationError as exc:
         raise ConfigError(f"model {entry.name!r}: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
@@ -149,11 +155,11 @@ def model_settings(settings: ServeSettings, entry: ModelEntry) -> ServeSettings:
     return own
 
 
-def serve_many(settings: ServeSettings, default: LoadedModel) -> ModelRouter:
+def serve_many(settings: ServeSettings, default: LoadedModel, seal: ReasoningSeal | None = None) -> ModelRouter:
     """``--model`` (``default``, started, kept loaded unless evicted) and the models of
     ``--models-dir`` and ``--config``, loaded on demand under ``--max-loaded-models``,
-    ``--memory-budget`` and ``--keep-alive``. Raises ``ConfigError`` (a bad file or entry, two
-    models of one name)."""
+    ``--memory-budget`` and ``--keep-alive``, each with ``seal`` (``start_model``). Raises
+    ``ConfigError`` (a bad file or entry, two models of one name)."""
     entries = [entry for folder in settings.models_dir
                for entry in scan_models_dir(Path(folder).expanduser(), "vllm" if settings.engine == "vllm"
                                             else "transformers")]
@@ -161,7 +167,7 @@ def serve_many(settings: ServeSettings, default: LoadedModel) -> ModelRouter:
         entries += read_config(Path(settings.config).expanduser())
     name = default.pipeline.name
     tables = {name: default.pipeline.adapter_table}
-    specs = [ModelSpec(name, load=lambda: start_model(settings, adapters=tables[name]), unload=_unload_frozen,
+    specs = [ModelSpec(name, load=lambda: start_model(settings, adapters=tables[name], seal=seal), unload=_unload_frozen,
                        keep_alive=math.inf,
                        estimate=lambda: _memory_estimate(settings),
                        metadata={"engine": settings.engine})]
@@ -176,7 +182,7 @@ def serve_many(settings: ServeSettings, default: LoadedModel) -> ModelRouter:
             own = own.model_copy(update={"runner": "pooling"})  # no generation context for it
         tables[entry.name] = AdapterTable(own.max_loras)
         specs.append(ModelSpec(entry.name, load=lambda own=own, aliases=entry.aliases, table=tables[entry.name]:
-                               start_model(own, aliases, table),
+                               start_model(own, aliases, table, seal),
                                unload=LoadedModel.shutdown,
                                estimate=lambda own=own: _memory_estimate(own), aliases=entry.aliases,
                                keep_alive=entry.keep_alive,
@@ -210,7 +216,7 @@ def _unload_frozen(loaded: LoadedModel) -> None:
     freeze_heap()
 
 
-def _memory_estimate(settings: ServeSettings) -> int:
+def _memory_estimate(settings: ModelSettings) -> int:
     """``engine.memory_estimate``, or 0 for a model its engine cannot read (its load fails and
     says why)."""
     try:

@@ -210,12 +210,15 @@ def test_config_file(tmp_path: Path):
 
 @pytest.mark.parametrize("text, fragment", [
     ("models: 3", "'models' list"),
-    ("models:\n  - {model: /m/x.gguf}", "'name' is required"),
-    ("models:\n  - {name: x}", "'model' (a path) is required"),
+    ("models:\n  - {model: /m/x.gguf}", "models[0]: name: Field required"),
+    ("models:\n  - {name: x}", "models[0] (x): model: Field required"),
     ("models:\n  - {name: x, model: /m/x.gguf, port: 9000}", "port applies to the whole server"),
-    ("models:\n  - {name: x, model: /m/x.gguf, keep_alive: soon}", "not a duration"),
+    ("models:\n  - {name: x, model: /m/x.gguf, keep_alive: soon}", "(x): keep_alive: 'soon' is not a duration"),
     ("models: [unclosed", "not valid YAML"),
-    ("models:\n  - {name: x, model: /m/x.gguf, embedding: maybe}", "'embedding' must be true or false"),
+    ("models:\n  - {name: x, model: /m/x.gguf, embedding: maybe}", "embedding: Input should be a valid boolean"),
+    ("models:\n  - {name: x, model: /m/x.gguf, n_ctxx: 5}", "(x): n_ctxx: not a model setting"),
+    ("models:\n  - {name: x, model: /m/x.gguf, served_model_name: y}", "served_model_name: the entry's name"),
+    ("models:\n  - 5", "models[0]: Input should be a valid dictionary"),
 ])
 def test_bad_config_files(tmp_path: Path, text, fragment):
     path = tmp_path / "models.yaml"

@@ -14,6 +14,8 @@ from glmserve.models import resolve_model
 if TYPE_CHECKING:
     from glmserve.engine.llama_cpp.engine import LlamaCppEngine
 
+# the settings class ``build`` (and ``memory_estimate``) takes: an engine sees these fields only
+SETTINGS_CLASS = LlamaCppSettings
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = own_fields(LlamaCppSettings)
 
@@ -34,5 +36,5 @@ def memory_estimate(settings: LlamaCppSettings) -> int:
     return estimate(resolve_model(settings.model).path, in_force(settings), speculative_config(settings))
 
 
-__all__ = ["LlamaCppSettings", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "build", "default_max_num_seqs",
+__all__ = ["LlamaCppSettings", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "SETTINGS", "SETTINGS_CLASS", "build", "default_max_num_seqs",
            "in_force", "max_num_batched_tokens", "memory_estimate", "speculative_config"]

@@ -14,6 +14,8 @@ from glmserve.models import resolve_hf_model
 if TYPE_CHECKING:
     from glmserve.engine.transformers.engine import TransformersEngine
 
+# the settings class ``build`` (and ``memory_estimate``) takes: an engine sees these fields only
+SETTINGS_CLASS = TransformersSettings
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = own_fields(TransformersSettings)
 
@@ -26,4 +28,4 @@ def build(settings: TransformersSettings) -> TransformersEngine:
     return TransformersEngine(resolve_hf_model(settings.model), settings)
 
 
-__all__ = ["TransformersSettings", "SETTINGS", "build", "default_max_num_seqs"]
+__all__ = ["TransformersSettings", "SETTINGS", "SETTINGS_CLASS", "build", "default_max_num_seqs"]

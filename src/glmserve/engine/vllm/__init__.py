@@ -14,6 +14,8 @@ from glmserve.models import resolve_hf_model
 if TYPE_CHECKING:
     from glmserve.engine.vllm.engine import VllmEngine
 
+# the settings class ``build`` (and ``memory_estimate``) takes: an engine sees these fields only
+SETTINGS_CLASS = VllmSettings
 # the engine-specific settings this engine reads (any other engine's is an error here)
 SETTINGS = own_fields(VllmSettings)
 
@@ -46,4 +48,4 @@ def build(settings: VllmSettings) -> VllmEngine:
     return VllmEngine(model, settings)
 
 
-__all__ = ["VllmSettings", "SETTINGS", "build", "default_max_num_seqs"]
+__all__ = ["VllmSettings", "SETTINGS", "SETTINGS_CLASS", "build", "default_max_num_seqs"]
