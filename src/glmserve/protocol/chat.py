@@ -141,28 +141,25 @@ class ToolDefinition(_Lenient):
     function: FunctionDefinition
 
 
-class ChatCompletionRequest(_Lenient):
+class SamplingRequest(_Lenient):
+    """The fields a chat completion and a text completion request share (OpenAI's
+    ``CreateChatCompletionRequest`` and ``CreateCompletionRequest``, with vLLM's sampling
+    extensions): the model, how many choices and how each is sampled, stop strings, streaming.
+    Each request adds its own ``max_tokens`` (its default differs) and ``logprobs`` (a bool on
+    chat, a count on completions)."""
+
     model: str
     keep_alive: KeepAlive = None
-    messages: list[ChatMessageParam] = Field(min_length=1)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=128)
-    response_format: ResponseFormat | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    tools: list[ToolDefinition] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
     user: str | None = None
     # extensions
     cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (request_scope.py)
@@ -170,6 +167,19 @@ class ChatCompletionRequest(_Lenient):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # extensions
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: the prompt ends with the assistant's opening (default) or inside the final message,
     # whose text the reply continues (a prefill); not both

@@ -7,41 +7,21 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import (MAX_STOP_SEQUENCES, KeepAlive, KeepsNull, StopString, StreamOptions, Usage,
-                                    _Lenient)
+from glmserve.protocol.chat import KeepsNull, SamplingRequest, Usage
 
 MAX_PROMPTS = 128  # prompts in one request (each is one engine request)
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
-class CompletionRequest(_Lenient):
-    model: str
-    keep_alive: KeepAlive = None
+class CompletionRequest(SamplingRequest):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default; null: what the context leaves
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=128)
     best_of: int | None = Field(None, ge=1, le=128)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
-    logit_bias: dict[str, float] | None = None
     suffix: str | None = None
-    user: str | None = None
-    # extensions
-    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's: prefix caches apart (request_scope.py)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    ignore_eos: bool = False
 
 
 class CompletionLogprobs(BaseModel):
