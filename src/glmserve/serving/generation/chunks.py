@@ -31,6 +31,49 @@ class TextDelta(NamedTuple):
     choice: int = 0
 
 
+class ToolCallHead(NamedTuple):
+    """The head of tool call ``call`` (0-based within the reply): its ``call_id`` and ``name``;
+    the pieces of its arguments follow as ``TextDelta("arguments", ...)``."""
+
+    call_id: str
+    name: str
+    call: int = 0
+
+
+class ChunkWalk:
+    """The pieces of a streamed chat reply, one chunk at a time, in the order a client shows
+    them: reasoning, then content, then each tool call's head and argument pieces; and, once the
+    stream ends, its ``finish_reason``, ``stop_reason`` (the stop string matched) and ``usage``.
+    What ``/v1/messages`` and ``/v1/responses`` turn into their own events (a ``TextDelta``
+    that came alone needs no walk: it is its own piece)."""
+
+    __slots__ = ("finish_reason", "stop_reason", "usage")
+
+    def __init__(self) -> None:
+        self.finish_reason: str | None = None
+        self.stop_reason: str | None = None
+        self.usage = None
+
+    def pieces(self, chunk: ChatCompletionChunk) -> list[TextDelta | ToolCallHead]:
+        """``chunk``'s pieces (its finish reason, stop string and usage kept)."""
+        self.usage = chunk.usage or self.usage
+        out: list[TextDelta | ToolCallHead] = []
+        for choice in chunk.choices:
+            delta = choice.delta
+            self.finish_reason = choice.finish_reason or self.finish_reason
+            self.stop_reason = choice.stop_reason or self.stop_reason
+            if delta.reasoning_content:
+                out.append(TextDelta("reasoning", delta.reasoning_content))
+            if delta.content:
+                out.append(TextDelta("content", delta.content))
+            for call in delta.tool_calls or []:
+                if call.id:  # a new call: its id and name come first
+                    out.append(ToolCallHead(call.id, call.function.name or "", call.index))
+                elif call.function and call.function.arguments:
+                    out.append(TextDelta("arguments", call.function.arguments, call.index))
+        return out
+
+
 # a chunk, an error body, or, only where the caller asked for them (``ChatService.create``'s
 # ``text_form``), a chunk of text alone as its JSON (``FilledJSON``) or as a ``TextDelta``
 StreamItem = ChatCompletionChunk | ErrorResponse | TextDelta | str

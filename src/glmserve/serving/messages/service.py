@@ -42,7 +42,7 @@ from glmserve.protocol.chat import Usage as ChatUsage
 from glmserve.protocol.errors import ErrorResponse, PromptTooLong, invalid_request
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, TextDelta
+from glmserve.serving.generation.chunks import MARK, ChunkStream, ChunkWalk, FilledJSON, TextDelta
 from glmserve.serving.messages.request import thinking_mode, to_chat_request
 from glmserve.serving.generation.template_vars import PRESERVED_THINKING, with_template_defaults
 
@@ -143,7 +143,7 @@ class MessagesService:
         ``encoded``: see the module docstring."""
         index = -1
         open_kind: str | None = None
-        finish_reason, stop_string, usage = None, None, None
+        walk = ChunkWalk()
         template: FilledJSON | None = None  # the open block's content_block_delta, encoded
 
         def event(kind: str, **fields: Any) -> MessageStreamEvent:
@@ -193,28 +193,16 @@ class MessagesService:
                 yield event("error", error={"type": stream_error_type(chunk.error), "message": chunk.error.message})
                 return
             assert isinstance(chunk, ChatCompletionChunk)
-            usage = chunk.usage or usage
-            for choice in chunk.choices:
-                d = choice.delta
-                finish_reason = choice.finish_reason or finish_reason
-                stop_string = choice.stop_reason or stop_string
-                if d.reasoning_content:
-                    for e in piece(TextDelta("reasoning", d.reasoning_content)):
-                        yield e
-                if d.content:
-                    for e in piece(TextDelta("content", d.content)):
-                        yield e
-                for call in d.tool_calls or []:
-                    if call.id:  # a new call: its id and name come first
-                        for e in open_("tool_use", {"type": "tool_use", "id": _id("toolu"),
-                                                    "name": call.function.name or "", "input": {}}):
-                            yield e
-                    elif call.function.arguments:
-                        for e in piece(TextDelta("arguments", call.function.arguments, call.index)):
-                            yield e
+            for p in walk.pieces(chunk):
+                if type(p) is TextDelta:
+                    events = piece(p)
+                else:  # a tool call's head
+                    events = open_("tool_use", {"type": "tool_use", "id": _id("toolu"), "name": p.name, "input": {}})
+                for e in events:
+                    yield e
         for e in close():
             yield e
-        stop_reason, stop_sequence = _stop(finish_reason, stop_string)
+        stop_reason, stop_sequence = _stop(walk.finish_reason, walk.stop_reason)
         yield event("message_delta", delta={"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    usage=_usage(usage).model_dump())
+                    usage=_usage(walk.usage).model_dump())
         yield event("message_stop")

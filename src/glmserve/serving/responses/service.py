@@ -49,7 +49,7 @@ from glmserve.protocol.responses import (
 )
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from glmserve.serving.generation.chunks import MARK, ChunkStream, NumberedJSON, TextDelta
+from glmserve.serving.generation.chunks import MARK, ChunkStream, ChunkWalk, NumberedJSON, TextDelta
 from glmserve.serving.responses.request import function_tools, to_chat_request
 from glmserve.serving.generation.sampling import with_defaults
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
@@ -229,7 +229,7 @@ class ResponsesService:
         seq = 0
         items: list[dict] = []
         open_item: dict | None = None  # the item being streamed: {"kind", "id", "pieces", ...}
-        finish_reason, usage = None, None
+        walk = ChunkWalk()
         template: NumberedJSON | None = None  # the open item's delta event, encoded
 
         def event(kind: str, **fields: Any) -> ResponseEvent:
@@ -318,25 +318,12 @@ class ResponsesService:
                     yield e
                 yield event("error", code=chunk.error.code, message=chunk.error.message, param=chunk.error.param)
                 return
-            usage = chunk.usage or usage
-            for choice in chunk.choices:
-                delta = choice.delta
-                finish_reason = choice.finish_reason or finish_reason
-                if delta.reasoning_content:
-                    for e in piece(TextDelta("reasoning", delta.reasoning_content)):
-                        yield e
-                if delta.content:
-                    for e in piece(TextDelta("content", delta.content)):
-                        yield e
-                for call in delta.tool_calls or []:
-                    if call.id:  # a new call: its id and name come first
-                        for e in open_("function_call", call_id=call.id, name=call.function.name or ""):
-                            yield e
-                    elif call.function and call.function.arguments:
-                        for e in piece(TextDelta("arguments", call.function.arguments, call.index)):
-                            yield e
-        for e in close("incomplete" if finish_reason == "length" else "completed"):
+            for p in walk.pieces(chunk):
+                events = piece(p) if type(p) is TextDelta else open_("function_call", call_id=p.call_id, name=p.name)
+                for e in events:
+                    yield e
+        for e in close("incomplete" if walk.finish_reason == "length" else "completed"):
             yield e
-        final = self._finish(shell, items, finish_reason, usage)
+        final = self._finish(shell, items, walk.finish_reason, walk.usage)
         yield event("response.incomplete" if final.status == "incomplete" else "response.completed",
                     response=final.model_dump())
