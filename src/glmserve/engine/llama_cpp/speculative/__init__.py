@@ -43,6 +43,7 @@ skips drafting for a number of steps that doubles with each such draft in a row 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -95,6 +96,25 @@ def confident_top(logits: np.ndarray) -> int | None:
     probability is below ``P_MIN``: where a greedy draft (a draft model's, MTP's) ends."""
     top = int(logits.argmax())
     return top if 1.0 / float(np.exp(logits - logits[top]).sum()) >= P_MIN else None
+
+
+def greedy_draft(step: Callable[[int | None], np.ndarray | None], limit: int) -> list[int] | None:
+    """The greedy draft loop of a draft model and of MTP: up to ``limit`` tokens, each the most
+    probable after the one before, ending before a token below ``P_MIN`` (``confident_top``).
+    ``step(token)`` decodes ``token`` (None: the first step, the source's own input) and returns
+    the logits of the position after it, or None when llama.cpp fails; the draft is then None."""
+    draft: list[int] = []
+    token = None
+    while True:
+        logits = step(token)
+        if logits is None:
+            return None
+        token = confident_top(logits)
+        if token is None:
+            return draft
+        draft.append(token)
+        if len(draft) == limit:
+            return draft
 
 
 class DraftSource(Protocol):

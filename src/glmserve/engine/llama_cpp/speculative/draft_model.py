@@ -28,7 +28,7 @@ from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.handles import free_handles
-from glmserve.engine.llama_cpp.speculative import DraftLength, DraftSource, SpeculativeConfig, confident_top
+from glmserve.engine.llama_cpp.speculative import DraftLength, DraftSource, SpeculativeConfig, greedy_draft
 
 PREFILL_BATCH = 512  # tokens per decode when the draft model catches up with a sequence
 
@@ -99,22 +99,19 @@ class DraftModel:
             keep += 1
         llama_cpp.llama_memory_seq_rm(self._memory, slot, keep, -1)
         held = tokens[:keep]
-        draft: list[int] = []
-        pending = tokens[keep:]
-        while True:
+
+        def step(token: int | None) -> np.ndarray | None:
+            pending = tokens[keep:] if token is None else [token]
             if not self._decode(slot, pending, len(held)):
-                llama_cpp.llama_memory_clear(self._memory, True)
-                self._cached.clear()
-                return []
+                return None
             held.extend(pending)
-            top = confident_top(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1),
-                                                      shape=(self._n_vocab,)))
-            if top is None:
-                break
-            draft.append(top)
-            if len(draft) == limit:
-                break
-            pending = [top]
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, -1), shape=(self._n_vocab,))
+
+        draft = greedy_draft(step, limit)
+        if draft is None:  # no free cells: start again from an empty cache
+            llama_cpp.llama_memory_clear(self._memory, True)
+            self._cached.clear()
+            return []
         self._cached[slot] = held
         return draft
 

@@ -46,7 +46,7 @@ from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.speculative import confident_top
+from glmserve.engine.llama_cpp.speculative import greedy_draft
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 RESTORE_ROWS = 64  # hidden rows kept before a sequence's end beyond a draft's: a restore point a little back
@@ -198,23 +198,23 @@ class MtpDraft:
         pos = len(tokens) - 1
         if limit < 1 or pos < 1 or self._end.get(slot) != pos:
             return []
-        hidden = self._hidden(slot, pos - 1)
-        draft: list[int] = []
-        token = tokens[-1]
-        while True:
-            if not self._decode([(slot, pos, token, hidden, True)]):
-                self.clear()
-                return []
-            top = confident_top(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, 0),
-                                                      shape=(self._n_vocab,)))
-            if top is None:
-                break
-            draft.append(top)
-            if len(draft) == limit:
-                break
-            hidden = np.ctypeslib.as_array(llama_cpp_ext.llama_get_embeddings_nextn_ith(self._ctx, 0),
-                                           shape=(self._n_embd,)).copy()
-            token, pos = top, pos + 1
+        at = [pos, self._hidden(slot, pos - 1)]  # the next row's position and the hidden row it pairs with
+
+        def step(token: int | None) -> np.ndarray | None:
+            if token is None:
+                token = tokens[-1]
+            else:  # a drafted token, paired with the NextN layer's own hidden row of the last one
+                at[0] += 1
+                at[1] = np.ctypeslib.as_array(llama_cpp_ext.llama_get_embeddings_nextn_ith(self._ctx, 0),
+                                              shape=(self._n_embd,)).copy()
+            if not self._decode([(slot, at[0], token, at[1], True)]):
+                return None
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, 0), shape=(self._n_vocab,))
+
+        draft = greedy_draft(step, limit)
+        if draft is None:
+            self.clear()
+            return []
         llama_cpp.llama_memory_seq_rm(self._memory, slot, len(tokens) - 1, -1)  # mirrored anew once decoded
         return draft
 
