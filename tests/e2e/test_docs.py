@@ -77,6 +77,18 @@ def test_the_site_builds_strictly_with_every_section(site):
         assert "<!-- glmserve:" not in page.read_text(), page
 
 
+def test_every_page_explains_the_terms_on_hover_and_the_glossary_has_them(site):
+    """``docs_includes/abbreviations.md`` is appended to every page (pymdownx.snippets): a term
+    shows its meaning where a page uses it, before or without the glossary; each is a glossary
+    term too."""
+    terms = dict(re.findall(r"^\*\[([^\]]+)\]: (.+)$", (ROOT / "docs_includes" / "abbreviations.md").read_text(), re.M))
+    assert {"GGUF", "TTFT", "TPOT", "p50", "MTP"} <= terms.keys()
+    glossary = (ROOT / "docs" / "reference" / "glossary.md").read_text()
+    assert all(re.search(rf"^\*\*.*\b{re.escape(term)}\b.*\*\*$", glossary, re.M) for term in terms), terms
+    performance = (site / "performance" / "index.html").read_text()
+    assert f'<abbr title="{html.escape(terms["TPOT"])}">TPOT</abbr>' in performance
+
+
 def test_the_flag_reference_is_what_help_prints(site):
     rows = _rows(site / "reference" / "flags" / "index.html")
     documented = [(usage, text) for usage, text, _ in rows]
