@@ -90,7 +90,7 @@ def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOpti
         tasks = []
         if stored.store:
             tasks.append(asyncio.create_task(stored.purge_forever(o.purge_interval_s)))
-            tasks.append(asyncio.create_task(stored.heartbeat_forever()))
+            tasks.append(asyncio.create_task(stored.runs.heartbeat_forever()))
         runner = None
         if batch_work.batches is not None:
             runner = BatchRunner(batch_work, dispatcher(app), capacity, activity, models=models_served.names)
@@ -102,7 +102,7 @@ def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOpti
                 await task
         if runner is not None:
             await runner.close()
-        await stored.close()
+        await stored.runs.close()
         await models_served.close()
 
     app = FastAPI(title="glmserve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,

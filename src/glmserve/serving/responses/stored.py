@@ -8,24 +8,17 @@ a ``ResponsesService`` that generates and a ``state.ResponseStore`` that keeps.
   request's ``input`` (its ``instructions`` are not carried over, as on OpenAI's API): the
   prompt extends the previous one, which the engines' prefix caches find again.
 - ``background: true`` (needs ``store``): the answer is the response at once (``queued``); the
-  run goes on without the connection, its states stored as they change (``in_progress``,
-  then ``completed``/``incomplete``/``failed``, or ``cancelled`` by ``POST .../cancel``, which
-  aborts it in the engine; made on another replica, the run finds it within ``CANCEL_CHECK_S``
-  and stops). With ``stream: true`` the events stream as they come, and
-  ``GET /v1/responses/{id}?stream=true&starting_after=N`` streams them again from after
-  sequence number N, on the server that runs it, while it runs and for ``EVENTS_KEPT_S``
-  after. The server renews a running run's heartbeat every ``HEARTBEAT_S``; a run whose
-  heartbeat is ``LOST_AFTER_S`` old (its server died or was killed) reads as ``failed``
-  (``server_error``) from then on, on every server of the database.
+  run goes on without the connection (``background.BackgroundRuns``: its states, its events
+  for a stream that resumes with ``GET /v1/responses/{id}?stream=true&starting_after=N``, its
+  cancel, its heartbeat). A run whose heartbeat is ``LOST_AFTER_S`` old (its server died or was
+  killed) reads as ``failed`` (``server_error``) from then on, on every server of the database.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from glmserve.engine.types import INTERACTIVE_PRIORITY
@@ -34,17 +27,12 @@ from glmserve.protocol.responses import Response, ResponseEvent, ResponsesReques
 from glmserve.serving.responses.conversations import ConversationService
 from glmserve.serving.items import is_stored_id, page, stored_items
 from glmserve.serving.responses.service import ResponsesService
-from glmserve.serving.responses.run_events import Follow, Run
+from glmserve.serving.responses.background import EVENTS_KEPT_S, TERMINAL, BackgroundRuns
 from glmserve.state import ResponseStore, StoredResponse
 from glmserve.state.responses import RUNNING
 
 log = logging.getLogger("glmserve.responses")
 
-EVENTS_KEPT_S = 600.0  # how long a finished background run's events stay for resumed streams
-MAX_RUNS_KEPT = 256  # finished runs whose events are kept, at most
-CANCEL_CHECK_S = 1.0  # how often a background run looks for a cancel made on another replica
-TERMINAL = ("completed", "incomplete", "failed", "cancelled")
-HEARTBEAT_S = 10.0  # how often a server renews the heartbeat of the background runs it runs
 LOST_AFTER_S = 60.0  # a run whose heartbeat is this old lost its server: it reads as failed
 LOST = ("the server running this background response stopped before it finished (it was restarted or "
         "failed); create the response again")
@@ -64,7 +52,7 @@ class ResponseStorage:
     def __init__(self, store: ResponseStore | None, conversations: ConversationService | None = None) -> None:
         self.store = store
         self.conversations = conversations or ConversationService(None)
-        self._runs: OrderedDict[str, Run] = OrderedDict()
+        self.runs = BackgroundRuns(store)
 
     # --- creating -------------------------------------------------------------------------
 
@@ -136,78 +124,22 @@ class ResponseStorage:
         except BaseException:
             release()
             raise
-        run = Run(owner)
-        self._runs[body["id"]] = run
-        run.record(created.model_copy(update={"response": body}))
-        run.task = asyncio.create_task(self._run(run, body, events, keep, release))
+        self.runs.launch(owner, created, body, events, keep, keep.put, release)
         if not req.stream:
             return Response.model_validate(body)
         return await self.follow(body["id"], owner, -1)
-
-    async def _run(self, run: Run, body: dict, events: AsyncIterator[ResponseEvent | ErrorResponse],
-                   keep: _Keep, release: Callable[[], None]) -> None:
-        checked = time.monotonic()
-        try:
-            async for event in events:
-                if time.monotonic() - checked > CANCEL_CHECK_S:  # cancelled on another replica?
-                    checked = time.monotonic()
-                    status = await asyncio.to_thread(self.store.status, run.owner, body["id"])
-                    if status in ("cancelled", None):  # None: deleted through another replica
-                        raise asyncio.CancelledError
-                if event.type == "response.in_progress":
-                    body = {**body, "status": "in_progress"}
-                    await keep.put(body)
-                elif event.type in ("response.completed", "response.incomplete"):
-                    body = event.response
-                elif event.type == "error":
-                    body = {**body, "status": "failed", "error": {"code": event.code or "server_error",
-                                                                  "message": event.message}}
-                run.record(event)  # an error event is followed by response.failed
-                if event.type == "error":
-                    run.record(ResponseEvent(type="response.failed", sequence_number=event.sequence_number + 1,
-                                                    response=body))
-        except asyncio.CancelledError:
-            body = {**body, "status": "cancelled"}
-            run.record(ResponseEvent(type="response.cancelled",
-                                            sequence_number=len(run.events), response=body))
-        except Exception as exc:  # noqa: BLE001 (the run is its own request: it must end stored)
-            log.exception("background response %s failed", body["id"])
-            body = {**body, "status": "failed", "error": {"code": "server_error", "message": str(exc)}}
-            run.record(ResponseEvent(type="response.failed", sequence_number=len(run.events),
-                                            response=body))
-        finally:
-            with contextlib.suppress(Exception):
-                await events.aclose()
-            release()
-            try:
-                await keep(body)
-            except Exception:  # noqa: BLE001
-                log.exception("background response %s: its last state was not stored", body["id"])
-            run.finished_at = time.monotonic()
-            run.changed.set()
-            self._forget_old_runs()
-
-    def _forget_old_runs(self) -> None:
-        now = time.monotonic()
-        finished = [rid for rid, run in self._runs.items() if run.finished_at is not None]
-        for rid in finished[:max(0, len(finished) - MAX_RUNS_KEPT)]:
-            del self._runs[rid]
-        for rid in finished:
-            run = self._runs.get(rid)
-            if run is not None and now - run.finished_at > EVENTS_KEPT_S:
-                del self._runs[rid]
 
     async def follow(self, response_id: str, owner: str, starting_after: int) -> AsyncIterator[ResponseEvent]:
         """The events of the background run ``response_id`` after sequence number
         ``starting_after``, then each new one until the run ends. Raises 404 (no such response
         for ``owner``) or 400 (not a background run of this server, or no longer kept)."""
-        run = self._runs.get(response_id)
-        if run is None or run.owner != owner:
+        follow = self.runs.follow(response_id, owner, starting_after)
+        if follow is None:
             stored = await self.get(response_id, owner)
             raise invalid_request(f"the events of response '{stored['id']}' are not kept on this server: only a "
                                   "background response streams again, on the server that ran it, until "
                                   f"{EVENTS_KEPT_S:.0f} s after it ended", "stream")
-        return Follow(run, starting_after)
+        return follow
 
     # --- reading --------------------------------------------------------------------------
 
@@ -233,9 +165,7 @@ class ResponseStorage:
     def _lost(self, response_id: str, stored: StoredResponse) -> bool:
         """A background run that no server runs any more: running by its status, not here, and
         no heartbeat for ``LOST_AFTER_S``."""
-        run = self._runs.get(response_id)
-        here = run is not None and run.task is not None and not run.task.done()
-        return (stored.body.get("status") in RUNNING and not here
+        return (stored.body.get("status") in RUNNING and not self.runs.running(response_id)
                 and (stored.heartbeat_at is None
                      or (stored.read_at or time.time()) - stored.heartbeat_at > LOST_AFTER_S))
 
@@ -252,8 +182,7 @@ class ResponseStorage:
     async def delete(self, response_id: str, owner: str) -> dict:
         """Delete it (a background run still going is cancelled first); OpenAI's deletion
         object. Raises 404."""
-        run = self._runs.get(response_id)
-        if run is not None and run.owner == owner and run.task is not None and not run.task.done():
+        if self.runs.running(response_id, owner):
             await self.cancel(response_id, owner)
         if not is_stored_id(response_id) or not await asyncio.to_thread(self._need_store().delete, owner,
                                                                          response_id):
@@ -274,10 +203,7 @@ class ResponseStorage:
         body = await self.get(response_id, owner)
         if not body.get("background"):
             raise invalid_request("Only background responses can be cancelled.", None)
-        run = self._runs.get(response_id)
-        if run is not None and run.task is not None and not run.task.done():
-            run.task.cancel()
-            await asyncio.gather(run.task, return_exceptions=True)
+        if await self.runs.cancel(response_id):
             return await self.get(response_id, owner)
         if body.get("status") in TERMINAL:
             return body
@@ -300,27 +226,6 @@ class ResponseStorage:
             except Exception:  # noqa: BLE001 (a database hiccup must not end the task)
                 log.exception("purging expired responses failed")
             await asyncio.sleep(interval_s)
-
-    async def heartbeat_forever(self) -> None:
-        """Renew the heartbeat of this server's running background runs every ``HEARTBEAT_S``
-        seconds (the server's lifetime)."""
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            live = [rid for rid, run in self._runs.items() if run.task is not None and not run.task.done()]
-            if not live:  # no round trip for nothing (an idle server)
-                continue
-            try:
-                await asyncio.to_thread(self._need_store().heartbeat, live)
-            except Exception:  # noqa: BLE001 (a database hiccup must not end the task)
-                log.exception("renewing background runs' heartbeats failed")
-
-    async def close(self) -> None:
-        """Cancel the background runs still going (stored as ``cancelled``)."""
-        running = [run.task for run in self._runs.values() if run.task is not None and not run.task.done()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-
 
 class _Keep:
     """What is kept of one response: ``put(body)`` stores a state of it (when ``store``);
