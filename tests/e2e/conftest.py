@@ -59,3 +59,33 @@ def agent_home(request):
 
     with fixed_home(request.module.__name__.rpartition(".")[2].removeprefix("test_") + "-home") as home:
         yield home
+
+
+@pytest.fixture(scope="session")
+def claude(request) -> Path:
+    """The ``claude`` command (Claude Code, ``agents.CLAUDE_CODE``), installed from the npm
+    registry into pytest's cache once."""
+    from tests.e2e.agents import CLAUDE_CODE
+    from tests.e2e.npm_tools import npm_command
+
+    return npm_command(request, CLAUDE_CODE, "claude", "claude-code")
+
+
+@pytest.fixture(scope="session")
+def codex(request) -> Path:
+    """The ``codex`` command (``agents.CODEX``), installed from the npm registry into pytest's
+    cache once."""
+    from tests.e2e.agents import CODEX
+    from tests.e2e.npm_tools import npm_command
+
+    return npm_command(request, CODEX, "codex", "codex")
+
+
+@pytest.fixture(scope="session")
+def opencode(request) -> Path:
+    """The ``opencode`` command (``agents.OPENCODE``), installed from the npm registry into
+    pytest's cache once."""
+    from tests.e2e.agents import OPENCODE
+    from tests.e2e.npm_tools import npm_command
+
+    return npm_command(request, OPENCODE, "opencode", "opencode")

@@ -21,22 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer
-from tests.e2e.capture import Capture
-from tests.e2e.npm_tools import npm_command
+from tests.e2e.agents import ANSWER, KEY, MARKER, TOOL_CALLER, hermes_call, tool_caller_server
 
-CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.330"
-KEY = "test-key"
-MARKER = "glmserve-was-here"
-CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "echo ' + MARKER + '"}}\n</tool_call>'
-ANSWER = f"The command printed {MARKER}."
+CALL = hermes_call("Bash", {"command": f"echo {MARKER}"})
 # what Claude Code prints when the server refuses its request (it still exits 0)
 REFUSED = ("There's an issue with the selected model", "API Error")
-
-
-@pytest.fixture(scope="session")
-def claude(request) -> Path:
-    """The ``claude`` command, installed from the npm registry into pytest's cache once."""
-    return npm_command(request, CLAUDE_CODE, "claude", "claude-code")
 
 
 def run_claude(claude: Path, server: RemoteServer, model: str, prompt: str, home: Path, *args: str,
@@ -78,35 +67,21 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
 
 def test_claude_code_runs_a_tool_the_model_called(claude, smollm2_hf, tmp_path_factory, agent_home):
     pytest.importorskip("torch")
-    from tests.hf_models import tiny_tool_caller
-
     home = agent_home
     prompt = f"Run the shell command: echo {MARKER}"
     args = ("--system-prompt", "You are a helpful AI assistant.", "--tools", "Bash", "--allowedTools", "Bash",
             "--max-turns", "3", "--output-format", "stream-json", "--verbose")
-    # the request Claude Code will send, from the same home, on the same day
-    capture = Capture("/v1/messages", {"type": "error", "error": {"type": "invalid_request_error",
-                                                                   "message": "captured"}})
-    try:
-        run_claude(claude, capture, "tiny-caller", prompt, home, *args)
-    finally:
-        capture.stop()
-    assert capture.bodies, "Claude Code sent no Messages request"
-    model = tiny_tool_caller(smollm2_hf, tmp_path_factory.mktemp("tool-caller") / "tiny-caller", CALL, ANSWER,
-                             agent=agent_prompt(capture.bodies[0]))
-    srv = RemoteServer("--engine", "transformers", "--model", str(model), "--served-model-name", "tiny-caller",
-                       "--tool-call-parser", "hermes", "--n-ctx", "8192", "--api-key", KEY,
-                       "--override-generation-config", '{"temperature": 0}')
-    try:
-        out = run_claude(claude, srv, "tiny-caller", prompt, home, *args)
-        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        blocks = [(e["type"], b) for e in events if e.get("type") in ("assistant", "user")
-                  for b in e["message"]["content"] if isinstance(b, dict)]
-        uses = [b for kind, b in blocks if b.get("type") == "tool_use"]
-        assert uses and uses[0]["name"] == "Bash" and uses[0]["input"]["command"] == f"echo {MARKER}", out
-        results = [b for kind, b in blocks if b.get("type") == "tool_result"]
-        assert results and results[0]["tool_use_id"] == uses[0]["id"] and MARKER in json.dumps(results[0]), out
-        final = [e for e in events if e.get("type") == "result"]
-        assert final and final[-1].get("result") == ANSWER, out
-    finally:
-        srv.stop()
+    # the request Claude Code will send, from the same home, on the same day, trains the tool caller
+    refusal = {"type": "error", "error": {"type": "invalid_request_error", "message": "captured"}}
+    with tool_caller_server(lambda srv: run_claude(claude, srv, TOOL_CALLER, prompt, home, *args), "/v1/messages",
+                            refusal, smollm2_hf, tmp_path_factory.mktemp("tool-caller"), CALL, agent_prompt) as srv:
+        out = run_claude(claude, srv, TOOL_CALLER, prompt, home, *args)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    blocks = [(e["type"], b) for e in events if e.get("type") in ("assistant", "user")
+              for b in e["message"]["content"] if isinstance(b, dict)]
+    uses = [b for kind, b in blocks if b.get("type") == "tool_use"]
+    assert uses and uses[0]["name"] == "Bash" and uses[0]["input"]["command"] == f"echo {MARKER}", out
+    results = [b for kind, b in blocks if b.get("type") == "tool_result"]
+    assert results and results[0]["tool_use_id"] == uses[0]["id"] and MARKER in json.dumps(results[0]), out
+    final = [e for e in events if e.get("type") == "result"]
+    assert final and final[-1].get("result") == ANSWER, out

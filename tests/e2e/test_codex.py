@@ -25,24 +25,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, RemoteServer
-from tests.e2e.capture import Capture
-from tests.e2e.npm_tools import npm_command
+from tests.e2e.agents import ANSWER, KEY, MARKER, TOOL_CALLER, hermes_call, tool_caller_server
 
-CODEX = "@openai/codex@0.169.0"
-KEY = "test-key"
-MARKER = "glmserve-was-here"
-CALL = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo ' + MARKER + '"}}\n</tool_call>'
-ANSWER = f"The command printed {MARKER}."
+CALL = hermes_call("exec_command", {"cmd": f"echo {MARKER}"})
 INSTRUCTIONS = "You are Codex, a coding agent. Answer briefly."
 # Codex's optional features whose tools and instructions a tiny model's prompt can do without
 LEAN = ("--disable", "multi_agent", "--disable", "goals", "--disable", "view_image", "--disable", "image_generation",
         "-c", 'web_search="disabled"')
-
-
-@pytest.fixture(scope="session")
-def codex(request) -> Path:
-    """The ``codex`` command, installed from the npm registry into pytest's cache once."""
-    return npm_command(request, CODEX, "codex", "codex")
 
 
 def run_codex(codex: Path, server, model: str, prompt: str, home: Path, *args: str) -> str:
@@ -100,31 +89,17 @@ def agent_prompt(body: dict) -> tuple[list[dict], list[dict]]:
 
 def test_codex_runs_a_command_the_model_called(codex, smollm2_hf, tmp_path_factory, agent_home):
     pytest.importorskip("torch")
-    from tests.hf_models import tiny_tool_caller
-
     home = agent_home
     prompt = f"Run the shell command: echo {MARKER}"
     args = (*LEAN, "--json", "--dangerously-bypass-approvals-and-sandbox")
-    # the request Codex will send, from the same home, on the same day
-    capture = Capture("/v1/responses", {"error": {"message": "captured", "type": "invalid_request_error",
-                                                  "param": None, "code": None}})
-    try:
-        run_codex(codex, capture, "tiny-caller", prompt, home, *args)
-    finally:
-        capture.stop()
-    assert capture.bodies, "Codex sent no Responses request"
-    model = tiny_tool_caller(smollm2_hf, tmp_path_factory.mktemp("codex-caller") / "tiny-caller", CALL, ANSWER,
-                             agent=agent_prompt(capture.bodies[0]))
-    srv = RemoteServer("--engine", "transformers", "--model", str(model), "--served-model-name", "tiny-caller",
-                       "--tool-call-parser", "hermes", "--n-ctx", "8192", "--api-key", KEY,
-                       "--override-generation-config", '{"temperature": 0}')
-    try:
-        out = run_codex(codex, srv, "tiny-caller", prompt, home, *args)
-        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        items = [e["item"] for e in events if e.get("type") == "item.completed"]
-        commands = [i for i in items if i.get("type") == "command_execution"]
-        assert commands and MARKER in commands[0]["command"] and MARKER in commands[0]["aggregated_output"], out
-        answers = [i["text"] for i in items if i.get("type") == "agent_message"]
-        assert answers and answers[-1] == ANSWER, out
-    finally:
-        srv.stop()
+    # the request Codex will send, from the same home, on the same day, trains the tool caller
+    refusal = {"error": {"message": "captured", "type": "invalid_request_error", "param": None, "code": None}}
+    with tool_caller_server(lambda srv: run_codex(codex, srv, TOOL_CALLER, prompt, home, *args), "/v1/responses",
+                            refusal, smollm2_hf, tmp_path_factory.mktemp("codex-caller"), CALL, agent_prompt) as srv:
+        out = run_codex(codex, srv, TOOL_CALLER, prompt, home, *args)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    commands = [i for i in items if i.get("type") == "command_execution"]
+    assert commands and MARKER in commands[0]["command"] and MARKER in commands[0]["aggregated_output"], out
+    answers = [i["text"] for i in items if i.get("type") == "agent_message"]
+    assert answers and answers[-1] == ANSWER, out

@@ -22,7 +22,7 @@ import pytest
 
 from glmserve.testing import RemoteServer
 from tests.docs_examples import SERVER, examples
-from tests.e2e.test_claude_code import REFUSED, claude  # noqa: F401 (claude: the npm-installed Claude Code fixture)
+from tests.e2e.test_claude_code import REFUSED
 
 RUN = [example for example in examples() if example.talks_to_server and example.not_run is None]
 NOT_RUN = [example for example in examples() if example.talks_to_server and example.not_run is not None]

@@ -24,20 +24,12 @@ from pathlib import Path
 import pytest
 
 from glmserve.models import default_model_path
-from tests.e2e.npm_tools import npm_command
-from tests.e2e.test_claude_code import REFUSED, claude  # noqa: F401 (the fixture)
-from tests.e2e.test_codex import INSTRUCTIONS, LEAN, codex  # noqa: F401 (the fixture)
+from tests.e2e.test_claude_code import REFUSED
+from tests.e2e.test_codex import INSTRUCTIONS, LEAN
 from tests.hub_site import Hub, hub_site
 
-OPENCODE = "opencode-ai@1.18.33"
 SMALL = ["--n-ctx", "8192", "--max-num-seqs", "1", "--override-generation-config",
          '{"temperature": 0, "max_new_tokens": 100}']
-
-
-@pytest.fixture(scope="session")
-def opencode(request) -> Path:
-    """The ``opencode`` command, installed from the npm registry into pytest's cache once."""
-    return npm_command(request, OPENCODE, "opencode", "opencode")
 
 
 @contextmanager
