@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from glmserve.server.endpoints import ENDPOINTS
 from glmserve.serving.batches import runner as batch_runner
-from glmserve.serving.batches import service as batches_service
+from glmserve.serving.batches import message_batches
 from glmserve.serving.batches.runner import Activity, BatchRunner
 from glmserve.serving.batches.service import BatchService
 from glmserve.state import BatchStore, FileStore, ResponseStore, open_database
@@ -34,7 +34,7 @@ def _jsonl(models: list[str]) -> bytes:
 
 
 async def _batch(service: BatchService, models: list[str]) -> dict:
-    file = await service.upload("", "batch", "in.jsonl", _jsonl(models))
+    file = await service.file_service.upload("", "batch", "in.jsonl", _jsonl(models))
     return await service.create("", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
 
 
@@ -64,7 +64,7 @@ async def _run(runners: list[BatchRunner], predicate, timeout: float = 30.0) -> 
 async def _records(service: BatchService, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
-    _, pieces = await service.file_content("", file_id)
+    _, pieces = await service.file_service.file_content("", file_id)
     return [json.loads(x) for x in b"".join([piece async for piece in pieces]).decode().splitlines()]
 
 
@@ -226,7 +226,7 @@ def test_an_expired_message_batch_lists_its_lines_as_expired(tmp_path):
     service = _service(tmp_path)
 
     async def scenario() -> tuple[dict, bytes]:
-        batch = await service.create_messages("", [
+        batch = await service.message_batches.create("", [
             {"custom_id": "ran", "params": {"model": "a", "max_tokens": 4, "messages": []}},
             {"custom_id": "waited", "params": {"model": "c", "max_tokens": 4, "messages": []}}])
 
@@ -238,7 +238,7 @@ def test_an_expired_message_batch_lists_its_lines_as_expired(tmp_path):
         with service.batches.database.begin() as conn:
             conn.execute(sa.update(BATCHES).values(expires_at=0))
         await _run([_runner(service, _answering_any(), lambda: {"a"})], ended)
-        pages = await service.message_results("", batch["id"])
+        pages = await service.message_batches.results("", batch["id"])
         return await service.get("", batch["id"], "anthropic"), b"".join([page async for page in pages])
 
     body, results = asyncio.run(scenario())
@@ -313,14 +313,14 @@ def test_uploads_and_batch_files_are_handled_off_the_event_loop(tmp_path, monkey
         batch = await _batch(service, ["m"])
         await _run([_runner(service, _answering("m", Counter()))], lambda: _status_is(service, batch["id"], "completed"))
         split = b"a" * ((1 << 20) - 1) + "\u00e9".encode() + b"\n"  # a 2-byte character across the 1 MiB mark
-        return loop_thread, await service.upload("", "batch", "split.jsonl", split)
+        return loop_thread, await service.file_service.upload("", "batch", "split.jsonl", split)
 
     loop_thread, split = asyncio.run(scenario())
     # two uploads, the parse, and the output file's one piece (the error file is empty: none)
     assert len(threads) == 4 and loop_thread not in threads, threads
     assert split["bytes"] == (1 << 20) + 2
     with pytest.raises(Exception) as bad:
-        asyncio.run(service.upload("", "batch", "bad.jsonl", b"a" * (1 << 20) + b"\xff"))
+        asyncio.run(service.file_service.upload("", "batch", "bad.jsonl", b"a" * (1 << 20) + b"\xff"))
     assert bad.value.status_code == 400
 
 
@@ -352,18 +352,18 @@ def test_a_batch_of_many_pages_ends_with_every_line_in_its_files_in_order(tmp_pa
             {"id": "msgbatch_many", "type": "message_batch", "status": "ended", "processing_status": "ended"})))
 
     encoded_in: set[str] = set()
-    real_jsonl = batches_service.jsonl
+    real_jsonl = message_batches.jsonl
 
     def jsonl(records):
         encoded_in.add(threading.current_thread().name)
         return real_jsonl(records)
 
     async def results() -> list[dict]:
-        pages = await service.message_results("", "msgbatch_many")
+        pages = await service.message_batches.results("", "msgbatch_many")
         return [json.loads(x) for x in b"".join([page async for page in pages]).decode().splitlines()]
 
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(batches_service, "jsonl", jsonl)
+        patched.setattr(message_batches, "jsonl", jsonl)
         assert [(r["custom_id"], r["result"]["type"]) for r in asyncio.run(results())] == [
             (f"r{i}", "succeeded" if i % 2 else "errored") for i in range(2500)]
     assert encoded_in and threading.main_thread().name not in encoded_in  # off the event loop's thread
@@ -402,9 +402,9 @@ def test_a_batch_whose_results_pass_its_share_ends_failed_keeping_what_it_stored
     asyncio.run(service.delete("", ended["id"]))
 
     async def anthropic_part() -> list[dict]:
-        batch = await service.create_messages("", [{"custom_id": f"c{i}", "params": {"model": "m"}} for i in range(12)])
+        batch = await service.message_batches.create("", [{"custom_id": f"c{i}", "params": {"model": "m"}} for i in range(12)])
         await _run([_runner(service, big)], lambda: _processing_ended(service, batch["id"]))
-        pages = await service.message_results("", batch["id"])
+        pages = await service.message_batches.results("", batch["id"])
         return [json.loads(x) for x in b"".join([p async for p in pages]).decode().splitlines()]
 
     kinds = Counter(r["result"]["type"] for r in asyncio.run(anthropic_part()))

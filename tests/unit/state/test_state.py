@@ -138,7 +138,7 @@ def test_a_batch_file_splits_only_at_line_feeds(tmp_path):
     content = "\r\n".join(json.dumps(line, ensure_ascii=False) for line in lines).encode() + b"\n\n"
 
     async def make() -> dict:
-        file = await service.upload("", "batch", "in.jsonl", content)
+        file = await service.file_service.upload("", "batch", "in.jsonl", content)
         return await service.create("", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
 
     batch = asyncio.run(make())
@@ -267,20 +267,20 @@ def test_lists_are_paged_and_items_found_in_the_database(tmp_path, monkeypatch):
     for call, status in [(conversations.get_item("conv_1", "k", "msg_99"), 404),
                          (conversations.get_item("conv_1", "other", "msg_7"), 404),
                          (conversations.list_items("conv_1", "k", "msg_99", 10, "asc"), 400),
-                         (files.list_files("k", None, "file-nope", 10, "desc"), 400)]:
+                         (files.file_service.list_files("k", None, "file-nope", 10, "desc"), 400)]:
         with pytest.raises(APIError) as err:
             asyncio.run(call)
         assert err.value.status_code == status
 
     async def upload(i: int) -> str:
-        return (await files.upload("k", "batch", f"{i}.jsonl", b"{}\n"))["id"]
+        return (await files.file_service.upload("k", "batch", f"{i}.jsonl", b"{}\n"))["id"]
 
     ids = [asyncio.run(upload(i)) for i in range(7)]
-    first = asyncio.run(files.list_files("k", None, None, 3, "desc"))
+    first = asyncio.run(files.file_service.list_files("k", None, None, 3, "desc"))
     assert [f["id"] for f in first["data"]] == ids[::-1][:3] and first["has_more"]
-    rest = asyncio.run(files.list_files("k", "batch", first["last_id"], 10, "desc"))
+    rest = asyncio.run(files.file_service.list_files("k", "batch", first["last_id"], 10, "desc"))
     assert [f["id"] for f in rest["data"]] == ids[::-1][3:] and not rest["has_more"]
-    assert asyncio.run(files.list_files("other", None, None, 10, "asc"))["data"] == []
+    assert asyncio.run(files.file_service.list_files("other", None, None, 10, "asc"))["data"] == []
 
 
 def test_the_bounds_count_everything_and_one_key_never_evicts_another(tmp_path):
@@ -343,8 +343,8 @@ def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tm
     content = b"".join(rows)
 
     async def scenario() -> tuple[dict, bytes, dict]:
-        file = await service.upload("k", "batch", "big.jsonl", content)
-        _, pieces = await service.file_content("k", file["id"])
+        file = await service.file_service.upload("k", "batch", "big.jsonl", content)
+        _, pieces = await service.file_service.file_content("k", file["id"])
         back = b"".join([piece async for piece in pieces])
         batch = await service.create("k", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
         return file, back, batch
@@ -359,9 +359,9 @@ def test_files_are_stored_and_read_in_pieces_and_a_refused_upload_leaves_none(tm
 
     assert pieces_stored() == 3
     with pytest.raises(Exception) as refused:
-        asyncio.run(service.upload("k", "batch", "bad.jsonl", content + b"\xff"))
+        asyncio.run(service.file_service.upload("k", "batch", "bad.jsonl", content + b"\xff"))
     assert refused.value.status_code == 400 and pieces_stored() == 3
-    assert [f["id"] for f in asyncio.run(service.list_files("k", None, None, 10, "asc"))["data"]] == [file["id"]]
+    assert [f["id"] for f in asyncio.run(service.file_service.list_files("k", None, None, 10, "asc"))["data"]] == [file["id"]]
 
 
 def test_a_file_stored_before_pieces_is_kept_by_the_migration(tmp_path):

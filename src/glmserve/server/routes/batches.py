@@ -1,6 +1,6 @@
 """Files and batches: OpenAI's ``/v1/files`` and ``/v1/batches``, Anthropic's
 ``/v1/messages/batches`` (``anthropic_router``: Anthropic's key header and error bodies), over
-``serving/batches/service.py``. Everything belongs to the API key that made it (``server/auth.owner``)."""
+``serving/batches/`` (``BatchService``, its ``file_service`` and ``message_batches``). Everything belongs to the API key that made it (``server/auth.owner``)."""
 
 from __future__ import annotations
 
@@ -27,31 +27,31 @@ def _service(request: Request) -> BatchService:
 @router.post("/v1/files", responses=error_responses(400, 413))
 async def upload_file(request: Request, file: UploadFile = File(...),  # noqa: B008 (FastAPI's form fields)
                       purpose: str = Form(...)) -> JSONResponse:  # noqa: B008
-    # the spooled upload is read, checked and stored in a worker thread (serving/batches/service.py)
-    return JSONResponse(await _service(request).upload(owner(request), purpose, file.filename or "", file.file))
+    # the spooled upload is read, checked and stored in a worker thread (serving/batches/file_service.py)
+    return JSONResponse(await _service(request).file_service.upload(owner(request), purpose, file.filename or "", file.file))
 
 
 @router.get("/v1/files", responses=error_responses(400))
 async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
                      limit: int = Query(10000, ge=1, le=10000), order: Literal["asc", "desc"] = "desc") -> JSONResponse:
-    return JSONResponse(await _service(request).list_files(owner(request), purpose, after, limit, order))
+    return JSONResponse(await _service(request).file_service.list_files(owner(request), purpose, after, limit, order))
 
 
 @router.get("/v1/files/{file_id}", responses=error_responses(404))
 async def get_file(file_id: str, request: Request) -> JSONResponse:
-    return JSONResponse(await _service(request).file(owner(request), file_id))
+    return JSONResponse(await _service(request).file_service.file(owner(request), file_id))
 
 
 @router.delete("/v1/files/{file_id}", responses=error_responses(404))
 async def delete_file(file_id: str, request: Request) -> JSONResponse:
-    return JSONResponse(await _service(request).delete_file(owner(request), file_id))
+    return JSONResponse(await _service(request).file_service.delete_file(owner(request), file_id))
 
 
 @router.get("/v1/files/{file_id}/content", responses={
     200: {"description": "The file's bytes", "content": {"application/octet-stream": {}}}, **error_responses(404)})
 async def file_content(file_id: str, request: Request) -> Response:
     # streamed a stored piece at a time, its length declared: a file deleted meanwhile ends short
-    file, pieces = await _service(request).file_content(owner(request), file_id)
+    file, pieces = await _service(request).file_service.file_content(owner(request), file_id)
     return StreamingResponse(pieces, media_type="application/octet-stream",
                              headers={"content-length": str(file["bytes"])})
 
@@ -95,7 +95,7 @@ def _message_batch(body: dict, request: Request) -> dict:
 
 @anthropic_router.post("/v1/messages/batches", responses=error_responses(400, anthropic=True))
 async def create_message_batch(body: MessageBatchCreateRequest, request: Request) -> JSONResponse:
-    return JSONResponse(_message_batch(await _service(request).create_messages(owner(request), body.requests),
+    return JSONResponse(_message_batch(await _service(request).message_batches.create(owner(request), body.requests),
                                        request))
 
 
@@ -127,5 +127,5 @@ async def delete_message_batch(batch_id: str, request: Request) -> JSONResponse:
     200: {"description": "The results, one JSON object a line", "content": {"application/binary": {}}},
     **error_responses(400, 404, anthropic=True)})
 async def message_batch_results(batch_id: str, request: Request) -> Response:
-    return StreamingResponse(await _service(request).message_results(owner(request), batch_id),
+    return StreamingResponse(await _service(request).message_batches.results(owner(request), batch_id),
                              media_type="application/binary")
