@@ -140,7 +140,7 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
     import llama_cpp
 
     from glmserve.engine.llama_cpp import speculative
-    from glmserve.engine.llama_cpp.sequence import Chunk, Sequence
+    from glmserve.engine.llama_cpp.kv.sequence import Chunk, Sequence
     from tests.hf_models import converted_gguf, tiny_glm_with_nextn
 
     folder = tiny_glm_with_nextn(tmp_path / MODEL, copy=False)
@@ -169,8 +169,8 @@ def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
     import llama_cpp
     import numpy as np
 
-    from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
-    from glmserve.engine.llama_cpp.sequence import Chunk, KVOp, Sequence
+    from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache
+    from glmserve.engine.llama_cpp.kv.sequence import Chunk, KVOp, Sequence
     from tests.hf_models import converted_gguf, tiny_glm_with_nextn
 
     gguf = converted_gguf(tiny_glm_with_nextn(tmp_path / MODEL, copy=False), tmp_path / f"{MODEL}.gguf",
@@ -209,7 +209,7 @@ def _mtp_decoder(gguf: Path):
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
-    from glmserve.engine.llama_cpp.batch import BatchDecoder
+    from glmserve.engine.llama_cpp.kv.batch import BatchDecoder
     from glmserve.engine.llama_cpp.loading.metadata import model_params
     from glmserve.engine.llama_cpp.params import context_params
     from glmserve.engine.llama_cpp.settings import LlamaCppSettings

@@ -84,7 +84,7 @@ class GenerationRequest:
     ``multimodal.process`` made them (opaque to the serving layer).
     ``priority``: vLLM's meaning, lower first: 0 for interactive requests, ``BATCH_PRIORITY``
     for batch work; the llama_cpp engine pauses and, for a slot, preempts sequences of a
-    higher value while one of a lower value has work (``engine/llama_cpp/scheduler.py``).
+    higher value while one of a lower value has work (``engine/llama_cpp/kv/scheduler.py``).
     ``cache_salt``: prefix caching reuses only KV computed for requests of the same salt (vLLM's
     ``cache_salt``): the serving layer sets it per API key when there are several, so that one
     key's ``cached_tokens`` says nothing of another's prompts (None: shared with other None).

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
-from glmserve.engine.llama_cpp.scheduler import (
+from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache
+from glmserve.engine.llama_cpp.kv.scheduler import (
     HOST_RESTORE_MIN_TOKENS, HOST_SAVE_MIN_TOKENS, SPLIT_COPY_MIN_TOKENS, Scheduler,
 )
-from glmserve.engine.llama_cpp.sequence import KVOp, Sequence
+from glmserve.engine.llama_cpp.kv.sequence import KVOp, Sequence
 
 
 def run_step(s: Scheduler, cache: HostPromptCache | None = None):

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from glmserve.engine.admission import AdmissionControl
-from glmserve.engine.llama_cpp.scheduler import BACKGROUND_PROMPT_TOKENS, SPLIT_COPY_MIN_TOKENS, Scheduler
-from glmserve.engine.llama_cpp.sequence import KVOp, Sequence, SeqStatus
+from glmserve.engine.llama_cpp.kv.scheduler import BACKGROUND_PROMPT_TOKENS, SPLIT_COPY_MIN_TOKENS, Scheduler
+from glmserve.engine.llama_cpp.kv.sequence import KVOp, Sequence, SeqStatus
 
 
 def seq(name: str, tokens) -> Sequence:
@@ -272,7 +272,7 @@ def test_prefix_cache_is_reused_only_within_its_group():
 def test_prefix_cache_is_reused_only_within_its_cache_salt():
     """Another API key's (another salt's) prompt is not matched against a slot's or the host
     cache's cells, nor waited for while it prefills: its ``num_cached`` is 0."""
-    from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
+    from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache
 
     s = Scheduler(max_num_seqs=4, n_ctx=1000, max_num_batched_tokens=50)  # a free slot for each
     first = Sequence("first", list(range(20)), salt="key-a")
@@ -450,8 +450,8 @@ def test_a_background_step_computes_few_prompt_tokens_and_every_decode():
 def _with_image(name: str, before: int, n_tokens: int, n_pos: int, after: int, pixels: bytes = b"red") -> Sequence:
     """``before`` text tokens, an image (of ``pixels``) of ``n_tokens`` tokens at ``n_pos``
     positions, ``after`` more."""
-    from glmserve.engine.llama_cpp.prompt_cache import media_token
-    from glmserve.engine.llama_cpp.sequence import MediaSpan
+    from glmserve.engine.llama_cpp.kv.prompt_cache import media_token
+    from glmserve.engine.llama_cpp.kv.sequence import MediaSpan
 
     tokens = [*range(1, before + 1), *[media_token(pixels)] * n_tokens, *range(100, 100 + after)]
     return Sequence(name, tokens, media=(MediaSpan(before, n_tokens, n_pos, None),))
@@ -490,7 +490,7 @@ def test_a_prefix_is_shared_across_the_same_image_only():
 
 
 def test_a_shared_prefix_never_ends_inside_an_image():
-    from glmserve.engine.llama_cpp.prompt_cache import common_prefix, media_token
+    from glmserve.engine.llama_cpp.kv.prompt_cache import common_prefix, media_token
 
     red, blue = [media_token(b"red")] * 4, [media_token(b"blue")] * 4
     assert media_token(b"red") < 0 and media_token(b"red") != media_token(b"blue")

@@ -13,14 +13,14 @@ GGUF LoRA adapters (``lora.py``): each step serves one adapter group (the schedu
 with ``--batch-invariant``, below llama.cpp's 64-token threshold, so outputs do not depend on what a request is
 batched with). With ``--cache-ram`` (split layout), a free sequence's state is saved in host memory before its cells
 are reclaimed and restored for a later prompt that shares a longer prefix with it
-(``engine/llama_cpp/prompt_cache.py``).
+(``engine/llama_cpp/kv/prompt_cache.py``).
 
 Speculative decoding (``speculative/``: ``ngram``, its ``__init__``; ``draft``, ``draft_model.py``; ``mtp``,
 ``mtp.py``): in a step that decodes one sequence alone, it may append a draft to its one token, within
 ``max_num_batched_tokens``; its rows are sampled in order until a sampled token differs from the draft, and the
 rejected draft tokens' KV cells are dropped. Those steps are timed (``draft_cost.StepCosts``), so that an n-gram
 draft is sent only when it pays; finished sequences feed the n-gram pool of earlier generations (``ngram_pool.py``).
-Images (``--mmproj``, ``vision.py``): a prompt's images are decoded whole, apart from the batch (``batch.py``).
+Images (``--mmproj``, ``vision.py``): a prompt's images are decoded whole, apart from the batch (``kv/batch.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from llama_cpp._internals import LlamaModel
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.batch import BatchDecoder
+from glmserve.engine.llama_cpp.kv.batch import BatchDecoder
 from glmserve.engine.llama_cpp.speculative.draft_cost import StepCosts
 from glmserve.engine.llama_cpp.speculative.draft_model import DraftModel, ModelDrafter
 from glmserve.engine.llama_cpp.embedding import Embedder, embeddings_only
@@ -52,11 +52,11 @@ from glmserve.engine.llama_cpp.sampling import SamplerChain, token_logprob
 from glmserve.engine.llama_cpp.speculative import NgramDrafter, plan_drafts
 from glmserve.engine.llama_cpp.tokenizer import IncrementalDecoder, LlamaCppTokenizer
 from glmserve.engine.llama_cpp.vision import Projector, load_projector
-from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
+from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache
 from glmserve.engine.rules import check_request, escaped_tags, finish_reason, stop_token_ids
-from glmserve.engine.llama_cpp.scheduler import Scheduler
+from glmserve.engine.llama_cpp.kv.scheduler import Scheduler
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-from glmserve.engine.llama_cpp.sequence import Sequence, SeqStatus
+from glmserve.engine.llama_cpp.kv.sequence import Sequence, SeqStatus
 from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
                                    SpecDecodeCounters, TokenLogprob)

@@ -33,8 +33,8 @@ from llama_cpp._logger import llama_log_callback
 from llama_cpp._utils import suppress_stdout_stderr
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.prompt_cache import media_token
-from glmserve.engine.llama_cpp.sequence import MediaSpan
+from glmserve.engine.llama_cpp.kv.prompt_cache import media_token
+from glmserve.engine.llama_cpp.kv.sequence import MediaSpan
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
 

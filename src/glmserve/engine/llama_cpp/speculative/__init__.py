@@ -52,8 +52,8 @@ import numpy as np
 
 from glmserve.engine.llama_cpp.speculative.draft_cost import Acceptance, StepCosts, best_length
 from glmserve.engine.llama_cpp.speculative.ngram_pool import NgramPool
-from glmserve.engine.llama_cpp.scheduler import Scheduler
-from glmserve.engine.llama_cpp.sequence import Chunk, Sequence
+from glmserve.engine.llama_cpp.kv.scheduler import Scheduler
+from glmserve.engine.llama_cpp.kv.sequence import Chunk, Sequence
 
 P_MIN = 0.75  # a greedy draft ends before a less probable token (llama.cpp's --spec-draft-p-min)
 MAX_COOLDOWN = 16  # steps without drafting after repeated first-token rejections

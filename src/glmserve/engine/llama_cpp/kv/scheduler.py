@@ -1,5 +1,5 @@
 """Continuous-batching scheduler: who runs, who waits, who is preempted (the data it decides
-over: ``engine/llama_cpp/sequence.py``; the bound on requests let in: ``engine/admission.py``).
+over: ``engine/llama_cpp/kv/sequence.py``; the bound on requests let in: ``engine/admission.py``).
 
 No llama.cpp or torch imports (nano-vllm's split): the scheduler decides, the engine executes.
 Each engine step is ``schedule()`` -> the engine applies the returned KV operations and decodes
@@ -64,8 +64,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
-from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache, common_prefix
-from glmserve.engine.llama_cpp.sequence import Chunk, KVOp, SchedulerOutput, SeqStatus, Sequence, Slot
+from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache, common_prefix
+from glmserve.engine.llama_cpp.kv.sequence import Chunk, KVOp, SchedulerOutput, SeqStatus, Sequence, Slot
 
 KVLayout = Literal["split", "unified"]
 

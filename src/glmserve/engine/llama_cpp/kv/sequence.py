@@ -1,4 +1,4 @@
-"""What the continuous-batching scheduler (``engine/llama_cpp/scheduler.py``) and the llama.cpp engine
+"""What the continuous-batching scheduler (``engine/llama_cpp/kv/scheduler.py``) and the llama.cpp engine
 share: a request inside the engine (``Sequence``), a KV-cache slot, and one step's plan (the
 chunks to decode, the KV operations to apply first). No llama.cpp or torch imports."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from glmserve.engine.llama_cpp.prompt_cache import CachedPrompt
+from glmserve.engine.llama_cpp.kv.prompt_cache import CachedPrompt
 
 
 class SeqStatus(Enum):

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import llama_cpp
 
-from glmserve.engine.llama_cpp.prompt_cache import HostPromptCache
-from glmserve.engine.llama_cpp.sequence import Chunk, KVOp, Sequence
+from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache
+from glmserve.engine.llama_cpp.kv.sequence import Chunk, KVOp, Sequence
 
 if TYPE_CHECKING:
     from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft
