@@ -18,8 +18,8 @@ from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
 from glmserve.server.request_id import RequestId
 from glmserve.server.batch_dispatch import dispatcher
-from glmserve.server.routes import (batches, chat, completions, conversations, docs, embeddings, health, lora,
-                                    messages, metrics, model_admin, models, responses, tokenize)
+from glmserve.server.routes import (batches, conversations, docs, health, lora, messages, metrics, model_admin,
+                                    models, openai, responses, tokenize)
 from glmserve.server.routes.ui import install_ui
 from glmserve.serving.batches.runner import Activity, BatchRunner
 from glmserve.serving.batches.service import BatchService
@@ -135,8 +135,7 @@ def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOpti
     needs_admin = error_responses(401, 403)
     if len(models_served.registry.status()) > 1:
         app.include_router(model_admin.router, dependencies=admin, responses=needs_admin)
-    app.include_router(chat.router, dependencies=protected, responses=needs_key)
-    app.include_router(completions.router, dependencies=protected, responses=needs_key)
+    app.include_router(openai.router, dependencies=protected, responses=needs_key)
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
     app.include_router(conversations.router, dependencies=protected, responses=needs_key)
     app.include_router(messages.router, dependencies=[Depends(require_anthropic_key)],
@@ -144,7 +143,6 @@ def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOpti
     app.include_router(batches.router, dependencies=protected, responses=needs_key)
     app.include_router(batches.anthropic_router, dependencies=[Depends(require_anthropic_key)],
                        responses=error_responses(401, anthropic=True))
-    app.include_router(embeddings.router, dependencies=protected, responses=needs_key)
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     if o.runtime_lora:
         app.include_router(lora.router, dependencies=admin, responses=needs_admin)

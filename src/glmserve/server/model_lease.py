@@ -63,8 +63,8 @@ async def respond_with_endpoint(request: Request, path: str, body: Any, dialect:
 
 
 @asynccontextmanager
-async def model_runtime(request: Request, model: str | None,
-                        keep_alive: float | None = None) -> AsyncIterator[LoadedModel]:
-    """The loaded serving ``model`` (None: the default model), held inside the block."""
+async def leased_model(request: Request, model: str | None,
+                       keep_alive: float | None = None) -> AsyncIterator[LoadedModel]:
+    """The loaded model serving ``model`` (None: the default model), held inside the block."""
     async with await request.app.state.models.acquire(model, keep_alive) as lease:
         yield lease.loaded

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from glmserve.protocol.lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from glmserve.server.model_lease import model_runtime
+from glmserve.server.model_lease import leased_model
 from glmserve.server.openapi import error_responses
 
 router = APIRouter()
@@ -16,11 +16,11 @@ router = APIRouter()
 
 @router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=error_responses(400, 413))
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> str:
-    async with model_runtime(request, body.model) as loaded:
+    async with leased_model(request, body.model) as loaded:
         return await loaded.lora.load(body)
 
 
 @router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=error_responses(400, 404, 413))
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> str:
-    async with model_runtime(request, body.model) as loaded:
+    async with leased_model(request, body.model) as loaded:
         return await loaded.lora.unload(body)

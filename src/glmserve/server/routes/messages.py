@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from glmserve.protocol.anthropic import CountTokensRequest, CountTokensResponse, Message, MessagesRequest
 from glmserve.server.openapi import error_responses
-from glmserve.server.model_lease import model_runtime, respond_with_endpoint
+from glmserve.server.model_lease import leased_model, respond_with_endpoint
 from glmserve.server.sse import ANTHROPIC
 
 router = APIRouter()
@@ -26,5 +26,5 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
 
 @router.post("/v1/messages/count_tokens", responses=error_responses(400, 404, 413, anthropic=True))
 async def count_tokens(body: CountTokensRequest, request: Request) -> CountTokensResponse:
-    async with model_runtime(request, body.model, body.keep_alive) as loaded:
+    async with leased_model(request, body.model, body.keep_alive) as loaded:
         return await asyncio.to_thread(loaded.messages.count_tokens, body)

@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from glmserve.protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from glmserve.server.model_lease import model_runtime
+from glmserve.server.model_lease import leased_model
 from glmserve.server.openapi import error_responses
 
 router = APIRouter()
@@ -15,11 +15,11 @@ router = APIRouter()
 
 @router.post("/tokenize", responses=error_responses(400, 404, 413))
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-    async with model_runtime(request, body.model) as loaded:
+    async with leased_model(request, body.model) as loaded:
         return await asyncio.to_thread(loaded.tokenize.tokenize, body)
 
 
 @router.post("/detokenize", responses=error_responses(400, 404, 413))
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
-    async with model_runtime(request, body.model) as loaded:
+    async with leased_model(request, body.model) as loaded:
         return await asyncio.to_thread(loaded.tokenize.detokenize, body)
