@@ -25,6 +25,7 @@ from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.router import ModelRouter
+from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import ServeSettings
 from tests.unit.fakes import FakeEngine
 
@@ -254,6 +255,19 @@ def test_flags_of_the_model_stay_with_it():
     mine = model_settings(flags, ModelEntry("smol", {"model": "/m/smol.gguf", "lora": ["chat=/adapters/chat"],
                                                      "n_ctx": 2048}))
     assert (mine.lora, mine.n_ctx) == (["chat=/adapters/chat"], 2048)
+
+
+def test_flags_of_the_model_given_in_the_environment_stay_with_it_too(monkeypatch):
+    """The same for --model's own settings given as GLMSERVE_* variables: a --config model is a
+    ModelSettings of its entry and the inherited flags, and reads no environment of its own."""
+    monkeypatch.setenv("GLMSERVE_CHAT_TEMPLATE", "/t/glm.jinja")
+    monkeypatch.setenv("GLMSERVE_LORA", '["sql=/adapters/sql"]')
+    monkeypatch.setenv("GLMSERVE_N_THREADS", "3")
+    flags = ServeSettings()
+    assert (flags.chat_template, flags.lora, flags.n_threads) == ("/t/glm.jinja", ["sql=/adapters/sql"], 3)
+    own = model_settings(flags, ModelEntry("smol", {"model": "/m/smol.gguf"}))
+    assert type(own) is ModelSettings
+    assert (own.chat_template, own.lora, own.n_threads) == (None, [], 3)  # n_threads: inherited, not per-model
 
 
 def test_one_model_ignores_keep_alive():
