@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from glmserve.engine.base import Engine, EngineError, EngineOverloaded, GrammarError, Tokenizer
-from glmserve.models import ModelNotFoundError
+from glmserve.models import ModelNotFoundError, gguf_bytes
 from glmserve.engine.types import GenerationOutput, GenerationRequest, ModelInfo, SamplingParams
 
 if TYPE_CHECKING:
@@ -80,10 +80,10 @@ def memory_estimate(settings: EngineSettings) -> int:
 
 
 def weight_file_bytes(path: Path) -> int:
-    """A model's weights on disk: the file, or a folder's ``.safetensors``/``.bin``/``.gguf``
-    files; 0 when ``path`` does not exist."""
+    """A model's weights on disk: the file (every shard of a split GGUF), or a folder's
+    ``.safetensors``/``.bin``/``.gguf`` files; 0 when ``path`` does not exist."""
     if path.is_file():
-        return path.stat().st_size
+        return gguf_bytes(path) if path.suffix.lower() == ".gguf" else path.stat().st_size
     if path.is_dir():
         return sum(p.stat().st_size for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf"))
     return 0

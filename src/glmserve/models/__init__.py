@@ -6,8 +6,11 @@ from glmserve.models.resolve import (
     ModelNotFoundError,
     ResolvedModel,
     default_model_path,
+    gguf_bytes,
+    gguf_shards,
     resolve_hf_model,
     resolve_model,
 )
 
-__all__ = ["DEFAULT_MODEL_NAME", "ModelNotFoundError", "ResolvedModel", "default_model_path", "resolve_hf_model", "resolve_model"]
+__all__ = ["DEFAULT_MODEL_NAME", "ModelNotFoundError", "ResolvedModel", "default_model_path", "gguf_bytes", "gguf_shards",
+           "resolve_hf_model", "resolve_model"]

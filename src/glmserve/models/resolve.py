@@ -68,6 +68,22 @@ def gguf_name(path: PurePath) -> str | None:
     return gguf_stem(path) if split is None or int(split.group(1)) == 1 else None
 
 
+def gguf_shards(path: Path) -> list[Path]:
+    """Every file of the GGUF at ``path``: a split GGUF's shards (``NAME-0000i-of-0000n.gguf``
+    beside it, in order, the ones that exist), else ``[path]``."""
+    split = _SPLIT_SUFFIX.search(path.stem)
+    if split is None:
+        return [path]
+    stem, n = path.stem[:split.start()], int(split.group(2))
+    shards = (path.with_name(f"{stem}-{i:05d}-of-{n:05d}{path.suffix}") for i in range(1, n + 1))
+    return [shard for shard in shards if shard.exists()]
+
+
+def gguf_bytes(path: Path) -> int:
+    """Bytes of the GGUF at ``path`` on disk: every shard of a split GGUF (``gguf_shards``)."""
+    return sum(shard.stat().st_size for shard in gguf_shards(path))
+
+
 def resolve_model(model: str | None) -> ResolvedModel:
     """Resolve ``model`` (see module docstring). Raises ``ModelNotFoundError``."""
     if not model:
