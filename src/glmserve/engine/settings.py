@@ -57,7 +57,7 @@ class EngineSettings(BaseModel):
                     "transformers, vllm: ORG/NAME, a folder).", json_schema_extra=PER_MODEL,
     )
     engine: Literal["llama_cpp", "transformers", "vllm"] = Field(
-        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU), transformers (Hugging Face models, "
+        "llama_cpp", description="Inference engine: llama_cpp (GGUF on CPU, CUDA, Metal or Vulkan), transformers (Hugging Face models, "
                                  "CPU or GPU) or vllm (vLLM, GPUs).",
     )
     n_ctx: int = Field(

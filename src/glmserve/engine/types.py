@@ -196,8 +196,9 @@ class ModelInfo:
     length of the vectors ``Engine.embed`` returns (the model's hidden size), None when the
     engine cannot embed; ``generation``: it generates text (False: an embedding model served
     without a generation context, whose ``generate`` raises ``EngineError``); ``backend``
-    (llama.cpp's: CPU, CUDA, Metal, Vulkan...) and ``n_gpu_layers`` (layers offloaded, 0 on the
-    CPU): where the model runs, None where the engine does not say."""
+    (llama.cpp's: CPU, CUDA, Metal, Vulkan...), ``n_gpu_layers`` (layers offloaded, 0 on the
+    CPU) and ``devices`` (llama.cpp's devices, the ``--rpc`` ones among them): where the model
+    runs, None where the engine does not say."""
 
     id: str
     context_length: int
@@ -215,6 +216,7 @@ class ModelInfo:
     generation: bool = True
     backend: str | None = None
     n_gpu_layers: int | None = None
+    devices: tuple[str, ...] | None = None
 
     def with_lora_adapters(self, names: tuple[str, ...]) -> ModelInfo:
         """A copy listing ``names`` as the LoRA adapters (an engine swaps its ``model_info``

@@ -29,9 +29,11 @@ class ModelCard(BaseModel):
     status: Literal["loaded", "loading", "unloaded"] | None = None
     engine: str | None = None
     # extensions (llama.cpp's names): the backend the model runs on (CPU, CUDA, Metal, Vulkan...)
-    # and the layers offloaded to its GPUs (0 on the CPU)
+    # and the layers offloaded to its GPUs (0 on the CPU); the devices llama.cpp has (NAME
+    # (description, free of total MiB free), the --rpc servers' among them)
     backend: str | None = None
     n_gpu_layers: int | None = None
+    devices: list[str] | None = None
 
 
 def model_capabilities(vision: bool, tool_call_parser: str | None, embedding: bool = False) -> list[str]:

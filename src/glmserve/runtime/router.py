@@ -138,7 +138,7 @@ class ModelRouter:
                     tool_call_parser=model.tool_parser, max_num_seqs=info.max_num_seqs,
                     max_num_batched_tokens=info.max_num_batched_tokens, max_queue=info.max_queue,
                     capabilities=capabilities, status=item["status"], engine=engine, backend=info.backend,
-                    n_gpu_layers=info.n_gpu_layers))
+                    n_gpu_layers=info.n_gpu_layers, devices=list(info.devices) if info.devices else None))
         return cards
 
     def _created_at(self, name: str) -> int:

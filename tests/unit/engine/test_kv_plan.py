@@ -50,6 +50,22 @@ def test_a_long_context_that_split_would_not_fit_is_unified_like_llama_server(n_
     assert f"unified, {n_ctx} cells shared by the 8 sequences" in plan.choice
 
 
+def test_with_gpus_the_layout_follows_the_gpus_memory():
+    """GLM-4.7-Flash Q4_K_M at 64k on a 128 GB host with a 24 GB GPU: split (8 x 65,536 cells,
+    26.4 GiB) would not fit the GPU beside the weights, so unified, as llama-server's -c 65536;
+    a 105 GiB model on a 141 GB GPU with 128 GB of host memory is not refused."""
+    flash = settings(n_ctx=65536, max_num_seqs=8)
+    assert plan_kv(flash, 202752, FLASH_CELL, FLASH_WEIGHTS, total=128 * GIB).kv_layout == "split"  # host alone
+    on_gpu = plan_kv(flash, 202752, FLASH_CELL, FLASH_WEIGHTS, total=128 * GIB, gpu=24 * GIB)
+    assert (on_gpu.kv_layout, on_gpu.cells) == ("unified", 65536)
+    assert "the weights leave on the GPUs" in on_gpu.choice
+    air = plan_kv(settings(n_ctx=32768, max_num_seqs=4), 131072, 46 * 8 * 128 * 2 * 2, 105 * GIB, total=128 * GIB,
+                  gpu=141 * GIB)
+    assert air.n_ctx == 32768
+    with pytest.raises(EngineError, match="would not fit in this machine's memory"):
+        plan_kv(settings(n_ctx=32768, max_num_seqs=4), 131072, 46 * 8 * 128 * 2 * 2, 105 * GIB, total=128 * GIB)
+
+
 def test_split_and_unified_when_asked_are_kept():
     asked = settings(n_ctx=32768, max_num_seqs=8, kv_layout="split")
     plan = plan_kv(asked, 202752, FLASH_CELL, 12 << 20, total=24 * GIB)

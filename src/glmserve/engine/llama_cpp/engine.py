@@ -61,7 +61,7 @@ from glmserve.engine.stream import OutputStream, RequestStream
 from glmserve.engine.types import (EngineStats, FinishReason, GenerationOutput, GenerationRequest, ModelInfo,
                                    SpecDecodeCounters, TokenLogprob)
 from glmserve.engine.worker import StepWorker
-from glmserve.models import ResolvedModel
+from glmserve.models import ResolvedModel, gguf_bytes
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
 
@@ -116,7 +116,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
-            raise EngineError(f"cannot load {path}: {exc}") from exc
+            raise EngineError(f"cannot load {path}: {exc}{self.offload.failure()}") from exc
         self._adapters = GGUFAdapters(self._model.model)
         if self._start_pooling():
             return
@@ -126,7 +126,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
                 require_nextn(self._model)
             for name, adapter_path in cfg.lora_adapters().items():
                 self._adapters.load(name, adapter_path)
-            plan = plan or plan_kv(cfg, self._model.n_ctx_train(), per_cell, path.stat().st_size)
+            plan = plan or plan_kv(cfg, self._model.n_ctx_train(), per_cell, gguf_bytes(path))
             self.settings = cfg = with_kv_plan(cfg, plan)
             self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
         except EngineError:  # LoRAAdapterError too
@@ -141,7 +141,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if not self._ctx:
             self.shutdown()  # the model, a projector
             raise EngineError(f"cannot create a llama.cpp context for {path} ({cfg.kv_layout} KV cache of {plan.cells} "
-                              f"cells, K {cfg.cache_type_k}, V {cfg.cache_type_v}, max_num_seqs={cfg.max_num_seqs})")
+                              f"cells, K {cfg.cache_type_k}, V {cfg.cache_type_v}, max_num_seqs={cfg.max_num_seqs})"
+                              f"{self.offload.failure()}")
         self._adapters.ctx = self._ctx
         per_seq = llama_cpp.llama_n_ctx_seq(self._ctx)  # llama.cpp pads streams to 256 cells
         n_ctx = min(cfg.n_ctx, per_seq)
@@ -168,7 +169,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
             grammar=True, lora_adapters=self._adapters.names,
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_queue=self._admission.max_queue, embedding_size=self._embedder.size,
-            vision=self.multimodal is not None, backend=self.offload.backend, n_gpu_layers=self.offload.n_gpu_layers,
+            vision=self.multimodal is not None, backend=self.offload.backend,
+            n_gpu_layers=self.offload.n_gpu_layers, devices=self.offload.devices,
         )
         if spec is not None and spec.method != "ngram":
             try:

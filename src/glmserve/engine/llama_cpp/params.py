@@ -99,7 +99,12 @@ def context_params(settings: LlamaCppSettings, cells: int):
     from 512 KV cells on, llama.cpp's CPU attention splits a lone query row's KV range over the
     threads and reduces the parts, so with two threads the same row differed from its value among
     others by up to 1.1 (``tests/e2e/test_speculative.py``). Larger steps keep ``n_threads``
-    (llama.cpp's ``n_threads_batch``)."""
+    (llama.cpp's ``n_threads_batch``).
+
+    Without ``--speculative`` a step asks for one row of logits per sequence, so llama.cpp's
+    ``n_outputs_max`` is ``max_num_seqs`` (as llama-server sets it to its slots): llama.cpp then
+    reserves its compute buffer for that many rows of the vocabulary, not ``n_batch`` of them
+    (96 MiB for SmolLM2 at 512, on the device that holds the output layer)."""
     import llama_cpp
 
     from glmserve.engine.llama_cpp.loading.memory import CACHE_GGML_TYPES
@@ -114,6 +119,8 @@ def context_params(settings: LlamaCppSettings, cells: int):
     params.kv_unified = settings.kv_layout == "unified"
     params.type_k, params.type_v = CACHE_GGML_TYPES[settings.cache_type_k], CACHE_GGML_TYPES[settings.cache_type_v]
     params.no_perf = True
+    if settings.speculative is None:  # one row of logits per sequence a step; drafts need one per token
+        params.n_outputs_max = settings.max_num_seqs
     if settings.batch_invariant:
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
     return params

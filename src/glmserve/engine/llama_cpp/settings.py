@@ -21,7 +21,8 @@ BATCH_INVARIANT_MAX_NUM_BATCHED_TOKENS = 63
 
 
 class LlamaCppSettings(SpeculativeSettings):
-    """llama_cpp engine (the default): GGUF models through llama.cpp, on the CPU."""
+    """llama_cpp engine (the default): GGUF models through llama.cpp, on the CPU and the GPUs of
+    its build (CUDA, Metal, Vulkan) and of ``--rpc`` servers."""
 
     n_threads: NThreads
     max_num_batched_tokens: MaxNumBatchedTokens
@@ -77,6 +78,18 @@ class LlamaCppSettings(SpeculativeSettings):
                         "repeatable.",
         json_schema_extra=PER_MODEL,
     )
+    fit: Literal["on", "off"] = Field(
+        "on", description="llama_cpp: with --n-gpu-layers auto, offload what fits each GPU beside --fit-target, as "
+                          "llama-server's --fit; off: every layer.",
+    )
+    fit_target: int = Field(
+        1024, ge=0, le=1 << 20, description="llama_cpp: MiB each GPU keeps free when --fit places layers, as "
+                                            "llama-server's --fit-target.",
+    )
+    rpc: list[str] = Field(
+        [], description="llama_cpp: HOST:PORT,... of llama.cpp rpc-servers whose devices are used as GPUs, as "
+                        "llama-server's --rpc.",
+    )
     no_mmap: bool = Field(False, description="llama_cpp: read the GGUF into memory instead of mapping it.")
     mlock: bool = Field(False, description="llama_cpp: lock the model in memory (no swapping).")
     cache_ram: int = Field(
@@ -108,6 +121,18 @@ class LlamaCppSettings(SpeculativeSettings):
         if any(x < 0 for x in value):
             raise ValueError("shares of --tensor-split are 0 or more")
         return value
+
+    @field_validator("rpc", mode="before")
+    @classmethod
+    def _check_rpc(cls, value):
+        items = value.split(",") if isinstance(value, str) else [p for x in value for p in str(x).split(",")]
+        out = []
+        for item in (x.strip() for x in items if x.strip()):
+            host, colon, port = item.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{item!r}: expected HOST:PORT (e.g. 192.168.1.2:50052)")
+            out.append(item)
+        return out
 
     @field_validator("override_tensor")
     @classmethod

@@ -16,6 +16,7 @@ from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.engine.llama_cpp.speculative import SpeculativeConfig
 from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_SIZE
+from glmserve.models import gguf_bytes
 
 
 # bytes per block and elements per block of each --cache-type-k/-v (ggml's type traits)
@@ -72,9 +73,13 @@ def physical_memory() -> int:
 
 
 def plan_kv(settings: LlamaCppSettings, n_ctx_train: int, bytes_per_cell: int, weights: int,
-            total: int | None = None) -> KVPlan:
+            total: int | None = None, gpu: int = 0) -> KVPlan:
     """The KV cache for ``settings`` (in force: ``max_num_seqs`` set) on a machine of ``total``
-    bytes (default: this one's) with ``weights`` bytes of weights loaded.
+    bytes (default: this one's) with ``weights`` bytes of weights loaded, and ``gpu`` bytes free
+    on the GPUs layers are offloaded to (0: none). With GPUs the cache lives there (llama.cpp
+    keeps each offloaded layer's cells with it): ``auto``'s choice below weighs it against what
+    the weights leave of the GPUs' memory, and the memory it may take is the host's share and
+    the GPUs' together.
 
     The cache may take what the weights leave of 3/4 of the memory (llama.cpp writes every cell at
     start, so a larger cache ends in the kernel's OOM killer, not an error). ``--kv-layout auto``
@@ -84,7 +89,8 @@ def plan_kv(settings: LlamaCppSettings, n_ctx_train: int, bytes_per_cell: int, w
     steps of 256) to what fits. Raises ``EngineError`` when a context given by ``--n-ctx`` does
     not fit."""
     total = physical_memory() if total is None else total
-    limit, share = total * 3 // 4 - weights, (total - weights) // 4
+    left = gpu - min(weights, gpu) if gpu else total - weights  # what the weights leave where the cache lives
+    limit, share = total * 3 // 4 + gpu - weights, left // 4
     n_ctx, seqs = settings.n_ctx or n_ctx_train, settings.max_num_seqs
 
     def cells(layout: str, n: int) -> int:
@@ -95,15 +101,16 @@ def plan_kv(settings: LlamaCppSettings, n_ctx_train: int, bytes_per_cell: int, w
         layout = "split" if cells("split", n_ctx) * bytes_per_cell <= share else "unified"
         if layout == "unified":
             choice = (f"split ({cells('split', n_ctx)} cells, {_gib(cells('split', n_ctx) * bytes_per_cell)}) would "
-                      f"take more than a quarter of the {_gib(total - weights)} the weights leave: unified, "
-                      f"{n_ctx} cells shared by the {seqs} sequences")
+                      f"take more than a quarter of the {_gib(left)} the weights leave{' on the GPUs' if gpu else ''}: "
+                      f"unified, {n_ctx} cells shared by the {seqs} sequences")
     if cells(layout, n_ctx) * bytes_per_cell > limit:
         fitting = limit // max(bytes_per_cell, 1) // (seqs if layout == "split" else 1) // _ALIGN * _ALIGN
         if settings.n_ctx or fitting < _ALIGN:
             need = cells(layout, n_ctx) * bytes_per_cell
             raise EngineError(
                 f"the KV cache ({layout}: {cells(layout, n_ctx)} cells, {_gib(need)}) would not fit in this "
-                f"machine's memory ({_gib(total)}, {_gib(weights)} of weights); lower --n-ctx or --max-num-seqs"
+                f"machine's memory ({_gib(total)}{f', the GPUs {_gib(gpu)} free' if gpu else ''}, {_gib(weights)} of "
+                f"weights); lower --n-ctx or --max-num-seqs"
                 + (", or use --kv-layout unified (n_ctx cells shared by all sequences)" if layout == "split" else "")
                 + ", or a smaller --cache-type-k/-v")
         choice = "; ".join(filter(None, [choice, f"the training context ({n_ctx} tokens) would not fit: n_ctx {fitting}"]))
@@ -150,11 +157,11 @@ def read_header(path: Path) -> Header | None:
 
 def memory_estimate(path: Path, settings: LlamaCppSettings, speculative: SpeculativeConfig | None = None) -> int:
     """Bytes the model at ``path`` takes once loaded with ``settings`` (in force) and
-    ``speculative``: the GGUF file (weights, memory-mapped), a draft model's or the n-gram pool,
+    ``speculative``: the GGUF file (weights, memory-mapped; every shard), a draft model's or the n-gram pool,
     and the KV cache ``plan_kv`` gives it (``read_header``). The file size alone when the
     metadata lacks a field. Raises ``EngineError`` for a file llama.cpp cannot read, or a KV cache
     that cannot fit (``plan_kv``)."""
-    size = path.stat().st_size
+    size = weights = gguf_bytes(path)
     header = read_header(path)
     if header is None:
         return size
@@ -163,7 +170,7 @@ def memory_estimate(path: Path, settings: LlamaCppSettings, speculative: Specula
     elif speculative is not None:
         size += POOL_SIZE * 12  # the NgramPool's table
     per_cell = header.kv.bytes_per_cell(settings.cache_type_k, settings.cache_type_v)
-    return size + plan_kv(settings, header.n_ctx_train, per_cell, path.stat().st_size).bytes
+    return size + plan_kv(settings, header.n_ctx_train, per_cell, weights).bytes
 
 
 def model_kv_shape(model: LlamaModel) -> KVShape:

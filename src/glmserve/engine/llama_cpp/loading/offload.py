@@ -2,114 +2,89 @@
 (llama.cpp's ``common/arg.cpp``): ``--n-gpu-layers N|auto|all``, ``--split-mode``,
 ``--tensor-split``, ``--main-gpu``, ``--cpu-moe`` / ``--n-cpu-moe N`` (the expert tensors of all /
 the first N layers kept in host memory: llama.cpp's ``LLM_FFN_EXPS_REGEX`` overrides),
-``--override-tensor PATTERN=BUFFER``, ``--no-mmap``, ``--mlock``.
+``--override-tensor PATTERN=BUFFER``, ``--fit on|off``, ``--fit-target MiB``, ``--no-mmap``,
+``--mlock``.
 
-The devices are ggml's backend registry (``ggml_backend_dev_*`` in the ``libggml`` that
-llama-cpp-python loads): a CPU build has the CPU alone, and offloads nothing whatever
-``--n-gpu-layers`` says (llama.cpp accepts the parameter and ignores it), which ``Offload``
-reports as 0 layers. ``auto`` (the default, as llama-server's) offloads as many layers as the
-GPUs' free memory holds beside each layer's KV cache and a compute reserve; ``all`` every layer
-and the output layer (llama.cpp counts n_layer + 1).
+The devices are ggml's (``devices.py``), the ``--rpc`` servers' among them: a CPU build without
+``--rpc`` has the CPU alone and offloads nothing whatever ``--n-gpu-layers`` says (llama.cpp
+accepts the parameter and ignores it), which ``Offload`` reports as 0 layers. llama.cpp offloads
+to the discrete GPUs (an integrated one only where there is none) and the RPC devices, these
+first; with ``--split-mode none`` to ``--main-gpu`` alone. ``auto`` (the default, as
+llama-server's) offloads as many layers as fit each device beside its margin (``fit.py``); with
+``--fit off`` every layer, as ``all`` (llama.cpp counts n_layer + 1 with the output layer).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
 from glmserve.engine.base import EngineError
+from glmserve.engine.llama_cpp.loading.devices import Device, add_rpc_servers, buffer_type, devices
+from glmserve.engine.llama_cpp.loading.dry_run import compute_buffers
+from glmserve.engine.llama_cpp.loading.fit import (MIB, DevicePlan, Devices, LayerBytes, fill_layers, fit_layers,
+                                                   layer_bytes, place)
 from glmserve.engine.llama_cpp.loading.memory import KVPlan, plan_kv, read_header
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
+from glmserve.models import gguf_bytes
 
 EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's LLM_FFN_EXPS_REGEX
 SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
-RESERVE = 512 << 20  # bytes per GPU kept for llama.cpp's compute buffers when fitting layers
-_KINDS = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}  # ggml's enum ggml_backend_dev_type
+COMPUTE = 512 * MIB  # bytes of compute buffer a device with layers is planned to hold
 
 
 class _TensorOverride(ctypes.Structure):  # llama.h's llama_model_tensor_buft_override
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _ggml() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))  # the one llama_cpp loaded
-    for name, res, args in [("ggml_backend_dev_count", ctypes.c_size_t, []),
-                            ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
-                            ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
-                            ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
-                            ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
-                            ("ggml_backend_dev_memory", None, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                                               ctypes.POINTER(ctypes.c_size_t)]),
-                            ("ggml_backend_dev_buffer_type", ctypes.c_void_p, [ctypes.c_void_p]),
-                            ("ggml_backend_buft_name", ctypes.c_char_p, [ctypes.c_void_p]),
-                            ("ggml_backend_dev_backend_reg", ctypes.c_void_p, [ctypes.c_void_p]),
-                            ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p])]:
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
-
-
-@dataclass(frozen=True)
-class Device:
-    """One of ggml's devices: ``name`` (``CPU``, ``CUDA0``...), ``description``, ``kind`` (CPU, GPU,
-    IGPU, ACCEL), ``backend`` (its registry: CPU, CUDA, Metal, Vulkan...), ``buffer`` (its buffer
-    type's name, what ``--override-tensor`` names), ``free`` and ``total`` memory in bytes."""
-
-    name: str
-    description: str
-    kind: str
-    backend: str
-    buffer: str
-    free: int
-    total: int
-
-
-def devices() -> list[Device]:
-    """The devices this build of llama.cpp has, in ggml's order."""
-    lib, out = _ggml(), []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(Device(lib.ggml_backend_dev_name(dev).decode(), lib.ggml_backend_dev_description(dev).decode(),
-                          _KINDS.get(lib.ggml_backend_dev_type(dev), "?"),
-                          lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)).decode(),
-                          lib.ggml_backend_buft_name(lib.ggml_backend_dev_buffer_type(dev)).decode(),
-                          free.value, total.value))
-    return out
-
-
-def _buffer_type(name: str) -> int:
-    lib = _ggml()
-    for i in range(lib.ggml_backend_dev_count()):
-        buft = lib.ggml_backend_dev_buffer_type(lib.ggml_backend_dev_get(i))
-        if lib.ggml_backend_buft_name(buft).decode() == name:
-            return buft
-    raise EngineError(f"--override-tensor: no buffer type {name!r} in this build of llama.cpp (it has: "
-                      f"{', '.join(d.buffer for d in devices())})")
-
-
 @dataclass(frozen=True)
 class Offload:
-    """What a model is loaded with: ``backend`` (the GPUs' backend, or CPU), ``devices`` (names),
-    ``n_gpu_layers`` (layers offloaded, of ``n_layer`` + 1 with the output layer; 0 on a CPU build)
-    and ``overrides`` ((pattern, buffer type name) pairs, in llama.cpp's order)."""
+    """What a model is loaded with: ``backend`` (the GPUs' backend, or CPU), ``devices`` (every
+    device, ``Device.describe``), ``n_gpu_layers`` (layers offloaded, of ``n_layer`` + 1 with
+    the output layer; 0 on a CPU build), ``overrides`` ((pattern, buffer type name) pairs, in
+    llama.cpp's order) and ``placement`` (what each GPU is planned to hold)."""
 
     backend: str
     devices: tuple[str, ...]
     n_gpu_layers: int
     n_layer: int
     overrides: tuple[tuple[str, str], ...]
+    placement: tuple[DevicePlan, ...] = ()
+    tensor_split: tuple[float, ...] = ()  # the fit's layers per GPU, where no --tensor-split was given
 
     def describe(self) -> str:
-        """One line for the start log."""
+        """The start log's lines: the devices, the layers offloaded, and each GPU's plan."""
         kept = f"; tensors kept by pattern: {', '.join(f'{p}={b}' for p, b in self.overrides)}" if self.overrides else ""
-        return (f"llama.cpp backend {self.backend} (devices: {', '.join(self.devices)}); {self.n_gpu_layers} of "
-                f"{self.n_layer + 1} layers offloaded{kept}")
+        return "\n".join([f"llama.cpp backend {self.backend} (devices: {', '.join(self.devices)}); {self.n_gpu_layers} of "
+                          f"{self.n_layer + 1} layers offloaded{kept}", *(d.describe() for d in self.placement)])
+
+    def failure(self) -> str:
+        """What a failed load or context adds with layers offloaded (a device that ran out of
+        memory fails llama.cpp's allocation), else ""."""
+        if not self.n_gpu_layers:
+            return ""
+        held = ", ".join(f"{d.layers} on {d.name}" for d in self.placement if d.layers) or self.backend
+        return (f" (layers offloaded: {held}; a device may be out of memory: lower --n-gpu-layers, or give auto to "
+                f"fit them beside --fit-target)")
+
+
+def offload_devices(settings: LlamaCppSettings, found: list[Device]) -> list[Device]:
+    """The devices llama.cpp offloads to, in its order (``llama_model_load``): the RPC devices,
+    then the discrete GPUs, or the integrated ones where there is no discrete GPU; with
+    ``--split-mode none`` the ``--main-gpu`` of these alone. Raises ``EngineError`` for a
+    ``--main-gpu`` past them."""
+    rpc = [d for d in found if d.backend == "RPC"]
+    local = [d for d in found if d.backend != "RPC" and d.kind == "GPU"] or \
+        [d for d in found if d.backend != "RPC" and d.kind == "IGPU"]
+    gpus = rpc + local
+    if gpus and settings.main_gpu >= len(gpus):
+        raise EngineError(f"--main-gpu {settings.main_gpu}: this machine has {len(gpus)} GPU(s)")
+    return gpus[settings.main_gpu:settings.main_gpu + 1] if settings.split_mode == "none" and gpus else gpus
 
 
 def overrides(settings: LlamaCppSettings, n_layer: int) -> list[tuple[str, str]]:
@@ -123,33 +98,43 @@ def overrides(settings: LlamaCppSettings, n_layer: int) -> list[tuple[str, str]]
     return out
 
 
-def plan_offload(settings: LlamaCppSettings, n_layer: int, weights: int, kv_bytes: int,
-                 found: list[Device] | None = None) -> Offload:
-    """``Offload`` of a model of ``n_layer`` layers, ``weights`` bytes and a KV cache of
-    ``kv_bytes``, on ``found`` (default: ``devices()``). Raises ``EngineError`` for a
-    ``--main-gpu`` or ``--tensor-split`` that names more GPUs than there are, or
-    ``--batch-invariant`` with layers offloaded (measured on the CPU backend only)."""
+def plan_offload(settings: LlamaCppSettings, sizes: LayerBytes, kv_bytes: int,
+                 found: list[Device] | None = None, compute: list[int] | None = None,
+                 limit: int | None = None) -> Offload:
+    """``Offload`` of a model whose tensors are ``sizes`` with a KV cache of ``kv_bytes``, on
+    ``found`` (default: ``devices()``): ``--n-gpu-layers`` N or ``all``, or with ``auto`` what
+    ``fit.fill_layers`` (``fit.fit_layers`` with a ``--tensor-split``) fits, at most ``limit``
+    layers (every layer with ``--fit off``), each GPU keeping ``--fit-target`` MiB and holding
+    ``compute[i]`` bytes of compute buffer (default: ``COMPUTE`` each). Raises
+    ``EngineError`` for a ``--main-gpu`` or ``--tensor-split`` that names more GPUs than there
+    are, or ``--batch-invariant`` with layers offloaded (measured on the CPU backend only)."""
     found = devices() if found is None else found
-    gpus = [d for d in found if d.kind in ("GPU", "IGPU")]
-    layers = n_layer + 1
-    if not gpus or not llama_cpp.llama_supports_gpu_offload():
-        n = 0
-    elif settings.n_gpu_layers == "all":
-        n = layers
-    elif settings.n_gpu_layers == "auto":  # each layer's weights and KV cells, beside a compute reserve
-        room = sum(max(d.free - RESERVE, 0) for d in gpus)
-        n = min(layers, room // max(weights // layers + kv_bytes // max(n_layer, 1), 1))
-    else:
-        n = min(int(settings.n_gpu_layers), layers)
-    if gpus and settings.main_gpu >= len(gpus):
-        raise EngineError(f"--main-gpu {settings.main_gpu}: this machine has {len(gpus)} GPU(s)")
+    gpus = offload_devices(settings, found)
+    n_layer = len(sizes.layers)
     if settings.tensor_split and len(settings.tensor_split) > max(len(gpus), 1):
         raise EngineError(f"--tensor-split gives {len(settings.tensor_split)} parts for {len(gpus)} GPU(s)")
+    shares = [float(x) for x in settings.tensor_split] + [0.0] * (len(gpus) - len(settings.tensor_split)) \
+        if settings.tensor_split else [float(d.free) for d in gpus]
+    plan = Devices([d.name for d in gpus], [d.free for d in gpus], shares, compute or [COMPUTE] * len(gpus),
+                   settings.fit_target * MIB)
+    kv_per_layer, split = kv_bytes // max(n_layer, 1), ()
+    if not gpus:
+        n = 0
+    elif settings.n_gpu_layers == "auto" and settings.fit == "on" and not settings.tensor_split:
+        split = tuple(float(c) for c in fill_layers(sizes, kv_per_layer, plan, limit))
+        n, plan = int(sum(split)), dataclasses.replace(plan, shares=list(split))
+    elif settings.n_gpu_layers == "auto" and settings.fit == "on":
+        n = fit_layers(sizes, kv_per_layer, plan, limit)
+    elif settings.n_gpu_layers in ("auto", "all"):
+        n = n_layer + 1
+    else:
+        n = min(int(settings.n_gpu_layers), n_layer + 1)
     if n and settings.batch_invariant:
         raise EngineError(f"--batch-invariant is measured on llama.cpp's CPU backend only; with {n} layers on "
                           f"{gpus[0].backend}, give --n-gpu-layers 0 or drop --batch-invariant")
-    backend = gpus[0].backend if n else "CPU"
-    return Offload(backend, tuple(d.name for d in found), n, n_layer, tuple(overrides(settings, n_layer)))
+    return Offload(gpus[0].backend if n else "CPU", tuple(d.describe() for d in found), n, n_layer,
+                   tuple(overrides(settings, n_layer)), tuple(place(n, sizes, kv_per_layer, plan)) if n else (),
+                   split if n and len(gpus) > 1 else ())
 
 
 def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
@@ -163,14 +148,14 @@ def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
         mmap = llama_cpp.LLAMA_LOAD_MODE_MLOCK if settings.no_mmap else llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK
     params.load_mode = mmap if (settings.no_mmap or settings.mlock) else params.load_mode
     keep: list = []
-    if settings.tensor_split:
-        split = (ctypes.c_float * llama_cpp.llama_max_devices())(*settings.tensor_split)
+    if settings.tensor_split or offload.tensor_split:
+        split = (ctypes.c_float * llama_cpp.llama_max_devices())(*(settings.tensor_split or offload.tensor_split))
         params.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
         keep.append(split)
     if offload.overrides:
         array = (_TensorOverride * (len(offload.overrides) + 1))()  # the last, empty, ends the list
         for entry, (pattern, buffer) in zip(array, offload.overrides):
-            entry.pattern, entry.buft = pattern.encode(), _buffer_type(buffer)
+            entry.pattern, entry.buft = pattern.encode(), buffer_type(buffer)
         params.tensor_buft_overrides = ctypes.cast(array, ctypes.c_void_p)
         keep.append(array)
     return keep
@@ -178,16 +163,67 @@ def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
 
 
 def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offload, KVPlan | None, list]:
-    """``plan_offload`` for the GGUF at ``path`` (its layers, file size and the KV cache
-    ``memory.plan_kv`` gives it, from ``memory.read_header``) set on llama.cpp's model ``params``
-    (``apply``); returns it, that KV plan (None when the header is not one ``read_header`` knows)
-    and the arrays to keep alive until the model is loaded.
-    Raises ``EngineError`` (``plan_offload``, ``plan_kv``, an unknown ``--override-tensor``
-    buffer)."""
-    header, weights = read_header(path), path.stat().st_size
+    """``plan_offload`` for the GGUF at ``path``, the ``--rpc`` servers' devices added first
+    (``devices.add_rpc_servers``; llama.cpp uses them from then on): its layers' tensors
+    (``fit.layer_bytes``, every shard) and the KV cache ``memory.plan_kv`` gives it (from
+    ``memory.read_header``); with ``auto``, fitted again to the compute buffers llama.cpp's dry
+    run measures (``_measured``). Set on llama.cpp's model ``params`` (``apply``); returns it,
+    that KV plan (None when the header is not one ``read_header`` knows) and the arrays to keep
+    alive until the model is loaded.
+    Raises ``EngineError`` (``add_rpc_servers``, ``plan_offload``, ``plan_kv``, an unknown
+    ``--override-tensor`` buffer)."""
+    add_rpc_servers(settings.rpc)
+    header, weights, found = read_header(path), gguf_bytes(path), devices()
+    gpu = sum(d.free for d in offload_devices(settings, found)) if settings.n_gpu_layers != 0 else 0
     kv = None
     if header is not None:
         kv = plan_kv(settings, header.n_ctx_train, header.kv.bytes_per_cell(settings.cache_type_k,
-                                                                             settings.cache_type_v), weights)
-    offload = plan_offload(settings, header.n_layer if header else 0, weights, kv.bytes if kv else 0)
+                                                                             settings.cache_type_v), weights, gpu=gpu)
+    n_layer = header.n_layer if header else 0
+    host = [p for p, buffer in overrides(settings, n_layer) if buffer == "CPU"]
+    sizes = layer_bytes(path, n_layer, host) or LayerBytes.even(n_layer, weights)
+    offload = plan_offload(settings, sizes, kv.bytes if kv else 0, found)
+    if offload_devices(settings, found) and kv is not None and settings.n_gpu_layers == "auto" and settings.fit == "on":
+        offload = _measured(params, settings, path, sizes, kv, found)
     return offload, kv, apply(params, settings, offload)
+
+
+def _measured(params, settings: LlamaCppSettings, path: Path, sizes: LayerBytes, kv: KVPlan,
+              found: list[Device]) -> Offload:
+    """``auto``'s fit with the compute buffers llama.cpp's dry run measures
+    (``dry_run.compute_buffers``), as ``common/fit.cpp`` measures each candidate: first with every
+    layer offloaded (with several GPUs llama.cpp then runs them as a pipeline, whose compute
+    buffers are larger); where that does not fit, the layers are fitted again with the compute
+    buffers of a partial offload, measured for the fit and refitted until the count holds (at most
+    3 runs, each device's largest measure kept, fewer than every layer). The fit with ``COMPUTE``
+    per device where a dry run fails."""
+    from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
+
+    gpus, every = offload_devices(settings, found), len(sizes.layers) + 1
+    try:
+        context = context_params(with_kv_plan(settings, kv), kv.cells)
+    except EngineError:  # raised again, and said, where the engine applies the plan
+        return plan_offload(settings, sizes, kv.bytes, found)
+
+    def measure(candidate: Offload) -> list[int] | None:
+        _kept = apply(params, settings, candidate)  # alive through the dry run
+        measured = compute_buffers(path, params, context)
+        return None if measured is None else [measured.get(d.buffer, 0) for d in gpus]
+
+    full = measure(plan_offload(settings.model_copy(update={"n_gpu_layers": "all"}), sizes, kv.bytes, found))
+    if full is None:
+        return plan_offload(settings, sizes, kv.bytes, found)
+    offload = plan_offload(settings, sizes, kv.bytes, found, full)
+    if offload.n_gpu_layers == every:
+        return offload
+    compute = [0] * len(gpus)
+    for _ in range(3):
+        measured = measure(offload) if offload.n_gpu_layers else [0] * len(gpus)
+        if measured is None:
+            return plan_offload(settings, sizes, kv.bytes, found)
+        compute = [max(c, m) for c, m in zip(compute, measured)]
+        again = plan_offload(settings, sizes, kv.bytes, found, compute, limit=every - 1)
+        settled, offload = again.n_gpu_layers == offload.n_gpu_layers, again
+        if settled:
+            break
+    return offload
