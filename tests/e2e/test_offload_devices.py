@@ -1,0 +1,161 @@
+"""Offload on devices that really hold tensors: llama.cpp's rpc-server with its memory capped
+(``tests/rpc_devices.py``), which llama.cpp uses as a GPU. glmserve started with ``--rpc`` places
+layers, KV cache and compute buffers there as llama-server's ``--fit`` does on an identical device
+(what each device holds is counted by the rpc-server itself), a split GGUF is sized whole, a
+device too small for what is asked refuses the allocation and the server says why, and
+``--n-gpu-layers 0`` leaves the device untouched."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import openai
+import pytest
+
+from glmserve.models import default_model_path
+from tests.conftest import RemoteServer
+from tests.rpc_devices import RpcDevice, offloaded, tool
+
+MIB = 1 << 20
+N_LAYER = 30  # SmolLM2-135M: 30 layers, llama.cpp offloads 31 with the output layer
+
+
+def ask(server: RemoteServer) -> dict:
+    """One greedy chat answer from ``server``; its model card."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    name = client.models.list().data[0].id
+    reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                           temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
+    return client.models.retrieve(name).model_dump()
+
+
+def glmserve(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 4096) -> tuple[dict, str]:
+    """glmserve on ``model`` with ``devices`` as ``--rpc``, ``--n-ctx n_ctx`` and ``flags`` (one
+    sequence unless they say), asked once; its model card and log."""
+    seqs = () if "--max-num-seqs" in flags else ("--max-num-seqs", "1")
+    server = RemoteServer("--model", str(model), "--rpc", ",".join(d.endpoint for d in devices), "--n-ctx", str(n_ctx),
+                          *seqs, *flags)
+    try:
+        return ask(server), server.log()
+    finally:
+        server.stop()
+
+
+def llama_server(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 4096) -> int:
+    """llama-server on ``model`` with ``devices`` and ``-c n_ctx`` (its ``--fit`` on, as by
+    default), once healthy; the layers it offloaded."""
+    server = RemoteServer(command=[str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "-t", "2",
+                                   "--rpc", ",".join(d.endpoint for d in devices), "-c", str(n_ctx), "-np", "1",
+                                   "--no-webui", "-lv", "4", *flags], startup_timeout=120)
+    try:
+        return offloaded(server.log())
+    finally:
+        server.stop()
+
+
+def test_auto_places_what_llama_servers_fit_places_on_one_device():
+    model = default_model_path()
+    with RpcDevice(1100) as peer, RpcDevice(1100) as ours:
+        theirs = llama_server(model, [peer])
+        card, log = glmserve(model, [ours])
+        assert not ours.refused() and not peer.refused()
+        assert 0 < theirs < N_LAYER + 1, f"the device should hold part of the model, llama-server put {theirs}"
+        assert abs(card["n_gpu_layers"] - theirs) <= 1, log
+        assert card["backend"] == "RPC" and any(d.startswith(f"RPC0 ({ours.endpoint}") for d in card["devices"])
+        assert re.search(rf"RPC0: {card['n_gpu_layers']} layers, weights \d+ \+ KV \d+ \+ compute \d+ MiB", log)
+        # what the device holds, counted by the rpc-server, against llama-server's on its twin; the
+        # margin (--fit-target, 1 GiB) kept
+        assert 0.8 * peer.peak() <= ours.peak() <= min(1.25 * peer.peak(), (ours.mib - 1024) * MIB)
+        assert ours.held() == 0  # all freed when the server stopped
+
+
+def test_two_devices_are_filled_as_llama_servers_fit_fills_them():
+    model = default_model_path()
+    with RpcDevice(1080) as a, RpcDevice(1120) as b, RpcDevice(1080) as pa, RpcDevice(1120) as pb:
+        theirs = llama_server(model, [pa, pb])
+        card, log = glmserve(model, [a, b])
+        assert not any(d.refused() for d in (a, b, pa, pb))
+        assert abs(card["n_gpu_layers"] - theirs) <= 1, log
+        for ours, peer in ((a, pa), (b, pb)):  # device by device
+            assert 0 < ours.peak() and 0.8 * peer.peak() <= ours.peak() <= 1.25 * peer.peak()
+
+
+def test_a_tensor_split_given_is_kept_and_each_device_keeps_its_margin():
+    """llama-server's --fit stands down when --tensor-split is given (and offloads every layer);
+    glmserve keeps the shares and offloads the layers they place within every device's margin."""
+    with RpcDevice(1080) as a, RpcDevice(1120) as b:
+        card, log = glmserve(default_model_path(), [a, b], "--tensor-split", "1,1")
+        assert 0 < card["n_gpu_layers"] < N_LAYER + 1
+        for device in (a, b):
+            assert 0 < device.peak() <= (device.mib - 1024) * MIB, log
+
+
+def test_n_gpu_layers_0_leaves_the_device_untouched():
+    with RpcDevice(4096) as device:
+        card, _ = glmserve(default_model_path(), [device], "--n-gpu-layers", "0")
+        assert card["n_gpu_layers"] == 0 and card["backend"] == "CPU"
+        assert device.peak() == 0
+
+
+def test_a_device_too_small_for_what_is_asked_refuses_and_the_server_says_why():
+    with RpcDevice(32) as device:
+        with pytest.raises(RuntimeError) as failed:
+            RemoteServer("--model", str(default_model_path()), "--rpc", device.endpoint, "--n-gpu-layers", "all")
+        assert device.refused()
+        log = str(failed.value)
+        assert "layers offloaded: 31 on RPC0; a device may be out of memory" in log and "lower --n-gpu-layers" in log, log[-2000:]
+        assert "Traceback" not in log
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """The default model split by llama-gguf-split into 4 shards of at most 70 tensors (272 in all)."""
+    out = tmp_path_factory.mktemp("shards") / "smollm2"
+    subprocess.run([str(tool("llama-gguf-split")), "--split", "--split-max-tensors", "70", str(default_model_path()),
+                    str(out)], check=True, capture_output=True)
+    first = sorted(out.parent.glob("smollm2-00001-of-*.gguf"))
+    assert len(first) == 1 and len(list(out.parent.glob("smollm2-*.gguf"))) == 4
+    return first[0]
+
+
+def test_every_shard_of_a_split_gguf_is_placed(shards):
+    with RpcDevice(1100) as peer, RpcDevice(1100) as ours:
+        theirs = llama_server(shards, [peer])
+        card, log = glmserve(shards, [ours])
+        assert not ours.refused()
+        assert abs(card["n_gpu_layers"] - theirs) <= 1, log
+        assert 0.8 * peer.peak() <= ours.peak() <= 1.25 * peer.peak()
+
+
+@pytest.fixture(scope="module")
+def flash(tmp_path_factory) -> Path:
+    """A GGUF shaped as GLM-4.7-Flash (47 layers, 576-wide latent KV cache; tiny hidden sizes)."""
+    pytest.importorskip("torch")
+    import sys
+
+    from tests.hf_models import converted_gguf, tiny_glm4
+
+    converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
+    assert converter.is_file(), f"{converter} is missing: run `make install` (it extracts llama.cpp's converter)"
+    root = tmp_path_factory.mktemp("flash")
+    folder = tiny_glm4(root / "flash", "Glm4MoeLiteForCausalLM", "glm-4.7.jinja", context=202752, layers=47)
+    return converted_gguf(folder, root / "flash.gguf", converter, tokenizer_pre="glm4", outtype="f16")
+
+
+@pytest.mark.parametrize("mib", [4608, 4096])
+def test_glm_4_7_flash_at_64k_holds_what_llama_server_holds_on_a_small_gpu(flash, mib):
+    """The README's context on a 4.5 GiB device (every layer fits) and a 4 GiB one (some stay on
+    the host): the KV cache (65,536 cells, 3.3 GiB) goes on the device with the layers, unified as
+    llama-server's -c 65536 (split, 8 x 65,536 cells, would not fit it); the layers placed are
+    llama-server's --fit's within one, and the device holds at least 95% of what it puts there."""
+    with RpcDevice(mib) as peer, RpcDevice(mib) as ours:
+        theirs = llama_server(flash, [peer], n_ctx=65536)
+        card, log = glmserve(flash, [ours], "--max-num-seqs", "8", n_ctx=65536)
+        assert abs(card["n_gpu_layers"] - theirs) <= 1, log
+        assert not ours.refused(), log
+        assert "unified" in log and card["max_model_len"] == 65536
+        # at least 95% of what llama-server's fit puts there, and the margin (--fit-target, 1 GiB) kept
+        assert 0.95 * peer.peak() <= ours.peak() <= (ours.mib - 1024) * MIB, (ours.peak() >> 20, peer.peak() >> 20, log)
