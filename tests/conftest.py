@@ -12,6 +12,15 @@ from glmserve.testing import DEFAULT_MODEL, RemoteServer
 
 __all__ = ["DEFAULT_MODEL", "RemoteServer", "greedy_streams", "vllm_server"]
 
+
+def pytest_report_header(config) -> str:
+    """The llama.cpp build the tests run on: its devices (a CPU build has the CPU alone)."""
+    try:
+        from glmserve.engine.llama_cpp.loading.devices import devices
+    except ImportError:
+        return "llama.cpp: not installed"
+    return "llama.cpp devices: " + ", ".join(f"{d.name} ({d.backend}, {d.kind})" for d in devices())
+
 # vLLM on this CPU: a small KV cache (GiB), and float32 without torch.compile (bfloat16 drifts
 # into nonsense on SmolLM2; torch.compile takes minutes to start)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}

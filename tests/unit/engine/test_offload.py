@@ -33,13 +33,20 @@ RPC = Device("RPC0", "10.0.0.2:50052", "GPU", "RPC", "RPC0[10.0.0.2:50052]", 20 
 SIZES = LayerBytes((100 * MIB,) * 47, 100 * MIB, 50 * MIB)  # 47 layers of 100 MiB and the output layer
 
 
-def test_this_cpu_build_has_the_cpu_alone_and_offloads_nothing():
+def test_this_build_offloads_to_its_gpus_only():
+    """On a CPU build (the header pytest prints names the devices) nothing is offloaded, whatever is
+    asked; on a GPU build ``all`` offloads every layer to the first GPU's backend."""
     found = devices()
-    assert [(d.name, d.kind, d.backend, d.buffer) for d in found] == [("CPU", "CPU", "CPU", "CPU")]
-    for asked in ("auto", "all", 20):
-        offload = plan_offload(LlamaCppSettings(n_gpu_layers=asked), SIZES, 1 << 30)
-        assert (offload.backend, offload.n_gpu_layers, offload.n_layer, offload.placement) == ("CPU", 0, 47, ())
-    assert "0 of 48 layers offloaded" in offload.describe()
+    assert [(d.name, d.backend, d.buffer) for d in found if d.kind == "CPU"] == [("CPU", "CPU", "CPU")]
+    gpus = offload_devices(LlamaCppSettings(), found)
+    if not gpus:
+        for asked in ("auto", "all", 20):
+            offload = plan_offload(LlamaCppSettings(n_gpu_layers=asked), SIZES, 1 << 30)
+            assert (offload.backend, offload.n_gpu_layers, offload.n_layer, offload.placement) == ("CPU", 0, 47, ())
+        assert "0 of 48 layers offloaded" in offload.describe()
+    else:
+        offload = plan_offload(LlamaCppSettings(n_gpu_layers="all"), SIZES, 1 << 30)
+        assert (offload.backend, offload.n_gpu_layers) == (gpus[0].backend, 48)
 
 
 def test_llama_cpp_offloads_the_last_layers_by_cumulative_shares():
