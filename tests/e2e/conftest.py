@@ -1,5 +1,6 @@
 """Model folders for the ``transformers`` engine tests, built once per session (the converted
-SmolLM2 folder is kept in pytest's cache between sessions), and the coding agents' homes."""
+SmolLM2 folder is kept in pytest's cache between sessions), a GGUF shaped as GLM-4.7-Flash, and
+the coding agents' homes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,22 @@ def gguf_adapter(smollm2_hf, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gguf-lora")
     adapter = lora_adapter(smollm2_hf, root / "adapter", scale=0.05, target_modules=("v_proj", "o_proj"))
     return gguf_lora(adapter, root / "tuned.gguf")
+
+
+@pytest.fixture(scope="session")
+def flash_gguf(tmp_path_factory) -> Path:
+    """A GGUF shaped as GLM-4.7-Flash (47 layers, 576-wide latent KV cache, 202,752 training
+    positions; tiny hidden sizes, so the weights are 12 MB), its served name ``flash``."""
+    pytest.importorskip("torch")
+    import sys
+
+    from tests.hf_models import converted_gguf, tiny_glm4
+
+    converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
+    assert converter.is_file(), f"{converter} is missing: run `make install` (it extracts llama.cpp's converter)"
+    root = tmp_path_factory.mktemp("flash")
+    folder = tiny_glm4(root / "flash", "Glm4MoeLiteForCausalLM", "glm-4.7.jinja", context=202752, layers=47)
+    return converted_gguf(folder, root / "flash.gguf", converter, tokenizer_pre="glm4", outtype="f16")
 
 
 @pytest.fixture(scope="session")

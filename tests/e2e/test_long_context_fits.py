@@ -8,29 +8,15 @@ flags are taken on this CPU build, which reports no layer offloaded."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import openai
-import pytest
 
 from tests.conftest import RemoteServer
 
 MODEL = "flash"
 CELL_F16 = 47 * 576 * 2  # bytes of one KV cell: 47 layers of a 576-wide latent K, f16; no V cells (MLA)
 CELLS = 65536
-
-
-@pytest.fixture(scope="module")
-def flash(tmp_path_factory) -> Path:
-    pytest.importorskip("torch")
-    from tests.hf_models import converted_gguf, tiny_glm4
-
-    converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
-    assert converter.is_file(), f"{converter} is missing: run `make install` (it extracts llama.cpp's converter)"
-    root = tmp_path_factory.mktemp("flash")
-    folder = tiny_glm4(root / MODEL, "Glm4MoeLiteForCausalLM", "glm-4.7.jinja", context=202752, layers=47)
-    return converted_gguf(folder, root / f"{MODEL}.gguf", converter, tokenizer_pre="glm4", outtype="f16")
 
 
 def rss(server: RemoteServer) -> int:
@@ -56,13 +42,13 @@ def serve(gguf: Path, *flags: str) -> tuple[int, str, dict]:
         server.stop()
 
 
-def test_the_readme_context_starts_unified_and_holds_what_llama_server_holds(flash):
-    small, log, card = serve(flash, "--n-ctx", "256", "--n-gpu-layers", "all", "--cpu-moe")
+def test_the_readme_context_starts_unified_and_holds_what_llama_server_holds(flash_gguf):
+    small, log, card = serve(flash_gguf, "--n-ctx", "256", "--n-gpu-layers", "all", "--cpu-moe")
     # this CPU build offloads nothing, whatever is asked, and says so
     assert (card["backend"], card["n_gpu_layers"]) == ("CPU", 0)
     assert re.search(r"llama.cpp backend CPU \(devices: CPU \([^)]*MiB free\)\); 0 of 48 layers offloaded; tensors kept "
                      r"by pattern: ", log)
-    big, log, card = serve(flash, "--n-ctx", str(CELLS))
+    big, log, card = serve(flash_gguf, "--n-ctx", str(CELLS))
     assert card["max_model_len"] == CELLS
     assert "unified, 65536 cells shared by the 8 sequences" in log  # the choice, said at start
     assert f"KV cache (unified): {CELLS} cells" in log
@@ -72,9 +58,9 @@ def test_the_readme_context_starts_unified_and_holds_what_llama_server_holds(fla
     assert 0.9 * kv <= added <= 1.25 * kv, (added, kv)
 
 
-def test_a_q8_0_cache_reaches_llama_cpp_and_answers(flash):
-    f16, _, _ = serve(flash, "--n-ctx", str(CELLS))
-    q8, log, _ = serve(flash, "--n-ctx", str(CELLS), "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
+def test_a_q8_0_cache_reaches_llama_cpp_and_answers(flash_gguf):
+    f16, _, _ = serve(flash_gguf, "--n-ctx", str(CELLS))
+    q8, log, _ = serve(flash_gguf, "--n-ctx", str(CELLS), "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
     assert "(K q8_0, V q8_0)" in log
     saved = CELLS * 47 * 576 * (2 - 34 / 32)  # f16: 2 bytes an element; q8_0: 34 bytes a block of 32
     assert 0.8 * saved <= f16 - q8 <= 1.2 * saved, (f16 - q8, saved)

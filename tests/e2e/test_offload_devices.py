@@ -130,30 +130,15 @@ def test_every_shard_of_a_split_gguf_is_placed(shards):
         assert 0.8 * peer.peak() <= ours.peak() <= 1.25 * peer.peak()
 
 
-@pytest.fixture(scope="module")
-def flash(tmp_path_factory) -> Path:
-    """A GGUF shaped as GLM-4.7-Flash (47 layers, 576-wide latent KV cache; tiny hidden sizes)."""
-    pytest.importorskip("torch")
-    import sys
-
-    from tests.hf_models import converted_gguf, tiny_glm4
-
-    converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
-    assert converter.is_file(), f"{converter} is missing: run `make install` (it extracts llama.cpp's converter)"
-    root = tmp_path_factory.mktemp("flash")
-    folder = tiny_glm4(root / "flash", "Glm4MoeLiteForCausalLM", "glm-4.7.jinja", context=202752, layers=47)
-    return converted_gguf(folder, root / "flash.gguf", converter, tokenizer_pre="glm4", outtype="f16")
-
-
 @pytest.mark.parametrize("mib", [4608, 4096])
-def test_glm_4_7_flash_at_64k_holds_what_llama_server_holds_on_a_small_gpu(flash, mib):
+def test_glm_4_7_flash_at_64k_holds_what_llama_server_holds_on_a_small_gpu(flash_gguf, mib):
     """The README's context on a 4.5 GiB device (every layer fits) and a 4 GiB one (some stay on
     the host): the KV cache (65,536 cells, 3.3 GiB) goes on the device with the layers, unified as
     llama-server's -c 65536 (split, 8 x 65,536 cells, would not fit it); the layers placed are
     llama-server's --fit's within one, and the device holds at least 95% of what it puts there."""
     with RpcDevice(mib) as peer, RpcDevice(mib) as ours:
-        theirs = llama_server(flash, [peer], n_ctx=65536)
-        card, log = glmserve(flash, [ours], "--max-num-seqs", "8", n_ctx=65536)
+        theirs = llama_server(flash_gguf, [peer], n_ctx=65536)
+        card, log = glmserve(flash_gguf, [ours], "--max-num-seqs", "8", n_ctx=65536)
         assert abs(card["n_gpu_layers"] - theirs) <= 1, log
         assert not ours.refused(), log
         assert "unified" in log and card["max_model_len"] == 65536
