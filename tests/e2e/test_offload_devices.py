@@ -2,8 +2,8 @@
 (``tests/rpc_devices.py``), which llama.cpp uses as a GPU. glmserve started with ``--rpc`` places
 layers, KV cache and compute buffers there as llama-server's ``--fit`` does on an identical device
 (what each device holds is counted by the rpc-server itself), a split GGUF is sized whole, a
-device too small for what is asked refuses the allocation and the server says why, and
-``--n-gpu-layers 0`` leaves the device untouched."""
+device too small for what is asked refuses the allocation and the server says why, the draft
+model follows the plan, and ``--n-gpu-layers 0`` leaves the device untouched."""
 
 from __future__ import annotations
 
@@ -98,6 +98,19 @@ def test_n_gpu_layers_0_leaves_the_device_untouched():
         card, _ = glmserve(default_model_path(), [device], "--n-gpu-layers", "0")
         assert card["n_gpu_layers"] == 0 and card["backend"] == "CPU"
         assert device.peak() == 0
+
+
+def test_the_draft_model_follows_the_plan():
+    """The draft model loads with --n-gpu-layers-draft (auto: on the GPUs only where every layer of
+    the model is), not with llama.cpp's default of every layer on them."""
+    model = default_model_path()
+    draft = ("--speculative", "draft", "--draft-model", str(model))
+    with RpcDevice(4096) as device:
+        card, _ = glmserve(model, [device], "--n-gpu-layers", "0", *draft)
+        assert card["n_gpu_layers"] == 0 and device.peak() == 0
+    with RpcDevice(4096) as device:
+        card, _ = glmserve(model, [device], "--n-gpu-layers", "0", "--n-gpu-layers-draft", "all", *draft)
+        assert card["n_gpu_layers"] == 0 and device.peak() > 0  # the draft's layers alone
 
 
 def test_a_device_too_small_for_what_is_asked_refuses_and_the_server_says_why():

@@ -20,8 +20,8 @@ from glmserve.engine.llama_cpp.loading import devices as devices_module
 from glmserve.engine.llama_cpp.loading.devices import Device, add_rpc_servers, devices, ggml
 from glmserve.engine.llama_cpp.loading.fit import (MIB, Devices, LayerBytes, assign_layers, fill_layers, fit_layers,
                                                    place)
-from glmserve.engine.llama_cpp.loading.offload import (EXPERTS, Offload, _TensorOverride, apply, offload_devices,
-                                                   plan_offload)
+from glmserve.engine.llama_cpp.loading.offload import (EXPERTS, Offload, _TensorOverride, apply, draft_gpu_layers,
+                                                   offload_devices, plan_offload)
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.models import gguf_bytes, gguf_shards
 
@@ -110,6 +110,15 @@ def test_fit_layers_is_the_most_that_fits_every_device():
     n = fit_layers(SIZES, 0, gpus)
     assert n == 20 and [d.layers for d in place(n, SIZES, 0, gpus)] == [10, 10]
     assert not all(d.fits for d in place(n + 1, SIZES, 0, gpus))
+
+
+def test_the_draft_model_is_on_the_gpus_where_the_model_wholly_is():
+    draft = {"speculative": "draft", "draft_model": "d.gguf"}
+    whole, part = Offload("CUDA", (), 48, 47, ()), Offload("CUDA", (), 30, 47, ())
+    assert draft_gpu_layers(LlamaCppSettings(**draft), whole) >= 48
+    assert draft_gpu_layers(LlamaCppSettings(**draft), part) == 0
+    assert draft_gpu_layers(LlamaCppSettings(**draft, n_gpu_layers_draft=5), part) == 5
+    assert draft_gpu_layers(LlamaCppSettings(**draft, n_gpu_layers_draft="all"), Offload("CPU", (), 0, 47, ())) >= 48
 
 
 def test_choices_that_do_not_fit_the_machine_are_refused():
@@ -217,6 +226,7 @@ def test_an_unknown_buffer_type_names_the_ones_there_are():
     ({"rpc": "10.0.0.2"}, "'10.0.0.2': expected HOST:PORT"),
     ({"rpc": "10.0.0.2:50052,host:x"}, "'host:x': expected HOST:PORT"),
     ({"fit": "maybe"}, "Input should be 'on' or 'off'"),
+    ({"n_gpu_layers_draft": 2}, "--n-gpu-layers-draft is for --speculative draft"),
 ])
 def test_bad_values_are_one_line_errors(flags, message):
     with pytest.raises(ValidationError, match=message):

@@ -22,7 +22,7 @@ BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
                   "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram", "runner", "mmproj",
                   "spec_ngram_cost", "cache_type_k", "cache_type_v", "n_gpu_layers", "split_mode", "tensor_split",
-                  "main_gpu", "cpu_moe", "n_cpu_moe", "override_tensor", "no_mmap", "mlock", "fit", "fit_target", "rpc"},
+                  "main_gpu", "cpu_moe", "n_cpu_moe", "override_tensor", "no_mmap", "mlock", "fit", "fit_target", "rpc", "n_gpu_layers_draft"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",

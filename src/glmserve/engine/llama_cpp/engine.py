@@ -44,7 +44,7 @@ from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.params import context_params, in_force, speculative_config, with_kv_plan
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.loading.metadata import model_params
-from glmserve.engine.llama_cpp.loading.offload import offload_model
+from glmserve.engine.llama_cpp.loading.offload import draft_gpu_layers, offload_model
 from glmserve.engine.llama_cpp.loading.memory import model_kv_shape, plan_kv
 from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft, require_nextn
 from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_NGRAM, NgramPool
@@ -177,7 +177,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
                 self._draft = (MtpDraft(self._model, self._ctx, context_params(cfg, params.n_ctx), spec.draft_max + 2)
                                if spec.method == "mtp" else
                                DraftModel(spec.draft_model, self._model, params.n_ctx, cfg.max_num_seqs, not split,
-                                          cfg.n_threads))
+                                          cfg.n_threads, draft_gpu_layers(cfg, self.offload)))
             except EngineError:
                 self.shutdown()
                 raise

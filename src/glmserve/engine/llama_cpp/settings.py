@@ -58,6 +58,10 @@ class LlamaCppSettings(SpeculativeSettings):
         "auto", description="llama_cpp: layers in GPU memory, as llama-server's: N, auto (what fits the GPUs' free "
                             "memory) or all; a CPU build offloads none.",
     )
+    n_gpu_layers_draft: int | Literal["auto", "all"] = Field(
+        "auto", description="llama_cpp, --speculative draft: the draft model's layers in GPU memory, as "
+                            "llama-server's -ngld; auto: all when every layer of the model is, else none.",
+    )
     split_mode: Literal["none", "layer", "row"] = Field(
         "layer", description="llama_cpp: how layers go over several GPUs, as llama-server's --split-mode.",
     )
@@ -97,7 +101,7 @@ class LlamaCppSettings(SpeculativeSettings):
                                             "--cache-ram (0: off; split KV layout only).",
     )
 
-    @field_validator("n_gpu_layers", mode="before")
+    @field_validator("n_gpu_layers", "n_gpu_layers_draft", mode="before")
     @classmethod
     def _check_n_gpu_layers(cls, value):
         if isinstance(value, str) and value not in ("auto", "all"):
@@ -157,4 +161,6 @@ class LlamaCppSettings(SpeculativeSettings):
     def _check_spec_ngram_cost(self):
         if "spec_ngram_cost" in self.model_fields_set and self.speculative != "ngram":
             raise ValueError("--spec-ngram-cost is for --speculative ngram")
+        if "n_gpu_layers_draft" in self.model_fields_set and self.speculative != "draft":
+            raise ValueError("--n-gpu-layers-draft is for --speculative draft")
         return self

@@ -73,6 +73,16 @@ class Offload:
                 f"fit them beside --fit-target)")
 
 
+def draft_gpu_layers(settings: LlamaCppSettings, offload: Offload) -> int:
+    """The draft model's layers on the GPUs (``--n-gpu-layers-draft``, llama-server's ``-ngld``):
+    N, every one with ``all``, and with ``auto`` every one where the model's every layer is on
+    the GPUs, else none (its room is the model's). Raises nothing."""
+    asked = settings.n_gpu_layers_draft
+    if asked == "auto":
+        asked = "all" if offload.n_gpu_layers and offload.n_gpu_layers == offload.n_layer + 1 else 0
+    return 1 << 30 if asked == "all" else int(asked)  # llama.cpp caps it at the draft's n_layer + 1
+
+
 def offload_devices(settings: LlamaCppSettings, found: list[Device]) -> list[Device]:
     """The devices llama.cpp offloads to, in its order (``llama_model_load``): the RPC devices,
     then the discrete GPUs, or the integrated ones where there is no discrete GPU; with

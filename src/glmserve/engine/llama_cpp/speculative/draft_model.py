@@ -51,16 +51,19 @@ def vocab_mismatch(model: LlamaModel, draft: LlamaModel) -> str | None:
 
 
 class DraftModel:
-    """The draft GGUF at ``path`` loaded beside ``model`` (whose vocabulary it must share), with
-    a KV cache of ``cells`` cells for ``n_seq_max`` slots (``unified``: one pool). ``propose``
+    """The draft GGUF at ``path`` loaded beside ``model`` (whose vocabulary it must share), its
+    last ``n_gpu_layers`` layers on the GPUs (``offload.draft_gpu_layers``; was every one, as
+    llama.cpp's default, whatever the model's), with a KV cache of ``cells`` cells for
+    ``n_seq_max`` slots (``unified``: one pool). ``propose``
     drafts; ``free()`` releases everything. Raises ``EngineError`` when the file cannot be
     loaded, its vocabulary differs, or llama.cpp cannot create the context."""
 
     def __init__(self, path: Path, model: LlamaModel, cells: int, n_seq_max: int, unified: bool,
-                 n_threads: int) -> None:
+                 n_threads: int, n_gpu_layers: int = 0) -> None:
+        load = llama_cpp.llama_model_default_params()
+        load.n_gpu_layers = n_gpu_layers
         try:
-            self._model = LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(),
-                                     verbose=False)
+            self._model = LlamaModel(path_model=str(path), params=load, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"cannot load the draft model {path}: {exc}") from exc
         self._ctx = None
