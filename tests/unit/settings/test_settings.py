@@ -82,6 +82,14 @@ def test_defaults_flags_and_environment_unchanged(monkeypatch):
     assert parsed.model_fields_set >= {"tensor_parallel_size", "enforce_eager", "engine_arg", "dtype", "kv_layout"}
 
 
+def test_list_flags_read_from_the_environment_as_on_the_command_line(monkeypatch):
+    """GLMSERVE_RPC and GLMSERVE_TENSOR_SPLIT take llama-server's comma lists (a JSON list was needed)."""
+    monkeypatch.setenv("GLMSERVE_RPC", "10.0.0.2:50052,10.0.0.3:50052")
+    monkeypatch.setenv("GLMSERVE_TENSOR_SPLIT", "3,1")
+    parsed = parse_flags(DeploySettings, [])
+    assert (parsed.rpc, parsed.tensor_split) == (["10.0.0.2:50052", "10.0.0.3:50052"], [3.0, 1.0])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--engine-arg", "block size"], "expected KEY=VALUE"),
     (["--tensor-parallel-size", "0"], "greater than or equal to 1"),

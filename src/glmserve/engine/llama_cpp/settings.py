@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode  # a list flag's variable is read as on the command line (3,1)
 
 from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings
 from glmserve.engine.settings import PER_MODEL
@@ -59,13 +60,13 @@ class LlamaCppSettings(SpeculativeSettings):
                             "memory) or all; a CPU build offloads none.",
     )
     n_gpu_layers_draft: int | Literal["auto", "all"] = Field(
-        "auto", description="llama_cpp, --speculative draft: the draft model's layers in GPU memory, as "
-                            "llama-server's -ngld; auto: all when every layer of the model is, else none.",
+        "auto", description="llama_cpp, --speculative draft: the draft model's layers in GPU memory (llama-server's "
+                            "-ngld); auto: all if all the model's are.",
     )
     split_mode: Literal["none", "layer", "row"] = Field(
         "layer", description="llama_cpp: how layers go over several GPUs, as llama-server's --split-mode.",
     )
-    tensor_split: list[float] = Field(
+    tensor_split: Annotated[list[float], NoDecode] = Field(
         [], description="llama_cpp: the share of each GPU, as llama-server's --tensor-split (e.g. 3,1).",
     )
     main_gpu: int = Field(
@@ -90,7 +91,7 @@ class LlamaCppSettings(SpeculativeSettings):
         1024, ge=0, le=1 << 20, description="llama_cpp: MiB each GPU keeps free when --fit places layers, as "
                                             "llama-server's --fit-target.",
     )
-    rpc: list[str] = Field(
+    rpc: Annotated[list[str], NoDecode] = Field(
         [], description="llama_cpp: HOST:PORT,... of llama.cpp rpc-servers whose devices are used as GPUs, as "
                         "llama-server's --rpc.",
     )
