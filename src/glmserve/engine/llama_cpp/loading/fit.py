@@ -15,6 +15,7 @@ those shares place within every device (``fit_layers``).
 from __future__ import annotations
 
 import bisect
+import ctypes
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,36 +46,57 @@ class LayerBytes:
         return cls((each,) * n_layer, each, 0)
 
 
-def layer_bytes(path: Path, n_layer: int, host_patterns: list[str]) -> LayerBytes | None:
-    """``LayerBytes`` of the GGUF at ``path`` (every shard's tensor table, read with gguf-py's
-    ``GGUFReader`` without the weights), a tensor whose name matches one of ``host_patterns``
-    (regular expressions, searched as llama.cpp does) counted as host memory. A model whose output
-    layer reuses the token embeddings (no ``output.weight``: tied embeddings) gets a copy of them
-    there, as llama.cpp makes one. None when gguf-py cannot read a shard (a tensor type it does
-    not know)."""
+class _GGUFInit(ctypes.Structure):  # gguf.h's gguf_init_params
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+
+def tensor_sizes(path: Path) -> dict[str, int]:
+    """Bytes of each tensor of the GGUF file at ``path``, from its header alone (ggml's
+    ``gguf_init_from_file`` with ``no_alloc``, in the libggml llama.cpp uses: milliseconds, where
+    gguf-py's reader parses the whole vocabulary in Python). Raises ``OSError`` for a file ggml
+    cannot read."""
+    from glmserve.engine.llama_cpp.loading.devices import ggml
+
+    lib = ggml()
+    lib.gguf_init_from_file.restype, lib.gguf_init_from_file.argtypes = ctypes.c_void_p, [ctypes.c_char_p, _GGUFInit]
+    for name, res in (("gguf_get_n_tensors", ctypes.c_int64), ("gguf_free", None)):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = res, [ctypes.c_void_p]
+    for name, res in (("gguf_get_tensor_name", ctypes.c_char_p), ("gguf_get_tensor_size", ctypes.c_size_t)):
+        getattr(lib, name).restype, getattr(lib, name).argtypes = res, [ctypes.c_void_p, ctypes.c_int64]
+    ctx = lib.gguf_init_from_file(str(path).encode(), _GGUFInit(True, None))
+    if not ctx:
+        raise OSError(f"ggml cannot read the GGUF header of {path}")
     try:
-        from gguf import GGUFReader
-    except ImportError:
-        return None
+        return {lib.gguf_get_tensor_name(ctx, i).decode(): lib.gguf_get_tensor_size(ctx, i)
+                for i in range(lib.gguf_get_n_tensors(ctx))}
+    finally:
+        lib.gguf_free(ctx)
+
+
+def layer_bytes(path: Path, n_layer: int, host_patterns: list[str]) -> LayerBytes | None:
+    """``LayerBytes`` of the GGUF at ``path`` (every shard's tensor table, ``tensor_sizes``), a
+    tensor whose name matches one of ``host_patterns`` (regular expressions, searched as llama.cpp
+    does) counted as host memory. A model whose output layer reuses the token embeddings (no
+    ``output.weight``: tied embeddings) gets a copy of them there, as llama.cpp makes one. None
+    when a shard cannot be read."""
     layers, output, host = [0] * n_layer, 0, 0
     kept = [re.compile(p) for p in host_patterns]
     names: dict[str, int] = {}
     try:
         for shard in gguf_shards(path):
-            for tensor in GGUFReader(shard).tensors:
-                name, size = tensor.name, int(tensor.n_bytes)
-                names[name] = size
-                layer = _LAYER.match(name)
-                if any(p.search(name) for p in kept) or (layer is None and name not in _OUTPUT):
-                    host += size
-                elif layer is None:
-                    output += size
-                elif int(layer.group(1)) < n_layer:
-                    layers[int(layer.group(1))] += size
-                else:  # NextN (MTP) layers past n_layer: llama.cpp places them with the output layer
-                    output += size
-    except (ValueError, KeyError, OSError):
+            names.update(tensor_sizes(shard))
+    except OSError:
         return None
+    for name, size in names.items():
+        layer = _LAYER.match(name)
+        if any(p.search(name) for p in kept) or (layer is None and name not in _OUTPUT):
+            host += size
+        elif layer is None:
+            output += size
+        elif int(layer.group(1)) < n_layer:
+            layers[int(layer.group(1))] += size
+        else:  # NextN (MTP) layers past n_layer: llama.cpp places them with the output layer
+            output += size
     if "output.weight" not in names:
         output += names.get("token_embd.weight", 0)
     return LayerBytes(tuple(layers), output, host)

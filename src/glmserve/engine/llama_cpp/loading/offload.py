@@ -191,7 +191,7 @@ def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offlo
                                                                              settings.cache_type_v), weights, gpu=gpu)
     n_layer = header.n_layer if header else 0
     host = [p for p, buffer in overrides(settings, n_layer) if buffer == "CPU"]
-    sizes = layer_bytes(path, n_layer, host) or LayerBytes.even(n_layer, weights)
+    sizes = (gpu and layer_bytes(path, n_layer, host)) or LayerBytes.even(n_layer, weights)  # read where there is a GPU
     offload = plan_offload(settings, sizes, kv.bytes if kv else 0, found)
     if offload_devices(settings, found) and kv is not None and settings.n_gpu_layers == "auto" and settings.fit == "on":
         offload = _measured(params, settings, path, sizes, kv, found)
