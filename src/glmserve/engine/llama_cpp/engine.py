@@ -166,12 +166,10 @@ class LlamaCppEngine(StepWorker[Sequence]):
             chat_template=self._model.metadata().get("tokenizer.chat_template"),
             bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
             eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
-            grammar=True, lora_adapters=self._adapters.names,
-            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_queue=self._admission.max_queue, embedding_size=self._embedder.size,
-            vision=self.multimodal is not None, backend=self.offload.backend,
-            n_gpu_layers=self.offload.n_gpu_layers, devices=self.offload.devices,
-        )
+            grammar=True, lora_adapters=self._adapters.names, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens, max_queue=self._admission.max_queue,
+            embedding_size=self._embedder.size, vision=self.multimodal is not None, backend=self.offload.backend,
+            n_gpu_layers=self.offload.n_gpu_layers, devices=self.offload.devices)
         if spec is not None and spec.method != "ngram":
             try:
                 self._draft = (MtpDraft(self._model, self._ctx, context_params(cfg, params.n_ctx), spec.draft_max + 2)
