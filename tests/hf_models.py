@@ -193,12 +193,13 @@ GLM_ARCHITECTURES = [("GlmForCausalLM", "glm-4-9b-chat.jinja", "glm4"),  # GLM-4
                      ("GlmMoeDsaForCausalLM", "glm-4.7.jinja", "glm47")]  # GLM-5 (sparse attention)
 
 
-def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0, layers: int = 2):
+def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0, layers: int = 2, **shape):
     """The config of a tiny random GLM text model of ``architecture`` (one of
     ``GLM_ARCHITECTURES``) over ``tokenizer`` (``tests/unit/glm_tokenizer.py``): ``layers`` layers, hidden
     size 64, head size 32 (the smallest vLLM's CPU attention takes), ``context`` positions; the
     MoE ones with 4 routed experts, 2 per token, 1 shared, the first layer dense; ``nextn``:
-    GLM-4.5's NextN (MTP) layers in the config (``num_nextn_predict_layers``)."""
+    GLM-4.5's NextN (MTP) layers in the config (``num_nextn_predict_layers``); ``shape``: config
+    keys to set otherwise (``n_routed_experts``, ``moe_intermediate_size``, ...)."""
     import inspect
 
     import transformers
@@ -212,6 +213,7 @@ def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0
                  moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                  first_k_dense_replace=1, n_group=1, topk_group=1,
                  q_lora_rank=32, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=8, v_head_dim=16)
+    sizes.update(shape)
     if architecture == "GlmForCausalLM":
         # GLM-4-9B's heads span the hidden size (32 x 128 = 4096), and llama.cpp's chatglm
         # architecture takes no other shape
@@ -239,7 +241,7 @@ def glm_config(architecture: str, tokenizer, context: int = 1024, nextn: int = 0
 
 
 def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = "glm-4-9b-chat.jinja",
-              context: int = 1024, layers: int = 2) -> Path:
+              context: int = 1024, layers: int = 2, **shape) -> Path:
     """A tiny random GLM text model, ``architecture`` one of ``Glm4ForCausalLM`` (GLM-4-0414),
     ``GlmForCausalLM`` (GLM-4-9B's own class), ``Glm4MoeForCausalLM`` (GLM-4.5 to 4.7: 4 routed
     experts, 2 per token, 1 shared, the first layer dense), ``Glm4MoeLiteForCausalLM``
@@ -253,7 +255,7 @@ def tiny_glm4(out: Path, architecture: str = "Glm4ForCausalLM", template: str = 
     from tests.unit.glm_tokenizer import glm_tokenizer
 
     tokenizer = glm_tokenizer((FIXTURES / "glm" / template).read_text())
-    config = glm_config(architecture, tokenizer, context, layers=layers)
+    config = glm_config(architecture, tokenizer, context, layers=layers, **shape)
     torch.manual_seed(0)
     getattr(transformers, architecture)(config).save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -1,7 +1,8 @@
 """Offload on devices that really hold tensors: llama.cpp's rpc-server with its memory capped
 (``tests/rpc_devices.py``), which llama.cpp uses as a GPU. glmserve started with ``--rpc`` places
 layers, KV cache and compute buffers there as llama-server's ``--fit`` does on an identical device
-(what each device holds is counted by the rpc-server itself), a split GGUF is sized whole, a
+(what each device holds is counted by the rpc-server itself), a mixture of experts keeps experts in
+host memory before whole layers as llama-server's fit does, a split GGUF is sized whole, a
 device too small for what is asked refuses the allocation and the server says why, the draft
 model follows the plan, and ``--n-gpu-layers 0`` leaves the device untouched."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 
 import openai
@@ -44,16 +46,21 @@ def glmserve(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 40
         server.stop()
 
 
-def llama_server(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 4096) -> int:
+def llama_server_log(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 4096) -> str:
     """llama-server on ``model`` with ``devices`` and ``-c n_ctx`` (its ``--fit`` on, as by
-    default), once healthy; the layers it offloaded."""
+    default), once healthy; its log."""
     server = RemoteServer(command=[str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "-t", "2",
                                    "--rpc", ",".join(d.endpoint for d in devices), "-c", str(n_ctx), "-np", "1",
                                    "--no-webui", "-lv", "4", *flags], startup_timeout=120)
     try:
-        return offloaded(server.log())
+        return server.log()
     finally:
         server.stop()
+
+
+def llama_server(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 4096) -> int:
+    """``llama_server_log``'s layers offloaded."""
+    return offloaded(llama_server_log(model, devices, *flags, n_ctx=n_ctx))
 
 
 def test_auto_places_what_llama_servers_fit_places_on_one_device():
@@ -157,3 +164,45 @@ def test_glm_4_7_flash_at_64k_holds_what_llama_server_holds_on_a_small_gpu(flash
         assert "unified" in log and card["max_model_len"] == 65536
         # at least 95% of what llama-server's fit puts there, and the margin (--fit-target, 1 GiB) kept
         assert 0.95 * peer.peak() <= ours.peak() <= (ours.mib - 1024) * MIB, (ours.peak() >> 20, peer.peak() >> 20, log)
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory) -> Path:
+    """A GLM-4.5-shaped mixture of experts (``Glm4MoeForCausalLM``: 9 layers, the first dense, 16
+    experts of 512 over a hidden size of 256, f16): 105 MiB, of which the experts are 96 MiB."""
+    pytest.importorskip("torch")
+    import sys
+
+    from tests.hf_models import converted_gguf, tiny_glm4
+
+    root = tmp_path_factory.mktemp("moe")
+    folder = tiny_glm4(root / "moe", "Glm4MoeForCausalLM", "glm-4.7.jinja", context=4096, layers=9, hidden_size=256,
+                       intermediate_size=512, moe_intermediate_size=512, n_routed_experts=16)
+    return converted_gguf(folder, root / "moe.gguf", Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py",
+                          tokenizer_pre="glm4", outtype="f16")
+
+
+# llama-server's fit, a device's last line: "- RPC0 (127.0.0.1:N): 10 layers ( 6 overflowing), ..."
+_THEIRS = re.compile(r"common_params_fit_impl: +- (RPC\d+) \(.*?\): +(\d+) layers \( *(\d+) overflowing\)")
+# glmserve's plan: "RPC0: 10 layers (6 with experts in host memory), weights ..."
+_OURS = re.compile(r"^(RPC\d+): (\d+) layers(?: \((\d+) with experts in host memory\))?,", re.M)
+
+
+@pytest.mark.parametrize("mibs", [(1100,), (1060, 1080)], ids=["one-device", "two-devices"])
+def test_a_mixture_of_experts_keeps_experts_in_host_memory_before_whole_layers(moe_gguf, mibs):
+    """Where the experts do not all fit, every layer still goes to the devices, some with their
+    experts in host memory, as llama-server's --fit places them: the layers and the partial
+    layers on each device within one of its, and what each device holds within 0.8-1.25x."""
+    with ExitStack() as stack:
+        peers = [stack.enter_context(RpcDevice(mib)) for mib in mibs]
+        ours = [stack.enter_context(RpcDevice(mib)) for mib in mibs]
+        theirs = {name: (int(n), int(part)) for name, n, part in _THEIRS.findall(llama_server_log(moe_gguf, peers))}
+        card, log = glmserve(moe_gguf, ours)
+        placed = {name: (int(n), int(part or 0)) for name, n, part in _OURS.findall(log)}
+        assert card["n_gpu_layers"] == 10 and sum(part for _, part in placed.values()) > 0, log
+        assert len(theirs) == len(placed) == len(mibs), (theirs, log)
+        for name, (n, part) in placed.items():
+            assert abs(n - theirs[name][0]) <= 1 and abs(part - theirs[name][1]) <= 1, (theirs, log)
+        for device, peer in zip(ours, peers):
+            assert not device.refused() and 0.8 * peer.peak() <= device.peak() <= 1.25 * peer.peak(), log
+            assert device.peak() <= (device.mib - 1024) * MIB

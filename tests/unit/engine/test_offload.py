@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.loading import devices as devices_module
 from glmserve.engine.llama_cpp.loading.devices import Device, add_rpc_servers, devices, ggml
+from glmserve.engine.llama_cpp.loading.experts import Slot, fill_experts, held
+from glmserve.engine.llama_cpp.loading.experts import overrides as partial_overrides
 from glmserve.engine.llama_cpp.loading.fit import (MIB, Devices, LayerBytes, assign_layers, fill_layers, fit_layers,
                                                    place)
 from glmserve.engine.llama_cpp.loading.offload import (EXPERTS, Offload, _TensorOverride, apply, draft_gpu_layers,
@@ -110,6 +112,56 @@ def test_fit_layers_is_the_most_that_fits_every_device():
     n = fit_layers(SIZES, 0, gpus)
     assert n == 20 and [d.layers for d in place(n, SIZES, 0, gpus)] == [10, 10]
     assert not all(d.fits for d in place(n + 1, SIZES, 0, gpus))
+
+
+# a mixture of experts: a dense first layer of 10 MiB, then 3 of 110 MiB whose experts are 100 MiB
+# (the feed-forward part 105 MiB; all of it but the up projections 72, the down projections 38)
+MOE = LayerBytes((10 * MIB,) + (110 * MIB,) * 3, 10 * MIB, 0,
+                 ({},) + ({"moe": 100 * MIB, "attn": 105 * MIB, "up": 72 * MIB, "gate": 38 * MIB},) * 3)
+
+
+def one_gpu(mib: int) -> Devices:
+    return Devices(["A"], [mib * MIB], [1.0], [0], 0)
+
+
+def test_a_mixture_of_experts_keeps_experts_in_host_memory_before_whole_layers():
+    """common/fit.cpp: every layer offloaded with its experts in host memory (but the lowest, as
+    llama.cpp counts it), then layers made whole front to back while they fit, then part of the
+    next one with the largest fraction that fits."""
+    # 260 MiB: layers 0-2 whole (230 MiB), layer 3 keeps its whole feed-forward part in host memory
+    # (5 MiB on the device; with only its down projections or all but its up projections there it
+    # would not fit), the output layer (10 MiB)
+    slots = fill_experts(MOE, 0, one_gpu(260))
+    assert slots == [Slot(5, 2, "attn")] and held(slots, MOE, 0, one_gpu(260))[0].used == 245 * MIB
+    assert partial_overrides(slots, 4, ["CPU"]) == [(r"blk\.3\.ffn_(gate|up|gate_up|down).*", "CPU"),
+                                                    (r"blk\.4\.ffn_(up|down|gate_up|gate)_(ch|)exps", "CPU")]
+    assert fill_experts(MOE, 0, one_gpu(300)) == [Slot(5, 2, "up")]  # 278 MiB: its up projections fit
+    assert fill_experts(MOE, 0, one_gpu(320)) == [Slot(5, 2, "gate")]  # 312 MiB: all but its down projections
+    # dense-only layers, back to front: all 5 in 50 MiB (the lowest, layer 0, is dense; nothing to
+    # spare); in 40 MiB the output layer alone, since llama.cpp counts the lowest of them whole (with
+    # 2 layers, layer 3 and its experts)
+    assert fill_experts(MOE, 0, one_gpu(50)) == [Slot(5, 4)]
+    assert fill_experts(MOE, 0, one_gpu(40)) == [Slot(1, 0)]
+    # two devices: A (150 MiB) takes layers 0 and 1 whole and layer 2 but its feed-forward part, which
+    # goes to B (the next device) with layer 3 and the output layer
+    two = Devices(["A", "B"], [150 * MIB, 400 * MIB], [1.0, 1.0], [0, 0], 0)
+    slots = fill_experts(MOE, 0, two)
+    assert slots == [Slot(3, 1, "attn", spill=True), Slot(2, 0)] and all(p.fits for p in held(slots, MOE, 0, two))
+    assert [p.used // MIB for p in held(slots, MOE, 0, two)] == [125, 225]
+    assert partial_overrides(slots, 4, ["A", "B"]) == [(r"blk\.2\.ffn_(gate|up|gate_up|down).*", "B")]
+
+
+def test_plan_offload_moves_experts_unless_the_user_placed_tensors():
+    small = Device("CUDA1", "a small GPU", "GPU", "CUDA", "CUDA1", 1284 * MIB, 4 * GIB)  # 260 MiB past the margin
+    offload = plan_offload(LlamaCppSettings(), MOE, 0, [CPU, small], [0])
+    assert offload.n_gpu_layers == 5 and offload.placement[0].partial == 2 and len(offload.moved) == 2
+    assert "5 layers (2 with experts in host memory)" in offload.describe()
+    params = llama_cpp.llama_model_default_params()
+    _keep = apply(params, LlamaCppSettings(), offload)
+    entries = ctypes.cast(params.tensor_buft_overrides, ctypes.POINTER(_TensorOverride))
+    assert [entries[i].pattern.decode() for i in range(2)] == [p for p, _ in offload.moved] and not entries[2].pattern
+    # --cpu-moe (the user's placement): whole layers, the experts where the user put them
+    assert plan_offload(LlamaCppSettings(cpu_moe=True), MOE, 0, [CPU, small], [0]).moved == ()
 
 
 def test_the_draft_model_is_on_the_gpus_where_the_model_wholly_is():

@@ -26,17 +26,24 @@ MIB = 1 << 20
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 # tensors of the output layer (llama.cpp's LLM_TENSOR_OUTPUT, _OUTPUT_NORM): offloaded as layer n_layer
 _OUTPUT = ("output.weight", "output_norm.weight", "output_norm.bias", "output.bias")
+# what a partial layer of a mixture-of-experts model keeps off its device (after ``blk\.N``):
+# ``common/fit.cpp``'s LAYER_FRACTION_* patterns (MOE: the experts; ATTN: the whole feed-forward
+# part; UP: all of it but the up projections; GATE: the down projections), searched as llama.cpp does
+FRACTIONS = {"moe": r"\.ffn_(up|down|gate_up|gate)_(ch|)exps", "attn": r"\.ffn_(gate|up|gate_up|down).*",
+             "up": r"\.ffn_(gate|gate_up|down).*", "gate": r"\.ffn_down.*"}
 
 
 @dataclass(frozen=True)
 class LayerBytes:
     """Bytes of a model's tensors by where they may go: ``layers[i]`` of repeating layer ``i``
     on its device, ``output`` of the output layer, ``host`` kept in host memory whatever is
-    offloaded (the token embeddings, tensors an override keeps on the CPU)."""
+    offloaded (the token embeddings, tensors an override keeps on the CPU); ``moved[i]``: of
+    ``layers[i]``, the bytes each of ``FRACTIONS`` matches (none for a layer without them)."""
 
     layers: tuple[int, ...]
     output: int
     host: int
+    moved: tuple[dict[str, int], ...] = ()
 
     @classmethod
     def even(cls, n_layer: int, weights: int) -> LayerBytes:
@@ -80,6 +87,7 @@ def layer_bytes(path: Path, n_layer: int, host_patterns: list[str]) -> LayerByte
     ``output.weight``: tied embeddings) gets a copy of them there, as llama.cpp makes one. None
     when a shard cannot be read."""
     layers, output, host = [0] * n_layer, 0, 0
+    moved: list[dict[str, int]] = [{} for _ in range(n_layer)]
     kept = [re.compile(p) for p in host_patterns]
     names: dict[str, int] = {}
     try:
@@ -94,12 +102,16 @@ def layer_bytes(path: Path, n_layer: int, host_patterns: list[str]) -> LayerByte
         elif layer is None:
             output += size
         elif int(layer.group(1)) < n_layer:
-            layers[int(layer.group(1))] += size
+            il = int(layer.group(1))
+            layers[il] += size
+            for fraction, pattern in FRACTIONS.items():
+                if re.search(pattern, name):
+                    moved[il][fraction] = moved[il].get(fraction, 0) + size
         else:  # NextN (MTP) layers past n_layer: llama.cpp places them with the output layer
             output += size
     if "output.weight" not in names:
         output += names.get("token_embd.weight", 0)
-    return LayerBytes(tuple(layers), output, host)
+    return LayerBytes(tuple(layers), output, host, tuple(moved))
 
 
 def assign_layers(n: int, n_layer: int, shares: list[float]) -> list[list[int]]:
@@ -123,8 +135,9 @@ def assign_layers(n: int, n_layer: int, shares: list[float]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """What one device holds with a plan: ``layers`` (their count), ``weights``, ``kv`` and
-    ``compute`` bytes, beside its ``free`` memory and the ``margin`` to keep."""
+    """What one device holds with a plan: ``layers`` (their count; ``partial`` of them with
+    their experts in host memory, ``experts.py``), ``weights``, ``kv`` and ``compute`` bytes,
+    beside its ``free`` memory and the ``margin`` to keep."""
 
     name: str
     layers: int
@@ -133,16 +146,22 @@ class DevicePlan:
     compute: int
     free: int
     margin: int
+    partial: int = 0
+
+    @property
+    def used(self) -> int:
+        return self.weights + self.kv + self.compute
 
     @property
     def fits(self) -> bool:
-        return self.weights + self.kv + self.compute + self.margin <= self.free
+        return self.used + self.margin <= self.free
 
     def describe(self) -> str:
-        """llama-server's memory breakdown, one device: ``NAME: L layers, weights W + KV K +
-        compute C MiB of F MiB free``."""
-        return (f"{self.name}: {self.layers} layers, weights {self.weights // MIB} + KV {self.kv // MIB} + compute "
-                f"{self.compute // MIB} MiB of {self.free // MIB} MiB free (margin {self.margin // MIB} MiB)")
+        """llama-server's memory breakdown, one device: ``NAME: L layers (P with experts in host
+        memory), weights W + KV K + compute C MiB of F MiB free``."""
+        partial = f" ({self.partial} with experts in host memory)" if self.partial else ""
+        return (f"{self.name}: {self.layers} layers{partial}, weights {self.weights // MIB} + KV {self.kv // MIB} + "
+                f"compute {self.compute // MIB} MiB of {self.free // MIB} MiB free (margin {self.margin // MIB} MiB)")
 
 
 @dataclass(frozen=True)

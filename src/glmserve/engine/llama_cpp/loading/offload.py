@@ -10,8 +10,11 @@ The devices are ggml's (``devices.py``), the ``--rpc`` servers' among them: a CP
 accepts the parameter and ignores it), which ``Offload`` reports as 0 layers. llama.cpp offloads
 to the discrete GPUs (an integrated one only where there is none) and the RPC devices, these
 first; with ``--split-mode none`` to ``--main-gpu`` alone. ``auto`` (the default, as
-llama-server's) offloads as many layers as fit each device beside its margin (``fit.py``); with
-``--fit off`` every layer, as ``all`` (llama.cpp counts n_layer + 1 with the output layer).
+llama-server's) offloads as many layers as fit each device beside its margin (``fit.py``), and
+for a mixture of experts that does not fit whole, keeps experts in host memory before whole
+layers (``experts.py``; not where ``--cpu-moe``, ``--n-cpu-moe`` or ``--override-tensor`` place
+them); with ``--fit off`` every layer, as ``all`` (llama.cpp counts n_layer + 1 with the output
+layer).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import llama_cpp
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.loading.devices import Device, add_rpc_servers, buffer_type, devices
 from glmserve.engine.llama_cpp.loading.dry_run import compute_buffers
+from glmserve.engine.llama_cpp.loading.experts import fill_experts, has_experts, held
+from glmserve.engine.llama_cpp.loading.experts import overrides as partial_overrides
 from glmserve.engine.llama_cpp.loading.fit import (MIB, DevicePlan, Devices, LayerBytes, fill_layers, fit_layers,
                                                    layer_bytes, place)
 from glmserve.engine.llama_cpp.loading.memory import KVPlan, plan_kv, read_header
@@ -47,7 +52,9 @@ class Offload:
     """What a model is loaded with: ``backend`` (the GPUs' backend, or CPU), ``devices`` (every
     device, ``Device.describe``), ``n_gpu_layers`` (layers offloaded, of ``n_layer`` + 1 with
     the output layer; 0 on a CPU build), ``overrides`` ((pattern, buffer type name) pairs, in
-    llama.cpp's order) and ``placement`` (what each GPU is planned to hold)."""
+    llama.cpp's order), ``placement`` (what each GPU is planned to hold) and ``moved`` (the
+    fit's own overrides: what the partial layers of a mixture-of-experts model keep off their
+    device, ``experts.py``)."""
 
     backend: str
     devices: tuple[str, ...]
@@ -56,6 +63,7 @@ class Offload:
     overrides: tuple[tuple[str, str], ...]
     placement: tuple[DevicePlan, ...] = ()
     tensor_split: tuple[float, ...] = ()  # the fit's layers per GPU, where no --tensor-split was given
+    moved: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
         """The start log's lines: the devices, the layers offloaded, and each GPU's plan."""
@@ -114,7 +122,8 @@ def plan_offload(settings: LlamaCppSettings, sizes: LayerBytes, kv_bytes: int,
     """``Offload`` of a model whose tensors are ``sizes`` with a KV cache of ``kv_bytes``, on
     ``found`` (default: ``devices()``): ``--n-gpu-layers`` N or ``all``, or with ``auto`` what
     ``fit.fill_layers`` (``fit.fit_layers`` with a ``--tensor-split``) fits, at most ``limit``
-    layers (every layer with ``--fit off``), each GPU keeping ``--fit-target`` MiB and holding
+    layers, or where a mixture of experts does not fit whole, ``experts.fill_experts``'s slots
+    (every layer with ``--fit off``), each GPU keeping ``--fit-target`` MiB and holding
     ``compute[i]`` bytes of compute buffer (default: ``COMPUTE`` each). Raises
     ``EngineError`` for a ``--main-gpu`` or ``--tensor-split`` that names more GPUs than there
     are, or ``--batch-invariant`` with layers offloaded (measured on the CPU backend only)."""
@@ -127,11 +136,15 @@ def plan_offload(settings: LlamaCppSettings, sizes: LayerBytes, kv_bytes: int,
         if settings.tensor_split else [float(d.free) for d in gpus]
     plan = Devices([d.name for d in gpus], [d.free for d in gpus], shares, compute or [COMPUTE] * len(gpus),
                    settings.fit_target * MIB)
-    kv_per_layer, split = kv_bytes // max(n_layer, 1), ()
+    kv_per_layer, split, placement, moved = kv_bytes // max(n_layer, 1), (), None, ()
     if not gpus:
         n = 0
     elif settings.n_gpu_layers == "auto" and settings.fit == "on" and not settings.tensor_split:
         split = tuple(float(c) for c in fill_layers(sizes, kv_per_layer, plan, limit))
+        if sum(split) < n_layer + 1 and has_experts(sizes) and not overrides(settings, n_layer):
+            slots = fill_experts(sizes, kv_per_layer, plan)  # experts to host memory before whole layers
+            split, placement = tuple(float(s.n_layer) for s in slots), held(slots, sizes, kv_per_layer, plan)
+            moved = tuple(partial_overrides(slots, n_layer, [d.buffer for d in gpus]))
         n, plan = int(sum(split)), dataclasses.replace(plan, shares=list(split))
     elif settings.n_gpu_layers == "auto" and settings.fit == "on":
         n = fit_layers(sizes, kv_per_layer, plan, limit)
@@ -142,9 +155,11 @@ def plan_offload(settings: LlamaCppSettings, sizes: LayerBytes, kv_bytes: int,
     if n and settings.batch_invariant:
         raise EngineError(f"--batch-invariant is measured on llama.cpp's CPU backend only; with {n} layers on "
                           f"{gpus[0].backend}, give --n-gpu-layers 0 or drop --batch-invariant")
+    if n and placement is None:
+        placement = place(n, sizes, kv_per_layer, plan)
     return Offload(gpus[0].backend if n else "CPU", tuple(d.describe() for d in found), n, n_layer,
-                   tuple(overrides(settings, n_layer)), tuple(place(n, sizes, kv_per_layer, plan)) if n else (),
-                   split if n and len(gpus) > 1 else ())
+                   tuple(overrides(settings, n_layer)), tuple(placement or ()), split if n and len(gpus) > 1 else (),
+                   moved if n else ())
 
 
 def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
@@ -162,9 +177,10 @@ def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
         split = (ctypes.c_float * llama_cpp.llama_max_devices())(*(settings.tensor_split or offload.tensor_split))
         params.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
         keep.append(split)
-    if offload.overrides:
-        array = (_TensorOverride * (len(offload.overrides) + 1))()  # the last, empty, ends the list
-        for entry, (pattern, buffer) in zip(array, offload.overrides):
+    kept = offload.overrides + offload.moved
+    if kept:
+        array = (_TensorOverride * (len(kept) + 1))()  # the last, empty, ends the list
+        for entry, (pattern, buffer) in zip(array, kept):
             entry.pattern, entry.buft = pattern.encode(), buffer_type(buffer)
         params.tensor_buft_overrides = ctypes.cast(array, ctypes.c_void_p)
         keep.append(array)
@@ -204,9 +220,9 @@ def _measured(params, settings: LlamaCppSettings, path: Path, sizes: LayerBytes,
     (``dry_run.compute_buffers``), as ``common/fit.cpp`` measures each candidate: first with every
     layer offloaded (with several GPUs llama.cpp then runs them as a pipeline, whose compute
     buffers are larger); where that does not fit, the layers are fitted again with the compute
-    buffers of a partial offload, measured for the fit and refitted until the count holds (at most
-    3 runs, each device's largest measure kept, fewer than every layer). The fit with ``COMPUTE``
-    per device where a dry run fails."""
+    buffers of a partial offload (fewer layers, or experts in host memory), measured for the fit
+    and refitted until the plan holds (at most 3 runs, each device's largest measure kept, never
+    every layer whole). The fit with ``COMPUTE`` per device where a dry run fails."""
     from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
 
     gpus, every = offload_devices(settings, found), len(sizes.layers) + 1
@@ -224,7 +240,7 @@ def _measured(params, settings: LlamaCppSettings, path: Path, sizes: LayerBytes,
     if full is None:
         return plan_offload(settings, sizes, kv.bytes, found)
     offload = plan_offload(settings, sizes, kv.bytes, found, full)
-    if offload.n_gpu_layers == every:
+    if offload.n_gpu_layers == every and not offload.moved:
         return offload
     compute = [0] * len(gpus)
     for _ in range(3):
@@ -233,7 +249,8 @@ def _measured(params, settings: LlamaCppSettings, path: Path, sizes: LayerBytes,
             return plan_offload(settings, sizes, kv.bytes, found)
         compute = [max(c, m) for c, m in zip(compute, measured)]
         again = plan_offload(settings, sizes, kv.bytes, found, compute, limit=every - 1)
-        settled, offload = again.n_gpu_layers == offload.n_gpu_layers, again
+        settled = (again.n_gpu_layers, again.moved) == (offload.n_gpu_layers, offload.moved)
+        offload = again
         if settled:
             break
     return offload
