@@ -46,11 +46,12 @@ def glmserve(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 40
         server.stop()
 
 
-def llama_server_log(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int = 4096) -> str:
-    """llama-server on ``model`` with ``devices`` and ``-c n_ctx`` (its ``--fit`` on, as by
-    default), once healthy; its log."""
+def llama_server_log(model: Path, devices: list[RpcDevice], *flags: str, n_ctx: int | None = 4096) -> str:
+    """llama-server on ``model`` with ``devices`` and ``-c n_ctx`` (None: no ``-c``) (its ``--fit``
+    on, as by default), once healthy; its log."""
+    context = () if n_ctx is None else ("-c", str(n_ctx))
     server = RemoteServer(command=[str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1", "-t", "2",
-                                   "--rpc", ",".join(d.endpoint for d in devices), "-c", str(n_ctx), "-np", "1",
+                                   "--rpc", ",".join(d.endpoint for d in devices), *context, "-np", "1",
                                    "--no-webui", "-lv", "4", *flags], startup_timeout=120)
     try:
         return server.log()
@@ -109,7 +110,8 @@ def test_n_gpu_layers_0_leaves_the_device_untouched():
 
 def test_the_draft_model_follows_the_plan():
     """The draft model loads with --n-gpu-layers-draft (auto: on the GPUs only where every layer of
-    the model is), not with llama.cpp's default of every layer on them."""
+    the model is), not with llama.cpp's default of every layer on them, and what it holds there is
+    in the fit: with the draft wholly on a device the model gets what the draft leaves."""
     model = default_model_path()
     draft = ("--speculative", "draft", "--draft-model", str(model))
     with RpcDevice(4096) as device:
@@ -118,6 +120,38 @@ def test_the_draft_model_follows_the_plan():
     with RpcDevice(4096) as device:
         card, _ = glmserve(model, [device], "--n-gpu-layers", "0", "--n-gpu-layers-draft", "all", *draft)
         assert card["n_gpu_layers"] == 0 and device.peak() > 0  # the draft's layers alone
+        alone = device.peak()
+    # 476 MiB past the margin: the model (279 MiB with its layers, KV and compute buffer on the
+    # device) or its draft fits, not both: the model's layers make room for the draft's
+    with RpcDevice(1500) as device:
+        card, log = glmserve(model, [device], "--n-gpu-layers-draft", "all", *draft)
+        assert 0 < card["n_gpu_layers"] < N_LAYER + 1 and not device.refused(), log
+        assert alone < device.peak() <= (device.mib - 1024) * MIB, (alone >> 20, device.peak() >> 20, log)
+
+
+@pytest.fixture(scope="module")
+def mtp_gguf(tmp_path_factory) -> Path:
+    """A tiny GLM-4.5 with one NextN (MTP) layer (``tests/hf_models.tiny_glm_with_nextn``), f16."""
+    pytest.importorskip("torch")
+    import sys
+
+    from tests.hf_models import converted_gguf, tiny_glm_with_nextn
+
+    root = tmp_path_factory.mktemp("mtp")
+    return converted_gguf(tiny_glm_with_nextn(root / "mtp"), root / "mtp.gguf",
+                          Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py", tokenizer_pre="glm4",
+                          outtype="f16")
+
+
+def test_the_mtp_context_is_in_the_plan(mtp_gguf):
+    """--speculative mtp's context (the NextN layer's KV cells and its compute buffer, 21 MiB
+    here) is fitted with the model, as llama-server fits --spec-type draft-mtp's: on a device
+    with 40 MiB past the margin, where the model alone (25 MiB) fits whole, both do not."""
+    with RpcDevice(1064) as peer, RpcDevice(1064) as ours:
+        theirs = llama_server(mtp_gguf, [peer], "--spec-type", "draft-mtp", n_ctx=16384)
+        card, log = glmserve(mtp_gguf, [ours], "--speculative", "mtp", n_ctx=16384)
+        assert card["n_gpu_layers"] < 4 and abs(card["n_gpu_layers"] - theirs) <= 1, (theirs, log)
+        assert not ours.refused() and ours.peak() <= (ours.mib - 1024) * MIB, (ours.peak() >> 20, log)
 
 
 def test_a_device_too_small_for_what_is_asked_refuses_and_the_server_says_why():
@@ -128,6 +162,20 @@ def test_a_device_too_small_for_what_is_asked_refuses_and_the_server_says_why():
         log = str(failed.value)
         assert "layers offloaded: 31 on RPC0; a device may be out of memory" in log and "lower --n-gpu-layers" in log, log[-2000:]
         assert "Traceback" not in log
+
+
+def test_a_context_not_given_shrinks_before_layers_leave_the_device(flash_gguf):
+    """--n-ctx 0 (the training context, 202,752 tokens, 10 GiB of KV) on a 4 GiB device: the context
+    shrinks until every layer fits beside the margin, as llama-server's --fit shrinks a context
+    not given (-c unset), where keeping it would leave 35 of 48 layers on the host."""
+    with RpcDevice(4096) as peer, RpcDevice(4096) as ours:
+        peer_log = llama_server_log(flash_gguf, [peer], n_ctx=None)
+        theirs = int(re.search(r"context size reduced from 202752 to (\d+)", peer_log).group(1))
+        assert offloaded(peer_log) == 48
+        card, log = glmserve(flash_gguf, [ours], n_ctx=0)
+        assert card["n_gpu_layers"] == 48 and 0.95 * theirs <= card["max_model_len"] <= theirs, (theirs, log)
+        assert "as llama-server's --fit shrinks a context not given" in log
+        assert not ours.refused() and 0.95 * peer.peak() <= ours.peak() <= (ours.mib - 1024) * MIB
 
 
 @pytest.fixture(scope="module")

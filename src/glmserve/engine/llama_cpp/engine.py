@@ -44,7 +44,7 @@ from glmserve.engine.llama_cpp.handles import free_handles
 from glmserve.engine.llama_cpp.params import context_params, in_force, speculative_config, with_kv_plan
 from glmserve.engine.llama_cpp.lora import GGUFAdapters
 from glmserve.engine.llama_cpp.loading.metadata import model_params
-from glmserve.engine.llama_cpp.loading.offload import draft_gpu_layers, offload_model
+from glmserve.engine.llama_cpp.loading.measure import Companion, draft_gpu_layers, offload_model
 from glmserve.engine.llama_cpp.loading.memory import model_kv_shape, plan_kv
 from glmserve.engine.llama_cpp.speculative.mtp import MtpDraft, require_nextn
 from glmserve.engine.llama_cpp.speculative.ngram_pool import POOL_NGRAM, NgramPool
@@ -112,7 +112,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
         mtp = spec is not None and spec.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
         params, _overrides = model_params(path, mtp)
-        self.offload, plan, _kept = offload_model(params, cfg, path)  # GPU layers, the KV plan (GGUF header)
+        # GPU layers and the KV plan (GGUF header), fitted with the MTP context or draft model
+        self.offload, plan, _kept = offload_model(params, cfg, path, Companion(mtp, spec.draft_model if spec else None))
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:

@@ -91,6 +91,10 @@ class LlamaCppSettings(SpeculativeSettings):
         1024, ge=0, le=1 << 20, description="llama_cpp: MiB each GPU keeps free when --fit places layers, as "
                                             "llama-server's --fit-target.",
     )
+    fit_ctx: int = Field(
+        4096, ge=256, le=1 << 20, description="llama_cpp: with --n-ctx 0, the least context --fit shrinks it to "
+                                              "before layers leave the GPUs, as llama-server's --fit-ctx.",
+    )
     rpc: Annotated[list[str], NoDecode] = Field(
         [], description="llama_cpp: HOST:PORT,... of llama.cpp rpc-servers whose devices are used as GPUs, as "
                         "llama-server's --rpc.",

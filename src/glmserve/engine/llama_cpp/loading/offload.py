@@ -27,15 +27,12 @@ from pathlib import Path
 import llama_cpp
 
 from glmserve.engine.base import EngineError
-from glmserve.engine.llama_cpp.loading.devices import Device, add_rpc_servers, buffer_type, devices
-from glmserve.engine.llama_cpp.loading.dry_run import compute_buffers
+from glmserve.engine.llama_cpp.loading.devices import Device, buffer_type, devices
 from glmserve.engine.llama_cpp.loading.experts import fill_experts, has_experts, held
 from glmserve.engine.llama_cpp.loading.experts import overrides as partial_overrides
 from glmserve.engine.llama_cpp.loading.fit import (MIB, DevicePlan, Devices, LayerBytes, fill_layers, fit_layers,
                                                    layer_bytes, place)
-from glmserve.engine.llama_cpp.loading.memory import KVPlan, plan_kv, read_header
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
-from glmserve.models import gguf_bytes
 
 EXPERTS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's LLM_FFN_EXPS_REGEX
 SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
@@ -185,72 +182,3 @@ def apply(params, settings: LlamaCppSettings, offload: Offload) -> list:
         params.tensor_buft_overrides = ctypes.cast(array, ctypes.c_void_p)
         keep.append(array)
     return keep
-
-
-
-def offload_model(params, settings: LlamaCppSettings, path: Path) -> tuple[Offload, KVPlan | None, list]:
-    """``plan_offload`` for the GGUF at ``path``, the ``--rpc`` servers' devices added first
-    (``devices.add_rpc_servers``; llama.cpp uses them from then on): its layers' tensors
-    (``fit.layer_bytes``, every shard) and the KV cache ``memory.plan_kv`` gives it (from
-    ``memory.read_header``); with ``auto``, fitted again to the compute buffers llama.cpp's dry
-    run measures (``_measured``). Set on llama.cpp's model ``params`` (``apply``); returns it,
-    that KV plan (None when the header is not one ``read_header`` knows) and the arrays to keep
-    alive until the model is loaded.
-    Raises ``EngineError`` (``add_rpc_servers``, ``plan_offload``, ``plan_kv``, an unknown
-    ``--override-tensor`` buffer)."""
-    add_rpc_servers(settings.rpc)
-    header, weights, found = read_header(path), gguf_bytes(path), devices()
-    gpu = sum(d.free for d in offload_devices(settings, found)) if settings.n_gpu_layers != 0 else 0
-    kv = None
-    if header is not None:
-        kv = plan_kv(settings, header.n_ctx_train, header.kv.bytes_per_cell(settings.cache_type_k,
-                                                                             settings.cache_type_v), weights, gpu=gpu)
-    n_layer = header.n_layer if header else 0
-    host = [p for p, buffer in overrides(settings, n_layer) if buffer == "CPU"]
-    sizes = (gpu and layer_bytes(path, n_layer, host)) or LayerBytes.even(n_layer, weights)  # read where there is a GPU
-    offload = plan_offload(settings, sizes, kv.bytes if kv else 0, found)
-    if offload_devices(settings, found) and kv is not None and settings.n_gpu_layers == "auto" and settings.fit == "on":
-        offload = _measured(params, settings, path, sizes, kv, found)
-    return offload, kv, apply(params, settings, offload)
-
-
-def _measured(params, settings: LlamaCppSettings, path: Path, sizes: LayerBytes, kv: KVPlan,
-              found: list[Device]) -> Offload:
-    """``auto``'s fit with the compute buffers llama.cpp's dry run measures
-    (``dry_run.compute_buffers``), as ``common/fit.cpp`` measures each candidate: first with every
-    layer offloaded (with several GPUs llama.cpp then runs them as a pipeline, whose compute
-    buffers are larger); where that does not fit, the layers are fitted again with the compute
-    buffers of a partial offload (fewer layers, or experts in host memory), measured for the fit
-    and refitted until the plan holds (at most 3 runs, each device's largest measure kept, never
-    every layer whole). The fit with ``COMPUTE`` per device where a dry run fails."""
-    from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
-
-    gpus, every = offload_devices(settings, found), len(sizes.layers) + 1
-    try:
-        context = context_params(with_kv_plan(settings, kv), kv.cells)
-    except EngineError:  # raised again, and said, where the engine applies the plan
-        return plan_offload(settings, sizes, kv.bytes, found)
-
-    def measure(candidate: Offload) -> list[int] | None:
-        _kept = apply(params, settings, candidate)  # alive through the dry run
-        measured = compute_buffers(path, params, context)
-        return None if measured is None else [measured.get(d.buffer, 0) for d in gpus]
-
-    full = measure(plan_offload(settings.model_copy(update={"n_gpu_layers": "all"}), sizes, kv.bytes, found))
-    if full is None:
-        return plan_offload(settings, sizes, kv.bytes, found)
-    offload = plan_offload(settings, sizes, kv.bytes, found, full)
-    if offload.n_gpu_layers == every and not offload.moved:
-        return offload
-    compute = [0] * len(gpus)
-    for _ in range(3):
-        measured = measure(offload) if offload.n_gpu_layers else [0] * len(gpus)
-        if measured is None:
-            return plan_offload(settings, sizes, kv.bytes, found)
-        compute = [max(c, m) for c, m in zip(compute, measured)]
-        again = plan_offload(settings, sizes, kv.bytes, found, compute, limit=every - 1)
-        settled = (again.n_gpu_layers, again.moved) == (offload.n_gpu_layers, offload.moved)
-        offload = again
-        if settled:
-            break
-    return offload

@@ -50,6 +50,19 @@ def vocab_mismatch(model: LlamaModel, draft: LlamaModel) -> str | None:
     return None
 
 
+def draft_context_params(cells: int, n_seq_max: int, unified: bool, n_threads: int):
+    """llama.cpp's context parameters of a draft model beside a model of ``cells`` KV cells for
+    ``n_seq_max`` sequences (``unified``: one stream), decoding ``PREFILL_BATCH`` tokens a step."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = cells
+    params.n_batch = params.n_ubatch = PREFILL_BATCH
+    params.n_seq_max = n_seq_max
+    params.n_threads = params.n_threads_batch = n_threads
+    params.kv_unified = unified
+    params.no_perf = True
+    return params
+
+
 class DraftModel:
     """The draft GGUF at ``path`` loaded beside ``model`` (whose vocabulary it must share), its
     last ``n_gpu_layers`` layers on the GPUs (``offload.draft_gpu_layers``; was every one, as
@@ -72,13 +85,7 @@ class DraftModel:
         if mismatch is not None:
             self.free()
             raise EngineError(f"the draft model {path} has another vocabulary than the model: {mismatch}")
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = cells
-        params.n_batch = params.n_ubatch = PREFILL_BATCH
-        params.n_seq_max = n_seq_max
-        params.n_threads = params.n_threads_batch = n_threads
-        params.kv_unified = unified
-        params.no_perf = True
+        params = draft_context_params(cells, n_seq_max, unified, n_threads)
         with suppress_stdout_stderr(disable=False):
             self._ctx = llama_cpp.llama_init_from_model(self._model.model, params)
         if not self._ctx:
