@@ -216,6 +216,16 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return [text]
 
 
+class _OnOff(argparse.BooleanOptionalAction):
+    """An on/off flag, ``--x`` on and ``--no-x`` off, right for a field whose own name starts
+    with ``no_`` too: argparse's ``BooleanOptionalAction`` turns any option starting with
+    ``--no-`` off, so ``--no-mmap`` itself set ``no_mmap`` to False."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string in self.option_strings:
+            setattr(namespace, self.dest, option_string == self.option_strings[0])
+
+
 def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
     """pydantic-settings' command line for ``cls``, its flags in the groups of
     ``flags.flag_groups`` with their one-line help."""
@@ -234,6 +244,8 @@ def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
             kwargs["help"] = flag.help.replace("%", "%%")
             if flag.metavar is not None and "metavar" in kwargs:
                 kwargs["metavar"] = flag.metavar
+        if kwargs.get("action") is argparse.BooleanOptionalAction:
+            kwargs["action"] = _OnOff
         return container.add_argument(*names, **kwargs)
 
     source = CliSettingsSource(cls, root_parser=parser, add_argument_method=add_argument)

@@ -179,6 +179,52 @@ def test_a_context_not_given_shrinks_before_layers_leave_the_device(flash_gguf):
 
 
 @pytest.fixture(scope="module")
+def vision_gguf(tmp_path_factory) -> Path:
+    """The tiny GLM-4.6V (``tests/hf_models.tiny_glm4v``) with its projector beside it."""
+    pytest.importorskip("torch")
+    import sys
+
+    from tests.hf_models import converted_gguf, tiny_glm4v
+
+    root = tmp_path_factory.mktemp("glm4v")
+    folder, converter = tiny_glm4v(root / "hf"), Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
+    converted_gguf(folder, root / "gguf" / "mmproj-glm4v.gguf", converter, tokenizer_pre="glm4", mmproj=True)
+    return converted_gguf(folder, root / "gguf" / "glm4v.gguf", converter, tokenizer_pre="glm4")
+
+
+def test_the_vision_projector_goes_on_the_gpu_unless_kept_on_the_host(vision_gguf):
+    """As llama-server's: the projector on the first GPU (its weights held there beside the
+    model's, and in the plan), an image answered through it; --no-mmproj-offload keeps it in host
+    memory."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (56, 56), (200, 30, 30)).save(png, "PNG")
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()}}
+    projector = (vision_gguf.parent / "mmproj-glm4v.gguf").stat().st_size
+    held = {}
+    for flags in ((), ("--no-mmproj-offload",)):
+        with RpcDevice(4096) as device:
+            server = RemoteServer("--model", str(vision_gguf), "--rpc", device.endpoint, "--n-ctx", "1024",
+                                  "--max-num-seqs", "1", *flags)
+            try:
+                reply = server.client().chat.completions.create(
+                    model=server.client().models.list().data[0].id, max_tokens=4, temperature=0,
+                    messages=[{"role": "user", "content": [{"type": "text", "text": "What is it?"}, image]}])
+                assert reply.usage.prompt_tokens > 20  # the image's tokens
+            finally:
+                log = server.log()
+                server.stop()
+            held[flags] = device.peak()
+            assert ("(in host memory)" in log) == bool(flags) and not device.refused()
+    # the projector's weights (its file less the header) and the image's compute buffer on the device
+    assert held[()] - held[("--no-mmproj-offload",)] >= 0.95 * projector, (held, projector)
+
+
+@pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """The default model split by llama-gguf-split into 4 shards of at most 70 tensors (272 in all)."""
     out = tmp_path_factory.mktemp("shards") / "smollm2"

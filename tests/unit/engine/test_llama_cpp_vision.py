@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from glmserve.engine.base import EngineError  # noqa: E402
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings  # noqa: E402
 from glmserve.engine.llama_cpp.vision import _split, find_mmproj, load_projector  # noqa: E402
 
 
@@ -28,8 +29,8 @@ def test_the_projector_beside_the_model_is_found(tmp_path):
 def test_mtp_with_a_projector_is_refused_before_it_loads(tmp_path):
     (tmp_path / "mmproj-F16.gguf").write_bytes(b"")
     with pytest.raises(EngineError, match="--speculative mtp does not take image input yet"):
-        load_projector(None, None, tmp_path / "model.gguf", 2, mtp=True)
-    assert load_projector(None, "none", tmp_path / "model.gguf", 2, mtp=True) is None
+        load_projector(None, LlamaCppSettings(), tmp_path / "model.gguf", mtp=True)
+    assert load_projector(None, LlamaCppSettings(mmproj="none"), tmp_path / "model.gguf", mtp=True) is None
 
 
 def test_the_prompt_is_cut_at_glm4v_image_placeholders():

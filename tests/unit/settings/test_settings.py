@@ -22,7 +22,8 @@ BEFORE = {
     "llama_cpp": {"n_threads", "max_num_batched_tokens", "kv_layout", "speculative", "spec_ngram_min",
                   "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram", "runner", "mmproj",
                   "spec_ngram_cost", "cache_type_k", "cache_type_v", "n_gpu_layers", "split_mode", "tensor_split",
-                  "main_gpu", "cpu_moe", "n_cpu_moe", "override_tensor", "no_mmap", "mlock", "fit", "fit_target", "rpc", "n_gpu_layers_draft"},
+                  "main_gpu", "cpu_moe", "n_cpu_moe", "override_tensor", "no_mmap", "mlock", "fit", "fit_target", "rpc", "n_gpu_layers_draft",
+                  "fit_ctx", "no_mmproj_offload"},
     "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
@@ -88,6 +89,15 @@ def test_list_flags_read_from_the_environment_as_on_the_command_line(monkeypatch
     monkeypatch.setenv("GLMSERVE_TENSOR_SPLIT", "3,1")
     parsed = parse_flags(DeploySettings, [])
     assert (parsed.rpc, parsed.tensor_split) == (["10.0.0.2:50052", "10.0.0.3:50052"], [3.0, 1.0])
+
+
+def test_an_on_off_flag_named_no_something_is_on_as_given():
+    """argparse's on/off flags turn anything starting with --no- off: --no-mmap set no_mmap to
+    False (the model was mapped all the same)."""
+    given = parse_flags(DeploySettings, ["--no-mmap", "--no-mmproj-offload", "--mlock", "--no-ui"])
+    assert (given.no_mmap, given.no_mmproj_offload, given.mlock, given.ui) == (True, True, True, False)
+    undone = parse_flags(DeploySettings, ["--no-no-mmap", "--no-mlock", "--ui"])
+    assert (undone.no_mmap, undone.mlock, undone.ui) == (False, False, True)
 
 
 @pytest.mark.parametrize("args, message", [

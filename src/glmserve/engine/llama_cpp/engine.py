@@ -1,4 +1,4 @@
-"""The ``llama_cpp`` engine: GGUF models on the CPU, continuously batched.
+"""The ``llama_cpp`` engine: GGUF models on the CPU and GPUs (``loading/``), continuously batched.
 
 One llama.cpp context for ``max_num_seqs`` sequences. Its KV cache (``--kv-layout``, ``loading/memory.plan_kv``) is
 split (one stream of ``n_ctx`` cells per sequence) or unified (``n_ctx`` cells shared, llama-server's). A worker thread
@@ -112,8 +112,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         mtp = spec is not None and spec.method == "mtp"
         # the overrides live until the model is loaded; NextN layers are loaded for MTP drafts
         params, _overrides = model_params(path, mtp)
-        # GPU layers and the KV plan (GGUF header), fitted with the MTP context or draft model
-        self.offload, plan, _kept = offload_model(params, cfg, path, Companion(mtp, spec.draft_model if spec else None))
+        self.offload, plan, _kept = offload_model(params, cfg, path, Companion.of(cfg, spec, path))  # GPUs, KV plan
         try:
             self._model = LlamaModel(path_model=str(path), params=params, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -129,7 +128,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
                 self._adapters.load(name, adapter_path)
             plan = plan or plan_kv(cfg, self._model.n_ctx_train(), per_cell, gguf_bytes(path))
             self.settings = cfg = with_kv_plan(cfg, plan)
-            self.multimodal = load_projector(self._model, cfg.mmproj, path, cfg.n_threads, mtp)
+            self.multimodal = load_projector(self._model, cfg, path, mtp)
         except EngineError:  # LoRAAdapterError too
             self._model.close()  # frees the adapters loaded so far with it
             self._model = None

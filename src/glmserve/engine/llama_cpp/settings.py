@@ -99,6 +99,10 @@ class LlamaCppSettings(SpeculativeSettings):
         [], description="llama_cpp: HOST:PORT,... of llama.cpp rpc-servers whose devices are used as GPUs, as "
                         "llama-server's --rpc.",
     )
+    no_mmproj_offload: bool = Field(
+        False, description="llama_cpp: keep the vision projector (--mmproj) in host memory, as llama-server's "
+                           "--no-mmproj-offload; by default it goes on the first GPU.",
+    )
     no_mmap: bool = Field(False, description="llama_cpp: read the GGUF into memory instead of mapping it.")
     mlock: bool = Field(False, description="llama_cpp: lock the model in memory (no swapping).")
     cache_ram: int = Field(

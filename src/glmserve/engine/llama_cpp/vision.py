@@ -35,6 +35,7 @@ from llama_cpp._utils import suppress_stdout_stderr
 from glmserve.engine.base import EngineError
 from glmserve.engine.llama_cpp.kv.prompt_cache import media_token
 from glmserve.engine.llama_cpp.kv.sequence import MediaSpan
+from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 
 log = logging.getLogger("glmserve.engine.llama_cpp")
 
@@ -62,16 +63,17 @@ def find_mmproj(setting: str | None, model_path: Path) -> Path | None:
 
 
 class Projector:
-    """A libmtmd context over ``model`` (a ``LlamaModel``) from the projector GGUF ``path``.
-    Raises ``EngineError`` when libmtmd refuses it (not a projector, or one for another model)
-    or it takes no images. ``free()`` releases it."""
+    """A libmtmd context over ``model`` (a ``LlamaModel``) from the projector GGUF ``path``, on the
+    first GPU where ``use_gpu`` (libmtmd's choice, as llama-server's: ggml's first GPU device,
+    else its first integrated one, else the CPU). Raises ``EngineError`` when libmtmd refuses it
+    (not a projector, or one for another model) or it takes no images. ``free()`` releases it."""
 
-    def __init__(self, model, path: Path, n_threads: int) -> None:
+    def __init__(self, model, path: Path, n_threads: int, use_gpu: bool = False) -> None:
         # libmtmd's log lines follow llama.cpp's (llama-cpp-python's logger: errors only, engine.py)
         mtmd.mtmd_log_set(llama_log_callback, ctypes.c_void_p(0))
         mtmd.mtmd_helper_log_set(llama_log_callback, ctypes.c_void_p(0))
         params = mtmd.mtmd_context_params_default()
-        params.use_gpu, params.n_threads, params.print_timings, params.warmup = False, n_threads, False, False
+        params.use_gpu, params.n_threads, params.print_timings, params.warmup = use_gpu, n_threads, False, False
         with suppress_stdout_stderr(disable=False):
             self._ctx = mtmd.mtmd_init_from_file(str(path).encode(), model.model, params)
         if not self._ctx:
@@ -171,16 +173,18 @@ def _split(text: str) -> list[str]:
     return [text]
 
 
-def load_projector(model, setting: str | None, model_path: Path, n_threads: int, mtp: bool) -> Projector | None:
-    """The projector for ``model`` (``find_mmproj``), loaded, or None. Raises ``EngineError``
-    (``find_mmproj``'s, ``Projector``'s, or one with ``--speculative mtp``, whose context does not
-    follow image cells)."""
-    path = find_mmproj(setting, model_path)
+def load_projector(model, settings: LlamaCppSettings, model_path: Path, mtp: bool) -> Projector | None:
+    """The projector for ``model`` (``find_mmproj`` of ``--mmproj``), loaded, on a GPU unless
+    ``--no-mmproj-offload`` or ``--batch-invariant`` (measured on the CPU backend only), or None.
+    Raises ``EngineError`` (``find_mmproj``'s, ``Projector``'s, or one with ``--speculative mtp``,
+    whose context does not follow image cells)."""
+    path = find_mmproj(settings.mmproj, model_path)
+    use_gpu = not (settings.no_mmproj_offload or settings.batch_invariant)
     if path is None:
         return None
     if mtp:
         raise EngineError(f"--speculative mtp does not take image input yet (projector {path}): give --mmproj none "
                           "to serve text only with MTP, or leave out --speculative mtp")
-    projector = Projector(model, path, n_threads)
-    log.info("image input through libmtmd: projector %s", path)
+    projector = Projector(model, path, settings.n_threads, use_gpu)
+    log.info("image input through libmtmd: projector %s%s", path, "" if use_gpu else " (in host memory)")
     return projector

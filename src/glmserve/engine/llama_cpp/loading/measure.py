@@ -33,10 +33,23 @@ from glmserve.models import gguf_bytes
 @dataclass(frozen=True)
 class Companion:
     """What runs beside a model on its devices and is fitted with it: its MTP context (``mtp``,
-    ``--speculative mtp``) or the draft model at ``draft`` (``--speculative draft``)."""
+    ``--speculative mtp``) or the draft model at ``draft`` (``--speculative draft``), and the
+    vision projector at ``projector`` where it goes on a GPU."""
 
     mtp: bool = False
     draft: Path | None = None
+    projector: Path | None = None
+
+    @classmethod
+    def of(cls, settings: LlamaCppSettings, speculative, path: Path) -> Companion:
+        """The companion of the model at ``path`` served with ``settings`` and ``speculative``
+        (a ``SpeculativeConfig`` or None). Raises ``EngineError`` (``vision.find_mmproj``)."""
+        from glmserve.engine.llama_cpp.vision import find_mmproj
+
+        on_host = settings.no_mmproj_offload or settings.batch_invariant  # as the engine loads it
+        projector = None if on_host else find_mmproj(settings.mmproj, path)
+        mtp = speculative is not None and speculative.method == "mtp"
+        return cls(mtp, speculative.draft_model if speculative is not None else None, projector)
 
 
 def offload_model(params, settings: LlamaCppSettings, path: Path,
@@ -93,8 +106,27 @@ def _companion(params, settings: LlamaCppSettings, path: Path, kv: KVPlan, candi
     the context of ``kv``: an MTP context's compute buffer (llama.cpp's dry run) and KV cells
     (with the model's last layer, its NextN layer's), a draft model's compute buffer (dry run) and
     its weights and KV cells for the layers ``--n-gpu-layers-draft`` gives the GPUs with
-    ``candidate`` (``fit.place``, shared as llama.cpp shares them by free memory); zeros without
-    one; None where a dry run fails."""
+    ``candidate`` (``fit.place``, shared as llama.cpp shares them by free memory), and a
+    projector's weights (its file) on the GPU libmtmd takes (``_projector_device``; its compute
+    buffer, sized at the first image, is not measured); zeros without one; None where a dry run
+    fails."""
+    out = _speculative(params, settings, path, kv, candidate, gpus, companion)
+    device = _projector_device(gpus, devices()) if companion.projector is not None else None
+    if out is not None and device is not None:
+        out[device] += companion.projector.stat().st_size
+    return out
+
+
+def _projector_device(gpus: list[Device], found: list[Device]) -> int | None:
+    """The index in ``gpus`` of the device libmtmd puts a projector on (``clip.cpp``: ggml's
+    first GPU device, else its first integrated one), None where it is not one of them."""
+    first = next((d for kind in ("GPU", "IGPU") for d in found if d.kind == kind), None)
+    return next((i for i, d in enumerate(gpus) if first is not None and d.name == first.name), None)
+
+
+def _speculative(params, settings: LlamaCppSettings, path: Path, kv: KVPlan, candidate: Offload,
+                 gpus: list[Device], companion: Companion) -> list[int] | None:
+    """``_companion``'s MTP context or draft model."""
     from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
     from glmserve.engine.llama_cpp.speculative.draft_model import draft_context_params
 
