@@ -106,7 +106,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("glmserve.settings", "glmserve.flags"),
     ("glmserve.chat", "glmserve.toolcalls", "glmserve.multimodal", "glmserve.state"),
     ("glmserve.engine",),
-    ("glmserve.models", "glmserve.protocol", "glmserve.version"),
+    ("glmserve.models", "glmserve.protocol", "glmserve.version", "glmserve.vendor"),
 )
 MAX_MODULES = 15
 

@@ -20,14 +20,6 @@ INCLUDABLE = frozenset({"reasoning.encrypted_content", "web_search_call.action.s
                         "computer_call_output.output.image_url"})
 
 
-class FunctionTool(_Lenient):
-    type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
 class TextFormat(_Lenient):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None

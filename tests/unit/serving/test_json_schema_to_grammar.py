@@ -1,4 +1,4 @@
-"""The vendored JSON-schema to GBNF converter (``serving/structured/json_schema_to_grammar.py``) gives the
+"""The vendored JSON-schema to GBNF converter (``vendor/json_schema_to_grammar.py``) gives the
 same grammars as the llama-cpp-python it was copied from, for the schema families glmserve
 builds grammars from (response formats and every tool-call format), so the vllm/transformers
 installs without llama.cpp constrain output exactly as the llama_cpp install does."""
@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from glmserve.serving.structured import grammar, json_schema_to_grammar
+from glmserve.serving.structured import grammar
+from glmserve.vendor import json_schema_to_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits
 
 llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")

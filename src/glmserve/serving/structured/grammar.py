@@ -1,6 +1,6 @@
 """Constrained decoding: GBNF grammars (llama.cpp's grammar format) for ``response_format``
 and for ``tool_choice`` required/named, built with llama.cpp's JSON-schema converter
-(``json_schema_to_grammar``, llama-cpp-python's port vendored in ``json_schema_to_grammar.py`` so
+(``json_schema_to_grammar``, llama-cpp-python's port vendored in ``vendor/json_schema_to_grammar.py`` so
 that no engine library is needed here), not a hand-written schema compiler. GBNF is the engines'
 interface: llama.cpp loads it natively, the transformers and vllm engines compile it with xgrammar.
 """
@@ -11,7 +11,7 @@ import json
 import re
 
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.structured.json_schema_to_grammar import SchemaConverter
+from glmserve.vendor.json_schema_to_grammar import SchemaConverter
 from glmserve.serving.structured.schema_check import SchemaLimits, subschemas
 from glmserve.toolcalls.generic import OPENING as GENERIC_OPENING
 
