@@ -3,6 +3,7 @@ deltas (one character at a time, random chunks) gives the same result."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -325,3 +326,40 @@ def test_tag_texts_are_what_the_parsers_match():
     # without the tags (a vocabulary's control tokens detokenized to nothing) nothing is parsed
     bare = output_parser("glm47", tools, True, "<|assistant|>").parse("hmfa1")
     assert bare.tool_calls == [] and bare.reasoning_content is None
+
+
+# one call of get_weather(city="Paris") as a model of each format writes it
+_FORMAT_SAMPLES = {
+    "glm47": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+    "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+    "glm4": 'get_weather\n{"city": "Paris"}',
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "generic": '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}',
+}
+
+
+def test_each_tool_call_format_is_one_name_whose_grammar_forces_what_its_parser_reads():
+    """A format is named once: --tool-call-parser's choices are toolcalls.PARSERS' names, and for
+    each the grammar a forced call gets admits the call its parser reads back (a format added to
+    PARSERS without its grammar, its flag choice or a sample here fails)."""
+    from typing import get_args
+
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from glmserve.serving.structured.grammar import tool_call_grammar
+    from glmserve.serving.structured.schema_check import SchemaLimits
+    from glmserve.settings.model import ModelSettings
+    from glmserve.toolcalls import PARSERS
+
+    choices = set(get_args(ModelSettings.model_fields["tool_call_parser"].annotation)) - {"auto", "none"}
+    assert choices == set(PARSERS) == set(_FORMAT_SAMPLES)
+    weather = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}
+    for fmt, text in _FORMAT_SAMPLES.items():
+        gbnf = tool_call_grammar(fmt, [weather], ["tools.0"], SchemaLimits())
+        assert _is_grammar_accept_string(xgr.Grammar.from_ebnf(gbnf), text), fmt
+        parsed = PARSERS[fmt]([weather]).parse(text)
+        assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("get_weather", {"city": "Paris"})], fmt
+    with pytest.raises(ValueError, match="no grammar for the tool-call format 'qwen3'"):
+        tool_call_grammar("qwen3", [weather], ["tools.0"], SchemaLimits())

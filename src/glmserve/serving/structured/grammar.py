@@ -161,7 +161,8 @@ def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits
     so the output is just the arguments. ``or_text`` (generic): the reply may instead be plain
     text that does not start with ``{`` or whitespace, or nothing (``tool_choice: auto``).
     ``params``: each function's field in the request (for errors). Raises a 400 ``APIError``
-    when a schema cannot be built or the grammar is over ``limits``."""
+    when a schema cannot be built or the grammar is over ``limits``, ``ValueError`` for a format
+    it does not know."""
     b = GrammarBuilder()
     rules = []
     for i, fn in enumerate(functions):
@@ -175,9 +176,11 @@ def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits
         elif fmt == "generic":
             head = b.literal('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
             rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}")}'))
-        else:  # hermes
+        elif fmt == "hermes":
             head = b.literal('<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
             rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}" + chr(10) + "</tool_call>")}'))
+        else:  # a format registered in toolcalls.PARSERS without its grammar here
+            raise ValueError(f"no grammar for the tool-call format {fmt!r}")
     sep = {"generic": ", ", "glm47": ""}.get(fmt, "\n")
     body = _call_sequence(b, rules, b.literal(sep) if sep else "", "one" if fmt == "glm4" else calls)
     if fmt == "generic":
