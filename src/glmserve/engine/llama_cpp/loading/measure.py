@@ -43,11 +43,16 @@ class Companion:
     @classmethod
     def of(cls, settings: LlamaCppSettings, speculative, path: Path) -> Companion:
         """The companion of the model at ``path`` served with ``settings`` and ``speculative``
-        (a ``SpeculativeConfig`` or None). Raises ``EngineError`` (``vision.find_mmproj``)."""
+        (a ``SpeculativeConfig`` or None); no projector where ``vision.find_mmproj`` finds none or
+        refuses (it is said where the engine loads the projector). Raises nothing."""
         from glmserve.engine.llama_cpp.vision import find_mmproj
 
-        on_host = settings.no_mmproj_offload or settings.batch_invariant  # as the engine loads it
-        projector = None if on_host else find_mmproj(settings.mmproj, path)
+        projector = None
+        if not (settings.no_mmproj_offload or settings.batch_invariant):  # on a GPU, as the engine loads it
+            try:
+                projector = find_mmproj(settings.mmproj, path)
+            except EngineError:
+                pass
         mtp = speculative is not None and speculative.method == "mtp"
         return cls(mtp, speculative.draft_model if speculative is not None else None, projector)
 
