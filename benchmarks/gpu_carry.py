@@ -67,7 +67,7 @@ PART_BYTES = 58 << 20
 # what a CUDA build of libllama, libmtmd and llama-server does not read, under the source release's
 # vendor/llama.cpp: test and benchmark inputs (models/ holds vocabulary GGUFs), docs, and the other
 # backends' sources (CMake reads a backend's folder only when it is turned on)
-LLAMA_TRIMMED = ("models", "docs", "benches", "tests", "examples", "pocs", "media", "app", "tools/ui/tests",
+LLAMA_TRIMMED = ("models", "docs", "benches", "tests", "examples", "pocs", "media", "tools/ui/tests",
                  "tools/mtmd/test-*", *(f"ggml/src/ggml-{b}" for b in (
                      "vulkan", "sycl", "cann", "opencl", "metal", "hexagon", "webgpu", "openvino", "et", "virtgpu",
                      "musa", "hip", "zdnn", "blas", "zendnn")))

@@ -57,7 +57,7 @@ if [ ! -x "$build/bin/llama-server" ]; then
   cmake -S "$work/src/vendor/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
       -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_RPC=ON \
       -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "${backend[@]}" > "$build/build.log" 2>&1 ||
-    stop "cmake could not configure llama.cpp: the end of $build/build.log says: $(tail -3 "$build/build.log" | tr '\n' ' ')"
+    stop "cmake could not configure llama.cpp ($build/build.log): $(grep -m1 -A2 'CMake Error' "$build/build.log" | tr -s '\n ' ' ')"
   cmake --build "$build" --target llama mtmd llama-server -j "$(nproc)" >> "$build/build.log" 2>&1 ||
     stop "the llama.cpp build failed: the end of $build/build.log says: $(grep -m3 -i 'error' "$build/build.log" | tr '\n' ' ')"
 fi
