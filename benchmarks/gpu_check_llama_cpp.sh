@@ -4,7 +4,7 @@
 # packed in .carry_llama/ where pip works (glmserve's requirements the machine lacks, and
 # llama-cpp-python's sources with llama.cpp's converter), builds llama.cpp's libraries and
 # llama-server with CUDA for this GPU's architecture only (CMAKE_CUDA_ARCHITECTURES=native),
-# then runs the check's rounds with glmserve's Python over those libraries (LLAMA_CPP_LIB_PATH).
+# then runs the check's rounds with glmserve's Python over those libraries (LLAMA_CPP_LIB_PATH, MTMD_CPP_LIB).
 # Where something is missing it stops with a one-line reason (exit 2).
 #
 #   bash benchmarks/gpu_check_llama_cpp.sh --build-only           # the build alone (about 5 min)
@@ -64,7 +64,7 @@ fi
 [ $build_only = 1 ] && { echo "built: $build/bin"; exit 0; }
 
 site=$([ $cpu = 0 ] && echo "$work/site:")
-export LLAMA_CPP_LIB_PATH=$build/bin PYTHONPATH="$site$work/src:$here/src:$here" PYTHONUNBUFFERED=1
+export LLAMA_CPP_LIB_PATH=$build/bin MTMD_CPP_LIB=$build/bin PYTHONPATH="$site$work/src:$here/src:$here" PYTHONUNBUFFERED=1
 "$python" -c 'import fastapi, llama_cpp' 2>/dev/null || stop "glmserve's requirements do not import with $python: $("$python" -c 'import fastapi, llama_cpp' 2>&1 | tail -1)"
 exec "$python" "$here/benchmarks/gpu_check_llama_cpp.py" --llama-server "$build/bin/llama-server" \
   --converter "$work/src/vendor/llama.cpp/convert_hf_to_gguf.py" --results "${OUT:-$here/benchmarks/results}" "${args[@]}"
