@@ -94,15 +94,26 @@ def _compute(params, settings: LlamaCppSettings, path: Path, kv: KVPlan, candida
     """Bytes of compute buffer each of ``gpus`` would hold with ``candidate`` and the context of
     ``kv``, by llama.cpp's dry run (``dry_run.dry_run``); None where it fails or the context
     cannot be made."""
-    from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
-
-    try:
-        context = context_params(with_kv_plan(settings, kv), kv.cells)
-    except EngineError:  # raised again, and said, where the engine applies the plan
+    context = _context(settings, kv)
+    if context is None:
         return None
     _kept = apply(params, settings, candidate)  # alive through the dry run
     measured = dry_run(path, params, context)
     return None if measured is None else [measured.compute.get(d.buffer, 0) for d in gpus]
+
+
+def _context(settings: LlamaCppSettings, kv: KVPlan, mtp: bool = False):
+    """llama.cpp's context parameters of the model with ``kv`` (``mtp``: of its MTP context);
+    None where they cannot be made (raised again, and said, where the engine applies the plan)."""
+    from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
+
+    try:
+        context = context_params(with_kv_plan(settings, kv), kv.cells)
+    except EngineError:
+        return None
+    if mtp:
+        context.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+    return context
 
 
 def _companion(params, settings: LlamaCppSettings, path: Path, kv: KVPlan, candidate: Offload,
@@ -132,15 +143,12 @@ def _projector_device(gpus: list[Device], found: list[Device]) -> int | None:
 def _speculative(params, settings: LlamaCppSettings, path: Path, kv: KVPlan, candidate: Offload,
                  gpus: list[Device], companion: Companion) -> list[int] | None:
     """``_companion``'s MTP context or draft model."""
-    from glmserve.engine.llama_cpp.params import context_params, with_kv_plan
     from glmserve.engine.llama_cpp.speculative.draft_model import draft_context_params
 
     if companion.mtp:  # the NextN layers' own context over the model's weights
-        try:
-            context = context_params(with_kv_plan(settings, kv), kv.cells)
-        except EngineError:
+        context = _context(settings, kv, mtp=True)
+        if context is None:
             return None
-        context.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         _kept = apply(params, settings, candidate)  # alive through the dry run
         run = dry_run(path, params, context)
         if run is None:
