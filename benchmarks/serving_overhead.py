@@ -114,8 +114,9 @@ def serve(port: int, tokens: int) -> None:
     from glmserve.chat import ChatTemplate
     from glmserve.server import create_app
     from glmserve.serving.chat.service import ChatService
+    from glmserve.serving.generation.pipeline import ModelPipeline
 
-    service = ChatService(SyntheticEngine(tokens), MODEL, ChatTemplate(TEMPLATE.read_text()), "glm45")
+    service = ChatService(ModelPipeline(SyntheticEngine(tokens), MODEL, ChatTemplate(TEMPLATE.read_text()), "glm45"))
     try:  # the HTTP protocol glmserve serve runs
         from glmserve.server.http_protocol import guarded_protocol as protocol
     except ImportError:  # a --baseline-src checkout from before it: h11's, as it served then

@@ -15,6 +15,7 @@ from glmserve.runtime.catalog import OWN_FIELDS
 from glmserve.server import create_app
 from glmserve.server.endpoints import ENDPOINTS
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import DeploySettings
 from tests.unit.fakes import FakeEngine
@@ -35,7 +36,7 @@ def test_every_file_the_section_names_exists():
 
 
 def test_each_endpoint_row_is_a_route_taking_its_request_model():
-    app = create_app(ChatService(FakeEngine(), "fake", ChatTemplate(CHATML_TEMPLATE)))
+    app = create_app(ChatService(ModelPipeline(FakeEngine(), "fake", ChatTemplate(CHATML_TEMPLATE))))
     with TestClient(app) as http:
         paths = http.get("/openapi.json").json()["paths"]
     for path, endpoint in ENDPOINTS.items():

@@ -57,7 +57,7 @@ class Endpoint:
 
 ENDPOINTS: dict[str, Endpoint] = {e.path: e for e in (
     Endpoint("/v1/chat/completions", ChatCompletionRequest,
-             lambda rt, req, c: rt.chat.create(req, priority=c.priority, text_form="chunk" if c.batch else "json")),
+             lambda rt, req, c: rt.chat.create(req, priority=c.priority, encoded=not c.batch)),
     Endpoint("/v1/completions", CompletionRequest, lambda rt, req, c: rt.completions.create(req, c.priority)),
     Endpoint("/v1/responses", ResponsesRequest,
              lambda rt, req, c: c.storage.create(rt.responses, req, c.owner, c.priority, encoded=not c.batch),

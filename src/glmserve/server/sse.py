@@ -77,7 +77,7 @@ def one_line(payload: str | dict) -> str | dict:
 
 
 def _openai_payload(item: StreamItem) -> str:
-    if isinstance(item, str):  # already JSON (ChatService.create(text_form="json"))
+    if isinstance(item, str):  # already JSON (ChatService.create(encoded=True))
         return item
     if isinstance(item, ErrorResponse):
         return item.model_dump_json()

@@ -21,6 +21,7 @@ from glmserve.protocol.errors import APIError
 from glmserve.server import AppOptions, create_app
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.loaded import LoadedModel
 from glmserve.runtime.router import ModelRouter
@@ -117,13 +118,13 @@ def _served(table: AdapterTable, max_loaded: int = 1) -> tuple[TestClient, list[
     def load_base() -> LoadedModel:
         engine = FakeEngine(reply="I am base")
         engines.append(engine)
-        chat = ChatService(engine, "base", ChatTemplate(CHATML_TEMPLATE))
+        chat = ChatService(ModelPipeline(engine, "base", ChatTemplate(CHATML_TEMPLATE)))
         chat.model.adapter_table = table
         table.attach(engine)
         return LoadedModel.over(chat)
 
     def load_other() -> LoadedModel:
-        return LoadedModel.over(ChatService(FakeEngine(reply="I am other"), "other", ChatTemplate(CHATML_TEMPLATE)))
+        return LoadedModel.over(ChatService(ModelPipeline(FakeEngine(reply="I am other"), "other", ChatTemplate(CHATML_TEMPLATE))))
 
     registry = ModelRegistry([ModelSpec("base", load_base, LoadedModel.shutdown),
                               ModelSpec("other", load_other, LoadedModel.shutdown)], max_loaded=max_loaded)
@@ -154,7 +155,7 @@ def test_a_runtime_adapter_survives_its_model_being_evicted_and_loaded_again():
 
 def test_a_request_loads_an_adapter_that_max_loras_put_out():
     engine = FakeEngine()
-    chat = ChatService(engine, "fake", ChatTemplate(CHATML_TEMPLATE))
+    chat = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
     chat.model.adapter_table = AdapterTable(max_loras=1)
     chat.model.adapter_table.attach(engine)
     with TestClient(create_app(chat, AppOptions(runtime_lora=True))) as http:

@@ -12,6 +12,7 @@ from glmserve.chat import ChatTemplate
 from glmserve.runtime.loaded import LoadedModel
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import KEY_FILE, ReasoningSeal
 from tests.unit.fakes import FakeEngine
 from tests.unit.serving.test_reasoning_routes import ANSWER, ASK, GLM47, REPLY, THOUGHT, _sse
@@ -34,7 +35,7 @@ INCLUDE = {"include": ["reasoning.encrypted_content"], "store": False}
 
 def _client(reply: str, state_dir, context_length: int = 8000) -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
-    chat = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47")
+    chat = ChatService(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47"))
     return engine, TestClient(create_app(LoadedModel.over(chat, seal=ReasoningSeal(state_dir))))
 
 

@@ -1,8 +1,7 @@
-"""Chunks of text written as JSON from a template (``FilledJSON``, ``ChatService.create(
-text_form="json")``, what ``/v1/chat/completions`` streams) or given as ``TextDelta``s
-(``text_form="delta"``, what Messages and Responses read): byte for byte the JSON of the chunk
-objects they stand for, for every character and through the real chat pipeline (text,
-reasoning and tool calls)."""
+"""Chunks (events) of text written as JSON from a template (``FilledJSON``,
+``ChatService.create(encoded=True)``, what ``/v1/chat/completions`` streams; Messages' and
+Responses' ``encoded`` events): byte for byte the JSON of the objects they stand for, for every
+character and through the real chat pipeline (text, reasoning and tool calls)."""
 
 from __future__ import annotations
 
@@ -20,13 +19,14 @@ from glmserve.protocol.chat import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChunkChoice,
-    DeltaFunction,
     DeltaMessage,
-    DeltaToolCall,
 )
 from glmserve.serving.chat.service import ChatService
-from glmserve.serving.generation.chunks import MARK, FilledJSON, NumberedJSON, TextDelta
+from glmserve.serving.generation.pipeline import ModelPipeline
+from glmserve.serving.generation.chunks import MARK, FilledJSON, NumberedJSON
+from glmserve.serving.generation.reply import Done, Finish, Reply, TextDelta, Tokens
 from glmserve.serving.messages.service import MessagesService
+from glmserve.serving.responses.render import ResponseEvents
 from glmserve.serving.responses.service import ResponsesService
 from tests.unit.fakes import FakeEngine
 
@@ -63,8 +63,8 @@ def test_a_template_must_hold_the_mark_once():
         NumberedJSON(ResponseEvent(type="t", sequence_number=1, delta=MARK, n=0), "n")
 
 
-async def _collect(service: ChatService, body: dict, text_form: str) -> list:
-    stream = await service.create(ChatCompletionRequest.model_validate(body), text_form=text_form)
+async def _collect(service: ChatService, body: dict, encoded: bool) -> list:
+    stream = await service.create(ChatCompletionRequest.model_validate(body), encoded=encoded)
     items = [item async for item in stream]
     await stream.aclose()
     return items
@@ -83,26 +83,25 @@ def test_an_encoded_stream_is_the_objects_json(extra):
     ``n`` choices and a usage chunk: the encoded stream's items are the object stream's JSON,
     and most of them came encoded."""
     engine = FakeEngine(reply=f"{TRICKY}</think>{TRICKY}", context_length=8000)
-    service = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47", max_n=2)
+    service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47", max_n=2))
     body = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}], "stream": True, **extra}
-    plain, encoded = asyncio.run(_collect(service, body, "chunk")), asyncio.run(_collect(service, body, "json"))
+    plain, encoded = asyncio.run(_collect(service, body, False)), asyncio.run(_collect(service, body, True))
     assert not any(isinstance(i, str) for i in plain)
     assert _json(encoded) == _json(plain)
-    # each choice's chunks but its first (the role), its last piece of text (it came with the
-    # finish) and its finish, and the usage chunk
+    # each choice's chunks but its first (the role) and its finish, and the usage chunk
     n = extra.get("n", 1)
-    assert sum(isinstance(i, str) for i in encoded) == len(encoded) - 3 * n - ("stream_options" in extra)
+    assert sum(isinstance(i, str) for i in encoded) == len(encoded) - 2 * n - ("stream_options" in extra)
     strings = [i for i in encoded if isinstance(i, str)]
     assert any('"reasoning_content":"\\u001f' in i for i in strings)  # both kinds, escapes and all
     assert any('"content":"\\n\\r\\t\\u0000"' in i for i in strings)
 
 
 def test_logprobs_keep_chunks_as_objects():
-    service = ChatService(FakeEngine(reply="Hello", context_length=8000), "glm", ChatTemplate(GLM47))
+    service = ChatService(ModelPipeline(FakeEngine(reply="Hello", context_length=8000), "glm", ChatTemplate(GLM47)))
     body = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}], "stream": True, "logprobs": True}
-    for text_form in ("json", "delta"):
-        items = asyncio.run(_collect(service, body, text_form))
-        assert len(items) > 3 and all(isinstance(i, ChatCompletionChunk) for i in items)
+    items = asyncio.run(_collect(service, body, True))
+    assert len(items) > 3 and all(isinstance(i, ChatCompletionChunk) for i in items)
+    assert all(i.choices[0].logprobs is not None for i in items[1:-1])  # each token its own chunk
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -113,17 +112,11 @@ CALLS = (f"{TRICKY}<tool_call>get_weather<arg_key>city</arg_key><arg_value>{TRIC
          "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>")
 
 
-def _as_chunk(item, like: ChatCompletionChunk):
-    """A ``TextDelta`` as the chunk it stands for (OpenAI's delta for its kind), in the stream
-    whose first chunk is ``like``; any other item as it is."""
-    if not isinstance(item, TextDelta):
-        return item
-    delta = {"content": lambda: DeltaMessage(content=item.text),
-             "reasoning": lambda: DeltaMessage(reasoning_content=item.text),
-             "arguments": lambda: DeltaMessage(tool_calls=[
-                 DeltaToolCall(index=item.call, function=DeltaFunction(arguments=item.text))])}[item.kind]()
-    return ChatCompletionChunk(id=like.id, created=like.created, model=like.model,
-                               choices=[ChunkChoice(index=item.choice, delta=delta)])
+async def _reply(service: ChatService, body: dict) -> list:
+    reply = await service.reply(ChatCompletionRequest.model_validate(body))
+    events = [event async for event in reply]
+    await reply.aclose()
+    return events
 
 
 @pytest.mark.parametrize("reply, extra", [
@@ -132,29 +125,45 @@ def _as_chunk(item, like: ChatCompletionChunk):
     (f"{TRICKY}</think>{CALLS}", {"tools": [WEATHER], "stream_options": {"include_usage": True}}),
 ])
 def test_text_deltas_and_encoded_tool_arguments_are_the_objects(reply, extra):
-    """Text, reasoning and tool calls (each argument piece a chunk of its own): the stream of
-    ``TextDelta``s, each read as the chunk it stands for, and the encoded stream are the
-    object stream's JSON; the pieces of text and of arguments came as deltas (and as JSON)."""
+    """Text, reasoning and tool calls (each argument piece a chunk of its own): the encoded
+    stream is the object stream's JSON, each of the reply stream's ``TextDelta``s came as one
+    encoded chunk, and what they hold is what the chunks hold."""
     engine = FakeEngine(reply=reply, context_length=8000)
-    service = ChatService(engine, "glm", ChatTemplate(GLM47), "glm47", max_n=2)
+    service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47", max_n=2))
     body = {"model": "glm", "messages": [{"role": "user", "content": "Hi"}], "stream": True, **extra}
-    plain = asyncio.run(_collect(service, body, "chunk"))
-    deltas = asyncio.run(_collect(service, body, "delta"))
-    encoded = asyncio.run(_collect(service, body, "json"))
-    assert _json([_as_chunk(i, deltas[0]) for i in deltas]) == _json(plain) == _json(encoded)
-    pieces = [i for i in deltas if isinstance(i, TextDelta)]
-    assert pieces and all(i.text for i in pieces)
-    assert [i for i, item in enumerate(deltas) if isinstance(item, TextDelta)] == \
-        [i for i, item in enumerate(encoded) if isinstance(item, str)]
+    plain = asyncio.run(_collect(service, body, False))
+    encoded = asyncio.run(_collect(service, body, True))
+    events = asyncio.run(_reply(service, body))
+    assert _json(plain) == _json(encoded)
+    pieces = [e for e in events if isinstance(e, TextDelta)]
+    assert pieces and all(p.text for p in pieces)
+    assert len(pieces) == sum(isinstance(i, str) for i in encoded)
+    joined: dict[tuple, str] = {}
+    for chunk in plain:
+        for choice in chunk.choices:
+            d = choice.delta
+            for kind, text in (("content", d.content), ("reasoning", d.reasoning_content)):
+                if text:
+                    joined[kind, 0, choice.index] = joined.get((kind, 0, choice.index), "") + text
+            for call in d.tool_calls or []:
+                if call.function.arguments:
+                    key = ("arguments", call.index, choice.index)
+                    joined[key] = joined.get(key, "") + call.function.arguments
+    from_events: dict[tuple, str] = {}
+    for p in pieces:
+        from_events[p.kind, p.call, p.choice] = from_events.get((p.kind, p.call, p.choice), "") + p.text
+    assert from_events == joined
+    assert isinstance(events[-1], Done)
     if "tools" in extra:  # both calls' arguments, escapes and all
-        assert {i.call for i in pieces if i.kind == "arguments"} == {0, 1}
+        assert {p.call for p in pieces if p.kind == "arguments"} == {0, 1}
         assert any('"arguments":"' in i and '\\u0000' in i for i in encoded if isinstance(i, str))
     else:
-        assert {i.choice for i in pieces} == {0, 1} and {i.kind for i in pieces} == {"content", "reasoning"}
+        assert {p.choice for p in pieces} == {0, 1} and {p.kind for p in pieces} == {"content", "reasoning"}
 
 
 async def _message_events(body: dict, encoded: bool, reply: str) -> list:
-    chat = ChatService(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47), "glm47")
+    chat = ChatService(ModelPipeline(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47),
+                                     "glm47"))
     stream = await MessagesService(chat.model, chat).create(MessagesRequest.model_validate(body), encoded=encoded)
     items = [item async for item in stream]
     await stream.aclose()
@@ -197,7 +206,7 @@ def test_an_encoded_messages_stream_is_the_events_json(thinking):
 
 
 async def _response_events(body: dict, encoded: bool, reply: str) -> list:
-    chat = ChatService(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47), "glm47")
+    chat = ChatService(ModelPipeline(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47), "glm47"))
     stream = await ResponsesService(chat.model, chat).create(ResponsesRequest.model_validate(body), encoded=encoded)
     items = [item async for item in stream]
     await stream.aclose()
@@ -241,20 +250,20 @@ def test_responses_drop_arguments_with_no_call_open(encoded):
     """A piece of a call's arguments while a message is open (no call head came first) makes
     no event and leaves the message's text and its encoded deltas as they were."""
 
-    async def chunks():
+    async def events():
         yield TextDelta("content", "Hello")
         yield TextDelta("arguments", '{"city": "Oslo"}')
         yield TextDelta("content", ' "there"')
-        yield ChatCompletionChunk(id="chatcmpl-1", created=1, model="glm",
-                                  choices=[ChunkChoice(index=0, delta=DeltaMessage(), finish_reason="stop")])
+        yield Finish("stop")
+        yield Done(Tokens(1, 3))
 
-    async def events():
+    async def rendered():
         shell = Response(id="resp_1", created_at=1, status="in_progress", model="glm", tools=[], tool_choice="auto",
                          parallel_tool_calls=True, text={"format": {"type": "text"}})
-        service = ResponsesService.__new__(ResponsesService)  # _events reads nothing of the service
-        return [e async for e in service._events(shell, chunks(), {}, None, encoded)]
+        reply = Reply(events(), id="chatcmpl-1", created=1, model="glm", n=1, logprobs=False, prompt_tokens=1)
+        return [e async for e in ResponseEvents(reply, shell, {}, None, encoded).events()]
 
-    sent = [json.loads(e if isinstance(e, str) else e.model_dump_json()) for e in asyncio.run(events())]
+    sent = [json.loads(e if isinstance(e, str) else e.model_dump_json()) for e in asyncio.run(rendered())]
     assert [e["delta"] for e in sent if e["type"].endswith(".delta")] == ["Hello", ' "there"']
     assert {e["type"] for e in sent if e["type"].endswith(".delta")} == {"response.output_text.delta"}
     assert sent[-1]["response"]["output"][0]["content"][0]["text"] == 'Hello "there"'

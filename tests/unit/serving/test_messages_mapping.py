@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from glmserve.chat import ChatTemplate
 from glmserve.server import AppOptions, create_app
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.pipeline import ModelPipeline
 from tests.unit.fakes import FakeEngine
 from tests.unit.serving.test_serving_tools import TEMPLATES
 
@@ -23,7 +24,7 @@ CALL = ("\n<think>Call the tool.</think>\n<tool_call>get_weather\n<arg_key>city<
 
 def _client(reply: str, context_length: int = 4000, **app_kw) -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
-    service = ChatService(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45")
+    service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45"))
     return engine, TestClient(create_app(service, AppOptions(**app_kw)))
 
 
@@ -130,8 +131,8 @@ def test_chat_template_kwargs_on_the_openai_routes():
     """The same switch on chat completions: chat_template_kwargs, reasoning_effort, and the
     server's defaults (--default-chat-template-kwargs), the request's own winning."""
     engine = FakeEngine(reply="\nHi.", context_length=4000, grammar=True)
-    service = ChatService(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45",
-                          default_template_kwargs={"enable_thinking": False})
+    service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45",
+                          default_template_kwargs={"enable_thinking": False}))
     client = TestClient(create_app(service))
     msgs = [{"role": "user", "content": "Hello"}]
     for extra in ({}, {"chat_template_kwargs": {"enable_thinking": True}}, {"reasoning_effort": "high"},

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
+from glmserve.serving.generation.pipeline import ModelPipeline
 from tests.unit.fakes import SPECIAL, FakeEngine
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "glm"
@@ -22,7 +23,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 def _http(parser: str, reply: str):
     engine = FakeEngine(reply=reply, context_length=4000, grammar=True)
-    service = ChatService(engine, "glm", ChatTemplate(TEMPLATES[parser]), parser)
+    service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES[parser]), parser))
     return engine, service, TestClient(create_app(service))
 
 

@@ -1,7 +1,9 @@
-"""The chat-completions handler: OpenAI request -> engine request -> OpenAI response or chunks,
-over the model's shared pipeline (``serving/generation/pipeline.py``: admission, deltas, stop
-strings, applied once for every engine). Used by every front end (HTTP routes, the in-process
-``LLM``) and by the APIs mapped onto chat (messages, responses)."""
+"""The chat-completions handler: OpenAI request -> engine requests -> the reply stream
+(``serving/generation/reply.py``), over the model's shared pipeline
+(``serving/generation/pipeline.py``: admission, deltas, stop strings, applied once for every
+engine); ``create`` renders it as chat completions (``serving/chat/render.py``). Used by every
+front end (HTTP routes, the in-process ``LLM``); the APIs mapped onto chat (messages, responses)
+render ``reply`` their own way."""
 
 from __future__ import annotations
 
@@ -11,34 +13,28 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any, Literal
 
-from glmserve.engine.base import Engine
 from glmserve.engine.rules import model_text
-from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest, TokenLogprob
-from glmserve.protocol.chat import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatMessage,
-    Choice,
-    ChoiceLogprobs,
-    ChunkChoice,
-    DeltaFunction,
-    DeltaMessage,
-    DeltaToolCall,
-    FunctionCall,
-    TokenLogprobEntry,
-    ToolCall,
-    TopLogprob,
-)
-from glmserve.protocol.errors import APIError
-from glmserve.serving.generation.chunks import MARK, ChunkStream, FilledJSON, StreamItem, TextDelta
+from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest
+from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
+from glmserve.serving.chat.render import chunks, completion
+from glmserve.serving.generation.chunks import ChunkStream, StreamItem
 from glmserve.serving.generation.merge import merged
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.prompt import build_prompt
+from glmserve.serving.generation.reply import (
+    CallStart,
+    Done,
+    Finish,
+    Logprobs,
+    Reply,
+    ReplyEvent,
+    TextDelta,
+    call_id,
+    collect,
+)
 from glmserve.serving.generation.request_scope import CACHE_SALT
-from glmserve.serving.generation.run import Run, usage
+from glmserve.serving.generation.run import Run, tokens
 from glmserve.serving.generation.sampling import (
     check_n,
     check_supported,
@@ -51,7 +47,7 @@ from glmserve.serving.generation.sampling import (
 )
 from glmserve.serving.generation.template_vars import template_kwargs
 from glmserve.serving.generation.tools import plan_tools
-from glmserve.toolcalls import PARSERS, DeltaEvent, assemble, output_parser, prompt_state
+from glmserve.toolcalls import PARSERS, output_parser, prompt_state
 
 log = logging.getLogger("glmserve.chat")
 
@@ -66,23 +62,30 @@ class ChatService:
     before anything is generated.
     """
 
-    def __init__(self, model: ModelPipeline | Engine, *args: Any, **kwargs: Any) -> None:
-        """``model``: the served model, or the arguments of one (``ModelPipeline(engine,
-        served_model_name, template, ...)``)."""
-        self.model = model if isinstance(model, ModelPipeline) else ModelPipeline(model, *args, **kwargs)
+    def __init__(self, model: ModelPipeline) -> None:
+        self.model = model
 
-    async def create(self, req: ChatCompletionRequest, *, max_tokens_ceiling: bool = False,
-                     priority: int = INTERACTIVE_PRIORITY,
-                     text_form: Literal["chunk", "json", "delta"] = "chunk",
-                     ) -> ChatCompletion | AsyncIterator[StreamItem]:
-        """``max_tokens_ceiling``: a ``max_tokens`` larger than what the prompt leaves of the
+    async def create(self, req: ChatCompletionRequest, *, priority: int = INTERACTIVE_PRIORITY,
+                     encoded: bool = False) -> ChatCompletion | AsyncIterator[StreamItem]:
+        """The ``ChatCompletion``, or for ``stream`` its chunks (``serving/chat/render.py``;
+        ``encoded``: pieces of text alone as their JSON, for a caller that only sends them).
+        ``priority``: as ``reply``'s. Raises ``APIError`` before anything is generated."""
+        reply = await self.reply(req, priority=priority)
+        decode = self.model.engine.tokenizer.decode
+        if not req.stream:
+            return completion(reply, await collect(reply), decode)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return ChunkStream(chunks(reply, include_usage, decode, encoded), reply,
+                           prompt_tokens=reply.prompt_tokens)
+
+    async def reply(self, req: ChatCompletionRequest, *, max_tokens_ceiling: bool = False,
+                    priority: int = INTERACTIVE_PRIORITY) -> Reply:
+        """The reply stream of ``req`` (its ``stream`` field aside), admitted.
+        ``max_tokens_ceiling``: a ``max_tokens`` larger than what the prompt leaves of the
         context is lowered to fit (Anthropic clients send one ceiling whatever the model)
         instead of refused with a 400; ``priority``: the engine requests' (``GenerationRequest``;
-        batch lines run at ``BATCH_PRIORITY``); ``text_form``: how a stream gives a chunk that
-        holds one piece of text alone (a ``TextDelta``: content, reasoning or a tool call's next
-        arguments; no finish reason, no logprobs): as the chunk (``chunk``), as its JSON
-        (``json``: a ``str``, what ``model_dump_json(exclude_none=True)`` gives, for a caller
-        that only sends it) or as the ``TextDelta`` (``delta``, for the APIs mapped onto chat)."""
+        batch lines run at ``BATCH_PRIORITY``). Raises ``APIError`` before anything is
+        generated."""
         self.model.check_model(req.model)
         req, default_ceiling = with_defaults(req, self.model.generation_defaults)
         max_tokens_ceiling = max_tokens_ceiling or default_ceiling
@@ -94,11 +97,10 @@ class ChatService:
         runs = await asyncio.to_thread(self._prepare, req, images, bias, max_tokens_ceiling, priority)
         # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
         await self.model.admit_all(runs, "response_format" if req.response_format else "tools")
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ChunkStream(self._stream(runs, include_usage, text_form), *(run.outputs for run in runs),
-                               prompt_tokens=len(runs[0].request.prompt_token_ids))
-        return await self._complete(runs)
+        events = self._choice(runs[0], runs) if len(runs) == 1 else self._choices(runs)
+        first = runs[0]
+        return Reply(events, *(run.outputs for run in runs), id=first.id, created=first.created, model=first.model,
+                     n=len(runs), logprobs=first.wants_logprobs, prompt_tokens=len(first.request.prompt_token_ids))
 
     def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None,
                  max_tokens_ceiling: bool, priority: int) -> list[Run]:
@@ -141,145 +143,45 @@ class ChatService:
         budget = req.thinking_token_budget if req.thinking_token_budget is not None else self.model.reasoning_budget
         return None if budget is None or not self.model.reasoning or grammar else budget
 
-    async def _events(self, run: Run) -> AsyncIterator[tuple[list[DeltaEvent], str | None, list[TokenLogprob]]]:
-        """Parsed output: ``(events, finish_reason, logprobs)``; without a tool parser every
-        text delta is one content event. ``finish_reason`` is ``tool_calls`` when the reply made
-        calls."""
-        parser, made_calls = run.parser, False
+    async def _choice(self, run: Run, last: list[Run] | None = None) -> AsyncIterator[ReplyEvent]:
+        """Choice ``run.index``'s events, parsed (without a tool parser all text is content);
+        with ``last`` (the request's runs, when this is its only choice) also the ``Done``."""
+        parser, made_calls, choice = run.parser, False, run.index
+        request, logprobs = run.request, run.wants_logprobs
         if parser and run.forced_prefix:
             parser.feed(run.forced_prefix)  # the name line the prompt already holds
-        async for text, finish, logprobs in self.model.deltas(run):
+        # tags' look-alikes, escaped by the engine, as the model wrote them (model_text)
+        async for text, finish, token_logprobs in self.model.deltas(run):
+            if logprobs:
+                yield Logprobs(token_logprobs, choice)
             if parser is None:
-                events = [DeltaEvent("content", text)] if text else []
+                if text:
+                    yield TextDelta("content", model_text(request, text), 0, choice)
             else:
                 events = parser.feed(text) + (parser.finish(truncated=finish == "length") if finish else [])
-                if run.max_calls is not None:
-                    events = [e for e in events if e.kind != "tool_call" or e.index < run.max_calls]
-            for e in events:  # tags' look-alikes, escaped by the engine, as the model wrote them
-                e.text, e.name, e.arguments = (model_text(run.request, x) for x in (e.text, e.name, e.arguments))
-            made_calls = made_calls or any(e.kind == "tool_call" for e in events)
-            if finish and parser is not None and parser.unread:
-                log.warning("%s: %d tool call(s) could not be read and came back as content: %s",
-                            run.request.request_id, len(parser.unread), "; ".join(c[:200] for c in parser.unread))
-            yield events, ("tool_calls" if made_calls and finish == "stop" else finish), logprobs
+                for e in events:
+                    if e.kind != "tool_call":
+                        if e.text:
+                            yield TextDelta(e.kind, model_text(request, e.text), 0, choice)
+                        continue
+                    if run.max_calls is not None and e.index >= run.max_calls:
+                        continue
+                    if e.name:
+                        made_calls = True
+                        yield CallStart(call_id(), model_text(request, e.name), e.index, choice)
+                    if e.arguments:
+                        yield TextDelta("arguments", model_text(request, e.arguments), e.index, choice)
+            if finish:
+                if parser is not None and parser.unread:
+                    log.warning("%s: %d tool call(s) could not be read and came back as content: %s",
+                                request.request_id, len(parser.unread), "; ".join(c[:200] for c in parser.unread))
+                yield Finish(finish, run.stop_reason, made_calls, choice)
+        if last is not None:
+            yield Done(tokens(last))
 
-    async def _complete(self, runs: list[Run]) -> ChatCompletion:
-        events: list[list[DeltaEvent]] = [[] for _ in runs]
-        logprobs: list[list[TokenLogprob]] = [[] for _ in runs]
-        finishes: list[str | None] = [None] * len(runs)
-        async with aclosing(merged([self._events(run) for run in runs])) as parsed:
-            async for i, (batch, finish, token_logprobs) in parsed:
-                events[i] += batch
-                logprobs[i] += token_logprobs
-                finishes[i] = finish or finishes[i]
-        choices = []
-        for i, (batch, finish) in enumerate(zip(events, finishes)):
-            out = assemble(batch)
-            calls = [ToolCall(id=_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
-                     for c in out.tool_calls]
-            message = ChatMessage(content=out.content, tool_calls=calls or None,
-                                  reasoning_content=out.reasoning_content)
-            choices.append(Choice(index=i, message=message, finish_reason=finish, stop_reason=runs[i].stop_reason,
-                                  logprobs=self._logprobs(logprobs[i]) if runs[i].wants_logprobs else None))
-        first = runs[0]
-        return ChatCompletion(id=first.id, created=first.created, model=first.model, choices=choices,
-                              usage=usage(runs))
-
-    def _logprobs(self, logprobs: list[TokenLogprob]) -> ChoiceLogprobs:
-        """OpenAI's ``logprobs.content`` for ``logprobs`` (token text from the tokenizer,
-        ``bytes`` its UTF-8 encoding, as vLLM gives them)."""
-        def text(token_id: int) -> str:
-            return self.model.engine.tokenizer.decode([token_id])
-
-        def entry(lp: TokenLogprob) -> TokenLogprobEntry:
-            token = text(lp.token_id)
-            return TokenLogprobEntry(token=token, logprob=lp.logprob, bytes=list(token.encode("utf-8")),
-                                     top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
-                                                   for t, v in ((text(tid), v) for tid, v in lp.top)])
-        return ChoiceLogprobs(content=[entry(lp) for lp in logprobs])
-
-    def _chunk(self, run: Run, delta: DeltaMessage, finish_reason: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=run.id,
-            created=run.created,
-            model=run.model,
-            choices=[ChunkChoice(index=run.index, delta=delta, finish_reason=finish_reason,
-                                 stop_reason=run.stop_reason if finish_reason else None)],
-        )
-
-    def _event_chunks(self, run: Run, event: DeltaEvent) -> list[ChatCompletionChunk]:
-        if event.kind != "tool_call":
-            return [self._chunk(run, _delta(event.kind, event.text))]
-        # a call as OpenAI streams one: id, type and name first, then the arguments in pieces
-        chunks = []
-        if event.name:
-            head = DeltaToolCall(index=event.index, id=_call_id(), type="function",
-                                 function=DeltaFunction(name=event.name, arguments=""))
-            chunks.append(self._chunk(run, DeltaMessage(tool_calls=[head])))
-        if event.arguments:
-            chunks.append(self._chunk(run, _delta("arguments", event.arguments, event.index)))
-        return chunks
-
-    def _piece_json(self, templates: dict[tuple[str, int], FilledJSON], run: Run, piece: TextDelta) -> str:
-        """``piece``'s chunk in ``run`` as JSON, from the template for its kind and call, made
-        on first use (``templates``: the run's)."""
-        key = (piece.kind, piece.call)
-        template = templates.get(key)
-        if template is None:
-            template = templates[key] = FilledJSON(self._chunk(run, _delta(piece.kind, MARK, piece.call)))
-        return template.fill(piece.text)
-
-    async def _stream(self, runs: list[Run], include_usage: bool,
-                      text_form: Literal["chunk", "json", "delta"] = "chunk") -> AsyncIterator[StreamItem]:
-        for run in runs:
-            yield self._chunk(run, DeltaMessage(role="assistant", content=""))
-        carried: list[list[TokenLogprob]] = [[] for _ in runs]  # logprobs of tokens that made no chunk yet
-        # a piece of text alone skips the chunk's models (~5 µs per token) where the caller asked
-        fast = [text_form != "chunk" and not run.wants_logprobs for run in runs]
-        templates: list[dict[tuple[str, int], FilledJSON]] = [{} for _ in runs]
-        try:
-            async with aclosing(merged([self._events(run) for run in runs])) as parsed:
-                async for i, (events, finish_reason, logprobs) in parsed:
-                    if fast[i] and finish_reason is None and len(events) == 1:  # the usual token
-                        piece = _piece(events[0], i)
-                        if piece is not None:
-                            yield piece if text_form == "delta" else self._piece_json(templates[i], runs[i], piece)
-                            continue
-                    chunks = [chunk for event in events for chunk in self._event_chunks(runs[i], event)]
-                    if finish_reason is not None:
-                        chunks.append(self._chunk(runs[i], DeltaMessage(), finish_reason))
-                    carried[i] += logprobs
-                    if chunks and runs[i].wants_logprobs:
-                        chunks[0].choices[0].logprobs = self._logprobs(carried[i])
-                        carried[i] = []
-                    for chunk in chunks:
-                        yield chunk
-        except APIError as exc:
-            yield exc.body()
-            return
-        if include_usage:
-            first = runs[0]
-            yield ChatCompletionChunk(id=first.id, created=first.created, model=first.model, choices=[],
-                                      usage=usage(runs))
-
-
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def _piece(event: DeltaEvent, choice: int = 0) -> TextDelta | None:
-    """``event`` as a ``TextDelta``, if it is one: non-empty text, or a piece of a call's
-    arguments after its head."""
-    if event.kind == "tool_call":
-        return TextDelta("arguments", event.arguments, event.index, choice) \
-            if event.arguments and not event.name else None
-    return TextDelta(event.kind, event.text, 0, choice) if event.text else None
-
-
-def _delta(kind: str, text: str, call: int = 0) -> DeltaMessage:
-    """The chunk delta of a ``TextDelta``'s ``kind``, ``text`` and ``call``."""
-    if kind == "content":
-        return DeltaMessage(content=text)
-    if kind == "reasoning":
-        return DeltaMessage(reasoning_content=text)
-    return DeltaMessage(tool_calls=[DeltaToolCall(index=call, function=DeltaFunction(arguments=text))])
+    async def _choices(self, runs: list[Run]) -> AsyncIterator[ReplyEvent]:
+        """The events of ``runs`` (the choices of ``n``), as they come, then the ``Done``."""
+        async with aclosing(merged([self._choice(run) for run in runs])) as events:
+            async for _, event in events:
+                yield event
+        yield Done(tokens(runs))

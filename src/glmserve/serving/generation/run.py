@@ -1,5 +1,5 @@
 """``Run``: one admitted request (one choice of it) and what it has produced so far, shared by
-chat and text completions; ``usage`` of a request's runs."""
+chat and text completions; ``tokens`` (``usage``) of a request's runs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from glmserve.engine.types import GenerationOutput, GenerationRequest
 from glmserve.protocol.chat import PromptTokensDetails, Usage
+from glmserve.serving.generation.reply import Tokens
 from glmserve.toolcalls import ToolCallParser
 
 
@@ -45,13 +46,21 @@ class Run:
         return self.request.sampling.logprobs is not None
 
 
+def tokens(runs: list[Run], prompts: int = 1) -> Tokens:
+    """The token counts of ``runs``, the choices of ``prompts`` prompts (``n`` per prompt, in
+    order): each prompt counted once, as OpenAI counts it for ``n``."""
+    heads = runs[::len(runs) // prompts]
+    return Tokens(sum(r.prompt_tokens for r in heads), sum(r.completion_tokens for r in runs),
+                  sum(r.cached_tokens for r in heads))
+
+
+def chat_usage(counts: Tokens) -> Usage:
+    """OpenAI's ``usage`` object of ``counts``."""
+    return Usage(prompt_tokens=counts.prompt, completion_tokens=counts.completion,
+                 total_tokens=counts.prompt + counts.completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached))
+
 
 def usage(runs: list[Run], prompts: int = 1) -> Usage:
-    """Usage of ``runs``, the choices of ``prompts`` prompts (``n`` per prompt, in order): each
-    prompt counted once, as OpenAI counts it for ``n``."""
-    per_prompt = len(runs) // prompts
-    heads = runs[::per_prompt]
-    prompt = sum(r.prompt_tokens for r in heads)
-    completion = sum(r.completion_tokens for r in runs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_tokens for r in heads)))
+    """OpenAI's ``usage`` of ``runs`` (``tokens``)."""
+    return chat_usage(tokens(runs, prompts))
