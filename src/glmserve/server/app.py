@@ -12,7 +12,8 @@ from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from glmserve.version import __version__
-from glmserve.server.auth import require_admin_key, require_anthropic_key, require_api_key
+from glmserve.server.auth import require_admin_key, require_api_key
+from glmserve.server.endpoints import dialect_of
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
 from glmserve.server.openapi import error_responses, install_openapi
@@ -138,11 +139,13 @@ def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOpti
     app.include_router(openai.router, dependencies=protected, responses=needs_key)
     app.include_router(responses.router, dependencies=protected, responses=needs_key)
     app.include_router(conversations.router, dependencies=protected, responses=needs_key)
-    app.include_router(messages.router, dependencies=[Depends(require_anthropic_key)],
-                       responses=error_responses(401, anthropic=True))
+    # Anthropic's routes (the Messages API and its batches) take its key header and its envelope
+    anthropic = dialect_of("/v1/messages")
+    anthropic_key = [Depends(anthropic.key)]
+    app.include_router(messages.router, dependencies=anthropic_key, responses=error_responses(401, dialect=anthropic))
     app.include_router(batches.router, dependencies=protected, responses=needs_key)
-    app.include_router(batches.anthropic_router, dependencies=[Depends(require_anthropic_key)],
-                       responses=error_responses(401, anthropic=True))
+    app.include_router(batches.anthropic_router, dependencies=anthropic_key,
+                       responses=error_responses(401, dialect=anthropic))
     app.include_router(tokenize.router, dependencies=protected, responses=needs_key)
     if o.runtime_lora:
         app.include_router(lora.router, dependencies=admin, responses=needs_admin)

@@ -41,7 +41,7 @@ def dispatcher(app: FastAPI) -> Dispatch:
             async with await app.state.models.acquire(req.model, getattr(req, "keep_alive", None),
                                                       generation=endpoint.generation) as lease:
                 result = await endpoint.run(lease.loaded, req, Call(owner, app.state.responses_storage, batch=True))
-            return 200, result.model_dump(exclude_none=not endpoint.whole)
+            return 200, endpoint.dialect.stream.dump(result)
         except APIError as exc:
             return error_content(exc, url)
         except Exception:  # noqa: BLE001 (a line that breaks the handler is recorded as failed, once)

@@ -1,7 +1,9 @@
-"""The endpoints that run a model, in one table (``ENDPOINTS``): each path's request model and
-how its request runs on the model's services. The HTTP routes (``server/routes/``), a batch
-line's dispatch (``server/batch_dispatch.py``) and the batch route (which endpoints a batch may
-name) all read it, so an endpoint is added here once (``docs/design.md``, "Adding an endpoint").
+"""The endpoints that run a model, in one table (``ENDPOINTS``): each path's request model, how
+its request runs on the model's services, and the API dialect it speaks (``server/dialects.py``:
+streams, whole replies, error envelope, key header, OpenAPI error schema). The HTTP routes
+(``server/routes/``), a batch line's dispatch (``server/batch_dispatch.py``), the batch route
+(which endpoints a batch may name), the error handlers and the key dependencies all read it
+(``dialect_of``), so an endpoint is added here once (``docs/design.md``, "Where new things go").
 
 A run differs only by ``Call``: over HTTP, at interactive priority, a stream encoded for the
 wire; as a batch line, at ``BATCH_PRIORITY``, whole."""
@@ -20,6 +22,7 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.completions import CompletionRequest
 from glmserve.protocol.embeddings import EmbeddingRequest
 from glmserve.protocol.responses import ResponsesRequest
+from glmserve.server.dialects import ANTHROPIC_API, OPENAI_API, RESPONSES_API, Dialect
 from glmserve.serving.responses.stored import ResponseStorage
 
 if TYPE_CHECKING:
@@ -44,25 +47,35 @@ class Call:
 @dataclass(frozen=True)
 class Endpoint:
     """``path``; ``request``: its request model; ``run(loaded, request, call)``: the answer
-    (a reply model, or a stream of items); ``generation``: it holds a generation slot of its
-    model (embeddings do not); ``whole``: the fields a reply model dumps in full, nulls
-    included (Responses and Messages), where OpenAI's chat shapes leave unset ones out."""
+    (a reply model, or a stream of items); ``dialect``: the API it speaks; ``generation``: it
+    holds a generation slot of its model (embeddings do not)."""
 
     path: str
     request: type[BaseModel]
     run: Callable[[LoadedModel, Any, Call], Awaitable[Any]]
+    dialect: Dialect
     generation: bool = True
-    whole: bool = False
 
 
 ENDPOINTS: dict[str, Endpoint] = {e.path: e for e in (
     Endpoint("/v1/chat/completions", ChatCompletionRequest,
-             lambda rt, req, c: rt.chat.create(req, priority=c.priority, encoded=not c.batch)),
-    Endpoint("/v1/completions", CompletionRequest, lambda rt, req, c: rt.completions.create(req, c.priority)),
+             lambda loaded, req, c: loaded.chat.create(req, priority=c.priority, encoded=not c.batch), OPENAI_API),
+    Endpoint("/v1/completions", CompletionRequest,
+             lambda loaded, req, c: loaded.completions.create(req, c.priority), OPENAI_API),
     Endpoint("/v1/responses", ResponsesRequest,
-             lambda rt, req, c: c.storage.create(rt.responses, req, c.owner, c.priority, encoded=not c.batch),
-             whole=True),
-    Endpoint("/v1/embeddings", EmbeddingRequest, lambda rt, req, c: rt.embeddings.create(req), generation=False),
+             lambda loaded, req, c: c.storage.create(loaded.responses, req, c.owner, c.priority,
+                                                     encoded=not c.batch), RESPONSES_API),
+    Endpoint("/v1/embeddings", EmbeddingRequest, lambda loaded, req, c: loaded.embeddings.create(req), OPENAI_API,
+             generation=False),
     Endpoint("/v1/messages", MessagesRequest,
-             lambda rt, req, c: rt.messages.create(req, c.priority, encoded=not c.batch), whole=True),
+             lambda loaded, req, c: loaded.messages.create(req, c.priority, encoded=not c.batch), ANTHROPIC_API),
 )}
+
+
+def dialect_of(path: str) -> Dialect:
+    """The dialect of the API ``path`` belongs to: the ``ENDPOINTS`` row's whose path it is or
+    is below (``/v1/messages/count_tokens``, ``/v1/responses/{id}``), else OpenAI's."""
+    for endpoint in ENDPOINTS.values():
+        if path == endpoint.path or path.startswith(endpoint.path + "/"):
+            return endpoint.dialect
+    return OPENAI_API

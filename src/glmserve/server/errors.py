@@ -2,9 +2,9 @@
 (llama-cpp-python's ``server/errors.py`` pattern): ``APIError`` as it says, validation errors
 (FastAPI's 422) as 400, unknown routes 404, anything unexpected 500 (logged, server unharmed).
 
-Under ``/v1/messages`` (Anthropic's API) the body is Anthropic's envelope
-(``protocol/anthropic.py``: ``{"type": "error", "error": {"type", "message"}}``, 503 as 529);
-everywhere else OpenAI's."""
+The body and status are those of the path's API dialect (``server/endpoints.dialect_of``):
+under ``/v1/messages`` Anthropic's envelope (``protocol/anthropic.py``: ``{"type": "error",
+"error": {"type", "message"}}``, 503 as 529), everywhere else OpenAI's."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from glmserve.protocol import anthropic
 from glmserve.protocol.errors import APIError, invalid_request, server_error
+from glmserve.server.endpoints import dialect_of
 
 log = logging.getLogger("glmserve")
 
@@ -31,19 +31,9 @@ class ASCIIJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-ANTHROPIC_PREFIX = "/v1/messages"
-
-
-def is_anthropic_route(path: str) -> bool:
-    """Whether ``path`` belongs to Anthropic's API (``/v1/messages`` and below)."""
-    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
-
-
 def error_content(exc: APIError, path: str) -> tuple[int, dict]:
     """``(status, body)`` of ``exc`` in the error dialect of the API ``path`` belongs to."""
-    if is_anthropic_route(path):
-        return anthropic.error_status(exc), anthropic.error_body(exc)
-    return exc.status_code, exc.body().model_dump()
+    return dialect_of(path).error(exc)
 
 
 def error_response(exc: APIError, path: str = "") -> JSONResponse:

@@ -11,7 +11,7 @@ from fastapi import Request, Response
 
 from glmserve.server.auth import cache_owner, owner
 from glmserve.server.endpoints import ENDPOINTS, Call
-from glmserve.server.sse import OPENAI, SSEDialect, respond
+from glmserve.server.sse import SSEDialect, respond
 from glmserve.serving.generation.request_scope import CACHE_SALT
 from glmserve.serving.generation.request_scope import cache_salt as salt_for
 
@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 
 
 async def respond_with_model(request: Request, model: str | None, call: Callable[[LoadedModel], Awaitable[Any]],
-                             dialect: SSEDialect = OPENAI, keep_alive: float | None = None,
+                             dialect: SSEDialect, keep_alive: float | None = None,
                              cache_salt: str | None = None) -> Response:
-    """``respond(call(loaded))`` on the loaded serving ``model``, released when the response
-    no longer needs it: the routes that generate text. ``cache_salt``: the client's (its
+    """``respond(call(loaded))`` in ``dialect`` on the loaded serving ``model``, released when
+    the response no longer needs it: the routes that generate text. ``cache_salt``: the client's (its
     request's field); the engine's salt also keeps keys apart (``serving/generation/request_scope.py``).
     Raises ``APIError`` when the model is unknown, cannot be loaded, or is served for
     embeddings only."""
@@ -54,10 +54,12 @@ def http_call(request: Request) -> Call:
     return Call(owner(request), request.app.state.responses_storage)
 
 
-async def respond_with_endpoint(request: Request, path: str, body: Any, dialect: SSEDialect = OPENAI) -> Response:
-    """``respond_with_model`` running ``ENDPOINTS[path]`` for ``body`` (its request model)."""
+async def respond_with_endpoint(request: Request, path: str, body: Any) -> Response:
+    """``respond_with_model`` running ``ENDPOINTS[path]`` for ``body`` (its request model), in
+    the row's dialect."""
     endpoint, call = ENDPOINTS[path], http_call(request)
-    return await respond_with_model(request, body.model, lambda loaded: endpoint.run(loaded, body, call), dialect,
+    return await respond_with_model(request, body.model, lambda loaded: endpoint.run(loaded, body, call),
+                                    endpoint.dialect.stream,
                                     keep_alive=getattr(body, "keep_alive", None),
                                     cache_salt=getattr(body, "cache_salt", None))
 

@@ -12,8 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from glmserve.protocol.anthropic import ErrorEnvelope
-from glmserve.protocol.errors import ErrorResponse
+from glmserve.server.dialects import OPENAI_API, Dialect
 
 ERROR_STATUSES = {
     400: "Invalid request (OpenAI error body; `param` names the field)",
@@ -30,12 +29,13 @@ ERROR_STATUSES = {
 }
 
 
-def error_responses(*statuses: int, anthropic: bool = False, **descriptions: str) -> dict[int | str, dict[str, Any]]:
-    """FastAPI ``responses=`` entries for ``statuses``, each with the OpenAI error body
-    (``anthropic``: Anthropic's) and ``ERROR_STATUSES``'s description, or the route's own as
-    ``s503="..."``."""
-    model = ErrorEnvelope if anthropic else ErrorResponse
-    return {status: {"model": model, "description": descriptions.get(f"s{status}", ERROR_STATUSES[status])}
+def error_responses(*statuses: int, dialect: Dialect = OPENAI_API,
+                    **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` entries for ``statuses``, each with ``dialect``'s error body (the
+    route's ``ENDPOINTS`` dialect, ``server/endpoints.dialect_of``) and ``ERROR_STATUSES``'s
+    description, or the route's own as ``s503="..."``."""
+    return {status: {"model": dialect.error_model,
+                     "description": descriptions.get(f"s{status}", ERROR_STATUSES[status])}
             for status in statuses}
 
 

@@ -6,6 +6,7 @@ the same for every engine.
   conversations), ``embeddings``, ``tokenize``, ``lora`` (adapters loaded at run time),
   ``batches``;
 - ``generation``: the pipeline they share (prompt, sampling, stop strings, tools, admission and
-  deltas, metrics); ``structured``: JSON schemas and grammars;
+  deltas, the reply stream every chat-based API renders, metrics); ``structured``: JSON schemas
+  and grammars;
 - ``adapters``: one model's LoRA adapter table; ``items``: stored items and list pages.
 """

@@ -11,13 +11,14 @@ from fastapi.responses import Response, StreamingResponse
 
 from glmserve.protocol.batches import BatchCreateRequest, MessageBatchCreateRequest
 from glmserve.server.auth import owner
-from glmserve.server.endpoints import ENDPOINTS
+from glmserve.server.endpoints import ENDPOINTS, dialect_of
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.serving.batches.service import BatchService
 
 router = APIRouter()
 anthropic_router = APIRouter()
+MESSAGES = dialect_of("/v1/messages/batches")
 
 
 def _service(request: Request) -> BatchService:
@@ -93,13 +94,13 @@ def _message_batch(body: dict, request: Request) -> dict:
     return shown
 
 
-@anthropic_router.post("/v1/messages/batches", responses=error_responses(400, anthropic=True))
+@anthropic_router.post("/v1/messages/batches", responses=error_responses(400, dialect=MESSAGES))
 async def create_message_batch(body: MessageBatchCreateRequest, request: Request) -> JSONResponse:
     return JSONResponse(_message_batch(await _service(request).message_batches.create(owner(request), body.requests),
                                        request))
 
 
-@anthropic_router.get("/v1/messages/batches", responses=error_responses(400, anthropic=True))
+@anthropic_router.get("/v1/messages/batches", responses=error_responses(400, dialect=MESSAGES))
 async def list_message_batches(request: Request, after_id: str | None = None,
                                limit: int = Query(20, ge=1, le=1000)) -> JSONResponse:
     page = await _service(request).list(owner(request), after_id, limit, "anthropic")
@@ -107,25 +108,25 @@ async def list_message_batches(request: Request, after_id: str | None = None,
                          "first_id": page["first_id"], "last_id": page["last_id"]})
 
 
-@anthropic_router.get("/v1/messages/batches/{batch_id}", responses=error_responses(404, anthropic=True))
+@anthropic_router.get("/v1/messages/batches/{batch_id}", responses=error_responses(404, dialect=MESSAGES))
 async def get_message_batch(batch_id: str, request: Request) -> JSONResponse:
     return JSONResponse(_message_batch(await _service(request).get(owner(request), batch_id, "anthropic"), request))
 
 
-@anthropic_router.post("/v1/messages/batches/{batch_id}/cancel", responses=error_responses(404, anthropic=True))
+@anthropic_router.post("/v1/messages/batches/{batch_id}/cancel", responses=error_responses(404, dialect=MESSAGES))
 async def cancel_message_batch(batch_id: str, request: Request) -> JSONResponse:
     return JSONResponse(_message_batch(await _service(request).cancel(owner(request), batch_id, "anthropic"),
                                        request))
 
 
-@anthropic_router.delete("/v1/messages/batches/{batch_id}", responses=error_responses(400, 404, anthropic=True))
+@anthropic_router.delete("/v1/messages/batches/{batch_id}", responses=error_responses(400, 404, dialect=MESSAGES))
 async def delete_message_batch(batch_id: str, request: Request) -> JSONResponse:
     return JSONResponse(await _service(request).delete(owner(request), batch_id, "anthropic"))
 
 
 @anthropic_router.get("/v1/messages/batches/{batch_id}/results", name="message_batch_results", responses={
     200: {"description": "The results, one JSON object a line", "content": {"application/binary": {}}},
-    **error_responses(400, 404, anthropic=True)})
+    **error_responses(400, 404, dialect=MESSAGES)})
 async def message_batch_results(batch_id: str, request: Request) -> Response:
     return StreamingResponse(await _service(request).message_batches.results(owner(request), batch_id),
                              media_type="application/binary")

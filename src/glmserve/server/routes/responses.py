@@ -15,10 +15,12 @@ from glmserve.server.auth import owner
 from glmserve.server.model_lease import respond_with_endpoint, scope_cache
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
-from glmserve.server.sse import RESPONSES, respond
+from glmserve.server.endpoints import dialect_of
+from glmserve.server.sse import respond
 from glmserve.serving.responses.stored import ResponseStorage
 
 router = APIRouter()
+STREAM = dialect_of("/v1/responses").stream
 
 
 def _storage(request: Request) -> ResponseStorage:
@@ -36,8 +38,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if body.background:  # the run holds the model until it ends, not the connection
         lease = await request.app.state.models.acquire(body.model, body.keep_alive, generation=True)
         scope_cache(request, body.cache_salt)
-        return await respond(storage.start(lease.loaded.responses, body, who, lease.release), request, RESPONSES)
-    return await respond_with_endpoint(request, "/v1/responses", body, RESPONSES)
+        return await respond(storage.start(lease.loaded.responses, body, who, lease.release), request, STREAM)
+    return await respond_with_endpoint(request, "/v1/responses", body)
 
 
 @router.get("/v1/responses/{response_id}", responses={
@@ -50,7 +52,7 @@ async def get_response(response_id: str, request: Request, stream: bool = False,
                        include: list[str] = Query([])) -> Response:  # noqa: B008 (FastAPI's query list)
     storage, who = _storage(request), owner(request)
     if stream:
-        return await respond(storage.follow(response_id, who, starting_after), request, RESPONSES)
+        return await respond(storage.follow(response_id, who, starting_after), request, STREAM)
     return JSONResponse(await storage.get(response_id, who))
 
 

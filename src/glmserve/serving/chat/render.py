@@ -108,7 +108,8 @@ async def chunks(reply: Reply, include_usage: bool, decode: Decode, encoded: boo
                     key = (event.kind, event.call, event.choice)
                     template = templates.get(key)
                     if template is None:
-                        template = templates[key] = FilledJSON(chunk(event.choice, _delta(event.kind, MARK, event.call)))
+                        template = FilledJSON(chunk(event.choice, _delta(event.kind, MARK, event.call)))
+                        templates[key] = template
                     yield template.fill(event.text)
                 else:
                     yield with_logprobs(chunk(event.choice, _delta(event.kind, event.text, event.call)), event.choice)

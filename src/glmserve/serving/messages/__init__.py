@@ -1,2 +1,2 @@
 """Anthropic's ``/v1/messages`` and ``count_tokens``: the request mapped onto chat
-(``request``) and the answer built in Anthropic's shapes (``service``)."""
+(``request``, ``service``) and the reply rendered in Anthropic's shapes (``render``)."""

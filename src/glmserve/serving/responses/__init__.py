@@ -1,4 +1,4 @@
 """``/v1/responses`` and ``/v1/conversations``: the request mapped onto chat (``request``), the
-answer in Responses items and events (``service``), stored and background responses
+reply rendered as Responses items and events (``render``), stored and background responses
 (``stored``, ``run_events``), conversations, and reasoning sealed for stateless clients
 (``sealed_reasoning``)."""

@@ -55,7 +55,8 @@ def item_id(kind: str) -> str:
 
 
 def usage(tokens: Tokens) -> ResponseUsage:
-    return ResponseUsage(input_tokens=tokens.prompt, input_tokens_details=InputTokensDetails(cached_tokens=tokens.cached),
+    return ResponseUsage(input_tokens=tokens.prompt,
+                         input_tokens_details=InputTokensDetails(cached_tokens=tokens.cached),
                          output_tokens=tokens.completion, output_tokens_details=OutputTokensDetails(),
                          total_tokens=tokens.prompt + tokens.completion)
 
