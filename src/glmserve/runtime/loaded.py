@@ -41,7 +41,7 @@ class LoadedModel:
              seal: ReasoningSeal | None = None) -> LoadedModel:
         """The services over ``chat``'s model (``ModelPipeline``, its engine started); ``seal``: the
         key of ``/v1/responses``' ``encrypted_content`` (none: a 400 when a request asks for it)."""
-        model = chat.model
+        model = chat.pipeline
         return cls(model.engine, model, chat, CompletionService(model), ResponsesService(model, chat, seal),
                    MessagesService(model, chat), TokenizeService(model),
                    EmbeddingsService(model, max_embedding_inputs, max_embedding_tokens), LoRAAdapterService(model))

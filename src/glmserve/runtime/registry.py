@@ -201,7 +201,7 @@ class ModelRegistry(Generic[R]):
                 entry.idle.clear()
                 entry.last_used = self._clock()
                 entry.keep_alive = self._keep_alive(entry, keep_alive)
-                return Lease(self, entry)
+                return Lease(entry.loaded, entry.spec.name, lambda: self._release(entry))
             async with self._lock:
                 if entry.status is ModelStatus.LOADED:
                     continue

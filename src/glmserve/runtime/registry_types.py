@@ -57,13 +57,13 @@ class ModelSpec(Generic[R]):
 
 
 class Lease(Generic[R]):
-    """A hold on a loaded model: ``loaded`` stays loaded until ``release()`` (idempotent; also
-    on leaving ``async with``)."""
+    """A hold on a loaded model: ``loaded`` (of the model named ``model``) stays loaded until
+    ``release()`` (idempotent; also on leaving ``async with``), which calls ``on_release`` (the
+    registry's count of the model's holds)."""
 
-    def __init__(self, registry: Any, entry: Any) -> None:  # a ModelRegistry and its entry
-        self._registry, self._entry = registry, entry
-        self.loaded: R = entry.loaded
-        self.model = entry.spec.name
+    def __init__(self, loaded: R, model: str, on_release: Callable[[], None]) -> None:
+        self.loaded, self.model = loaded, model
+        self._on_release = on_release
         self._released = False
         self._then: list[Callable[[], None]] = []
 
@@ -76,7 +76,7 @@ class Lease(Generic[R]):
             self._released = True
             for release in self._then:
                 release()
-            self._registry._release(self._entry)
+            self._on_release()
 
     async def __aenter__(self) -> Lease[R]:
         return self

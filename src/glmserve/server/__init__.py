@@ -1,4 +1,5 @@
-"""HTTP layer: FastAPI routes, SSE, auth, errors. No engine imports."""
+"""HTTP layer: FastAPI routes, SSE, auth, errors, each API's dialect. No engine library: only the engine
+interface's types."""
 
 from glmserve.server.app import AppOptions, create_app
 

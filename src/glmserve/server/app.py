@@ -1,4 +1,4 @@
-"""``create_app``: the FastAPI application around the served models. No engine imports here."""
+"""``create_app``: the FastAPI application around the served models."""
 
 from __future__ import annotations
 

@@ -15,11 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from glmserve.protocol.errors import APIError
-from glmserve.server.auth import cache_owner
 from glmserve.server.endpoints import ENDPOINTS, Call
 from glmserve.server.errors import error_content, validation_error
+from glmserve.server.model_lease import lease_for
 from glmserve.serving.batches.runner import Dispatch
-from glmserve.serving.generation.request_scope import CACHE_SALT, cache_salt
 
 log = logging.getLogger("glmserve.batches")
 
@@ -36,10 +35,7 @@ def dispatcher(app: FastAPI) -> Dispatch:
                 raise validation_error(RequestValidationError(exc.errors())) from None
             if getattr(req, "background", False):
                 raise APIError(400, "background is not served in a batch", "invalid_request_error", "background")
-            # the engine's cache salt, as the route's (server/model_lease.py)
-            CACHE_SALT.set(cache_salt(cache_owner(app, owner), getattr(req, "cache_salt", None)))
-            async with await app.state.models.acquire(req.model, getattr(req, "keep_alive", None),
-                                                      generation=endpoint.generation) as lease:
+            async with await lease_for(app, owner, req, endpoint.generation) as lease:  # as a route's
                 result = await endpoint.run(lease.loaded, req, Call(owner, app.state.responses_storage, batch=True))
             return 200, endpoint.dialect.stream.dump(result)
         except APIError as exc:

@@ -1,52 +1,36 @@
-"""How a route reaches the model a request names: a lease on its loaded model (loading it if needed),
-held for as long as the answer needs the model (a stream: until it is closed)."""
+"""How a request reaches the model it names (``lease_for``, the same for a route, a batch line
+and a background run): a lease on its loaded model (loading it if needed) with the engine's cache
+salt set, held for as long as the answer needs the model (a stream: until it is closed)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Request, Response
+from fastapi import FastAPI, Request, Response
 
 from glmserve.server.auth import cache_owner, owner
 from glmserve.server.endpoints import ENDPOINTS, Call
-from glmserve.server.sse import SSEDialect, respond
+from glmserve.server.sse import respond
 from glmserve.serving.generation.request_scope import CACHE_SALT
 from glmserve.serving.generation.request_scope import cache_salt as salt_for
 
 if TYPE_CHECKING:
     from glmserve.runtime.loaded import LoadedModel
+    from glmserve.runtime.registry_types import Lease
 
 
-async def respond_with_model(request: Request, model: str | None, call: Callable[[LoadedModel], Awaitable[Any]],
-                             dialect: SSEDialect, keep_alive: float | None = None,
-                             cache_salt: str | None = None) -> Response:
-    """``respond(call(loaded))`` in ``dialect`` on the loaded serving ``model``, released when
-    the response no longer needs it: the routes that generate text. ``cache_salt``: the client's (its
-    request's field); the engine's salt also keeps keys apart (``serving/generation/request_scope.py``).
-    Raises ``APIError`` when the model is unknown, cannot be loaded, or is served for
-    embeddings only."""
-    scope_cache(request, cache_salt)
-    lease = await request.app.state.models.acquire(model, keep_alive, generation=True)
-    leave = request.app.state.activity.enter()  # batch work yields while it is in flight
-
-    def release() -> None:
-        lease.release()
-        leave()
-
-    try:
-        result = call(lease.loaded)
-    except BaseException:
-        release()
-        raise
-    return await respond(result, request, dialect, release=release)
-
-
-def scope_cache(request: Request, client_salt: str | None) -> None:
-    """Set the engine's cache salt (``serving/generation/request_scope.py``) for this request's task, and the
-    tasks it starts (a background response)."""
-    CACHE_SALT.set(salt_for(cache_owner(request.app, owner(request)), client_salt))
+async def lease_for(app: FastAPI, owner_digest: str, body: Any, generation: bool = True) -> Lease:
+    """A request's setup, one for a route, a batch line and a background run: the engine's cache
+    salt set for this task and the tasks it starts (``owner_digest``'s scope and the body's
+    ``cache_salt``: ``serving/generation/request_scope.py``), then a lease on the loaded model
+    ``body.model`` names (the base model, an alias or a LoRA adapter, loading it if needed; the
+    body's ``keep_alive``). ``generation``: the model must generate text (not one served for
+    embeddings only). Raises ``APIError`` when the model is unknown, cannot be loaded, or is
+    served for embeddings only where it must generate."""
+    CACHE_SALT.set(salt_for(cache_owner(app, owner_digest), getattr(body, "cache_salt", None)))
+    return await app.state.models.acquire(body.model, getattr(body, "keep_alive", None), generation=generation)
 
 
 def http_call(request: Request) -> Call:
@@ -55,13 +39,23 @@ def http_call(request: Request) -> Call:
 
 
 async def respond_with_endpoint(request: Request, path: str, body: Any) -> Response:
-    """``respond_with_model`` running ``ENDPOINTS[path]`` for ``body`` (its request model), in
-    the row's dialect."""
+    """``ENDPOINTS[path]`` run for ``body`` (its request model) on its leased model
+    (``lease_for``) and answered in the row's dialect; the model is released when the response
+    no longer needs it (a stream: once it is closed)."""
     endpoint, call = ENDPOINTS[path], http_call(request)
-    return await respond_with_model(request, body.model, lambda loaded: endpoint.run(loaded, body, call),
-                                    endpoint.dialect.stream,
-                                    keep_alive=getattr(body, "keep_alive", None),
-                                    cache_salt=getattr(body, "cache_salt", None))
+    lease = await lease_for(request.app, call.owner, body, endpoint.generation)
+    leave = request.app.state.activity.enter()  # batch work yields while it is in flight
+
+    def release() -> None:
+        lease.release()
+        leave()
+
+    try:
+        result = endpoint.run(lease.loaded, body, call)
+    except BaseException:
+        release()
+        raise
+    return await respond(result, request, endpoint.dialect.stream, release=release)
 
 
 @asynccontextmanager

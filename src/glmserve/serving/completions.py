@@ -55,33 +55,33 @@ class CompletionService:
     ``Completion`` chunks (ending with an ``ErrorResponse`` if generation fails after the
     stream began). Client errors raise ``APIError`` before anything is generated."""
 
-    def __init__(self, model: ModelPipeline) -> None:
-        self.model = model
-        self.tokenizer = model.engine.tokenizer
+    def __init__(self, pipeline: ModelPipeline) -> None:
+        self.pipeline = pipeline
+        self.tokenizer = pipeline.engine.tokenizer
 
     async def create(self, req: CompletionRequest,
                      priority: int = INTERACTIVE_PRIORITY) -> Completion | AsyncIterator[Completion | ErrorResponse]:
-        self.model.check_model(req.model)
-        req, ceiling = with_defaults(req, self.model.generation_defaults)
+        self.pipeline.check_model(req.model)
+        req, ceiling = with_defaults(req, self.pipeline.generation_defaults)
         check_supported(req)
-        check_n(req.n, self.model.max_n)
+        check_n(req.n, self.pipeline.max_n)
         bias = logit_bias(req, self.tokenizer.n_vocab)
         prompts = await asyncio.to_thread(self._token_prompts, req)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         runs: list[Run] = []
         for p, ids in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
-            n_ctx = self.model.context_length
+            n_ctx = self.pipeline.context_length
             max_tokens = min(req.max_tokens, max(1, n_ctx - len(ids))) if ceiling else req.max_tokens
-            sampling = to_sampling_params(req, fit_max_tokens(len(ids), max_tokens, self.model.context_length, param),
+            sampling = to_sampling_params(req, fit_max_tokens(len(ids), max_tokens, self.pipeline.context_length, param),
                                           (), None, bias)
             for j in range(req.n):  # choice p * n + j
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
-                    lora=req.model if req.model in self.model.adapters else None, priority=priority,
-                    shown_special_ids=self.model.shown_special_ids, cache_salt=CACHE_SALT.get())
+                    lora=req.model if req.model in self.pipeline.adapters else None, priority=priority,
+                    shown_special_ids=self.pipeline.shown_special_ids, cache_salt=CACHE_SALT.get())
                 runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
-        await self.model.admit_all(runs)
+        await self.pipeline.admit_all(runs)
         if not req.echo:
             echoes = [""] * len(runs)
         elif isinstance(req.prompt, str) or isinstance(req.prompt[0], str):  # the client's own text
@@ -154,7 +154,7 @@ class CompletionService:
         async def texts(index: int, run: Run) -> AsyncIterator[tuple[str, str | None, list[TokenLogprob]]]:
             if echoes[index]:
                 yield echoes[index], None, []
-            async for text, finish, logprobs in self.model.deltas(run):
+            async for text, finish, logprobs in self.pipeline.deltas(run):
                 yield model_text(run.request, text), finish, logprobs  # tags as the model wrote them
 
         try:

@@ -32,9 +32,9 @@ class EmbeddingsService:
     name, a model the engine cannot embed with, ``dimensions`` other than the model's size, or
     bad or too large ``input``."""
 
-    def __init__(self, model: ModelPipeline, max_inputs: int = 2048, max_tokens: int = 32768) -> None:
-        self.model = model
-        self.engine = model.engine
+    def __init__(self, pipeline: ModelPipeline, max_inputs: int = 2048, max_tokens: int = 32768) -> None:
+        self.pipeline = pipeline
+        self.engine = pipeline.engine
         self.max_inputs = max_inputs
         self.max_tokens = max_tokens
 
@@ -51,10 +51,10 @@ class EmbeddingsService:
         return EmbeddingResponse(data=data, model=req.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))
 
     def _check(self, req: EmbeddingRequest) -> None:
-        self.model.check_model(req.model)
-        if req.model in self.model.adapters:
+        self.pipeline.check_model(req.model)
+        if req.model in self.pipeline.adapters:
             raise invalid_request(f"embeddings are computed without LoRA adapters: ask for model "
-                                  f"{self.model.name!r}, not the adapter {req.model!r}", "model")
+                                  f"{self.pipeline.name!r}, not the adapter {req.model!r}", "model")
         size = self.engine.model_info.embedding_size
         if size is None:
             raise invalid_request(f"model {req.model!r} does not serve embeddings on this engine", "model")
@@ -70,7 +70,7 @@ class EmbeddingsService:
             raise invalid_request("input must not be empty", "input")
         if len(items) > self.max_inputs:
             raise invalid_request(f"input has {len(items)} items; at most {self.max_inputs} are allowed", "input")
-        tokenizer, n_ctx = self.engine.tokenizer, self.model.context_length
+        tokenizer, n_ctx = self.engine.tokenizer, self.pipeline.context_length
         out: list[list[int]] = []
         total = 0
         for i, item in enumerate(items):

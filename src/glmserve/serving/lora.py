@@ -19,27 +19,27 @@ class LoRAAdapterService:
     (missing, does not fit the model, or an engine that cannot load it now); 404 for
     unloading a name that is not loaded."""
 
-    def __init__(self, model: ModelPipeline) -> None:
-        self.model = model
+    def __init__(self, pipeline: ModelPipeline) -> None:
+        self.pipeline = pipeline
         self._lock = asyncio.Lock()  # one load or unload request at a time
 
     async def load(self, req: LoadLoRAAdapterRequest) -> str:
         name = req.lora_name
-        if name == self.model.name or name in self.model.aliases:
+        if name == self.pipeline.name or name in self.pipeline.aliases:
             raise invalid_request(f"'{name}' is the base model's name", "lora_name")
         async with self._lock:
-            replace = name in self.model.adapters
+            replace = name in self.pipeline.adapters
             if replace and not req.load_inplace:
                 raise invalid_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
             # the work goes on if the client leaves: an adapter is never left half loaded
-            await asyncio.shield(self.model.adapter_table.register(name, req.lora_path, replace))
+            await asyncio.shield(self.pipeline.adapter_table.register(name, req.lora_path, replace))
         return f"Success: LoRA adapter '{name}' added successfully."
 
     async def unload(self, req: UnloadLoRAAdapterRequest) -> str:
         name = req.lora_name
         async with self._lock:
-            if name not in self.model.adapters:
+            if name not in self.pipeline.adapters:
                 raise APIError(404, f"The lora adapter '{name}' cannot be found.", "invalid_request_error",
                                "lora_name", "lora_adapter_not_found")
-            await asyncio.shield(self.model.adapter_table.unload(name))
+            await asyncio.shield(self.pipeline.adapter_table.unload(name))
         return f"Success: LoRA adapter '{name}' removed successfully."

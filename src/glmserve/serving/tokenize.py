@@ -21,19 +21,19 @@ class TokenizeService:
     methods are blocking (tokenizing a long prompt takes a while): call them off the event
     loop. They raise ``APIError`` 404 for an unknown ``model`` and 400 for bad input."""
 
-    def __init__(self, model: ModelPipeline) -> None:
-        self.model = model
-        self.tokenizer = model.engine.tokenizer
+    def __init__(self, pipeline: ModelPipeline) -> None:
+        self.pipeline = pipeline
+        self.tokenizer = pipeline.engine.tokenizer
 
     def _check_model(self, model: str | None) -> None:
         if model is not None:
-            self.model.check_model(model)
+            self.pipeline.check_model(model)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         self._check_model(req.model)
         if isinstance(req, TokenizeChatRequest):
-            chat = ChatCompletionRequest(model=self.model.name, messages=req.messages, tools=req.tools)
-            ids = self.model.prompt_token_ids(chat)
+            chat = ChatCompletionRequest(model=self.pipeline.name, messages=req.messages, tools=req.tools)
+            ids = self.pipeline.prompt_token_ids(chat)
         else:
             try:
                 ids = self.tokenizer.encode_prompt(req.prompt) if req.add_special_tokens else self.tokenizer.encode(
@@ -41,7 +41,7 @@ class TokenizeService:
             except UnicodeEncodeError as exc:
                 raise invalid_request("the prompt contains invalid Unicode (a lone surrogate)", "prompt") from exc
         strs = [self.tokenizer.decode([t]) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=self.model.context_length, tokens=ids, token_strs=strs)
+        return TokenizeResponse(count=len(ids), max_model_len=self.pipeline.context_length, tokens=ids, token_strs=strs)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         self._check_model(req.model)

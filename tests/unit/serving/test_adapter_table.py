@@ -119,7 +119,7 @@ def _served(table: AdapterTable, max_loaded: int = 1) -> tuple[TestClient, list[
         engine = FakeEngine(reply="I am base")
         engines.append(engine)
         chat = ChatService(ModelPipeline(engine, "base", ChatTemplate(CHATML_TEMPLATE)))
-        chat.model.adapter_table = table
+        chat.pipeline.adapter_table = table
         table.attach(engine)
         return LoadedModel.over(chat)
 
@@ -156,8 +156,8 @@ def test_a_runtime_adapter_survives_its_model_being_evicted_and_loaded_again():
 def test_a_request_loads_an_adapter_that_max_loras_put_out():
     engine = FakeEngine()
     chat = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
-    chat.model.adapter_table = AdapterTable(max_loras=1)
-    chat.model.adapter_table.attach(engine)
+    chat.pipeline.adapter_table = AdapterTable(max_loras=1)
+    chat.pipeline.adapter_table.attach(engine)
     with TestClient(create_app(chat, AppOptions(runtime_lora=True))) as http:
         for name in ("a", "b"):
             assert http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": f"/x/{name}"}).status_code == 200

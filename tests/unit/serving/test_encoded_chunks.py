@@ -164,7 +164,7 @@ def test_text_deltas_and_encoded_tool_arguments_are_the_objects(reply, extra):
 async def _message_events(body: dict, encoded: bool, reply: str) -> list:
     chat = ChatService(ModelPipeline(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47),
                                      "glm47"))
-    stream = await MessagesService(chat.model, chat).create(MessagesRequest.model_validate(body), encoded=encoded)
+    stream = await MessagesService(chat.pipeline, chat).create(MessagesRequest.model_validate(body), encoded=encoded)
     items = [item async for item in stream]
     await stream.aclose()
     return items
@@ -207,7 +207,7 @@ def test_an_encoded_messages_stream_is_the_events_json(thinking):
 
 async def _response_events(body: dict, encoded: bool, reply: str) -> list:
     chat = ChatService(ModelPipeline(FakeEngine(reply=reply, context_length=8000), "glm", ChatTemplate(GLM47), "glm47"))
-    stream = await ResponsesService(chat.model, chat).create(ResponsesRequest.model_validate(body), encoded=encoded)
+    stream = await ResponsesService(chat.pipeline, chat).create(ResponsesRequest.model_validate(body), encoded=encoded)
     items = [item async for item in stream]
     await stream.aclose()
     return items

@@ -40,7 +40,7 @@ def _req(**kw) -> ChatCompletionRequest:
 
 def test_end_of_turn_token_from_template(engine):
     service = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
-    assert service.model.stop_token_ids == (1001,)
+    assert service.pipeline.stop_token_ids == (1001,)
 
 
 def test_sampling_defaults_and_mapping():

@@ -55,7 +55,7 @@ def _stream(client, body) -> tuple[str, str, list[dict], str]:
 
 def test_stop_tokens_include_observation():
     engine, service, _ = _http("glm4", "x")
-    assert set(service.model.stop_token_ids) == {SPECIAL["<|user|>"], SPECIAL["<|observation|>"]}
+    assert set(service.pipeline.stop_token_ids) == {SPECIAL["<|user|>"], SPECIAL["<|observation|>"]}
 
 
 @pytest.mark.parametrize("parser", ["glm4", "glm45"])

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 from glmserve.protocol.responses import Response as ResponseObject
 from glmserve.protocol.responses import ResponsesRequest
 from glmserve.server.auth import owner
-from glmserve.server.model_lease import respond_with_endpoint, scope_cache
+from glmserve.server.model_lease import lease_for, respond_with_endpoint
 from glmserve.server.errors import ASCIIJSONResponse as JSONResponse
 from glmserve.server.openapi import error_responses
 from glmserve.server.endpoints import dialect_of
@@ -36,8 +36,7 @@ def _storage(request: Request) -> ResponseStorage:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     storage, who = _storage(request), owner(request)
     if body.background:  # the run holds the model until it ends, not the connection
-        lease = await request.app.state.models.acquire(body.model, body.keep_alive, generation=True)
-        scope_cache(request, body.cache_salt)
+        lease = await lease_for(request.app, who, body)
         return await respond(storage.start(lease.loaded.responses, body, who, lease.release), request, STREAM)
     return await respond_with_endpoint(request, "/v1/responses", body)
 

@@ -62,8 +62,8 @@ class ChatService:
     before anything is generated.
     """
 
-    def __init__(self, model: ModelPipeline) -> None:
-        self.model = model
+    def __init__(self, pipeline: ModelPipeline) -> None:
+        self.pipeline = pipeline
 
     async def create(self, req: ChatCompletionRequest, *, priority: int = INTERACTIVE_PRIORITY,
                      encoded: bool = False) -> ChatCompletion | AsyncIterator[StreamItem]:
@@ -71,7 +71,7 @@ class ChatService:
         ``encoded``: pieces of text alone as their JSON, for a caller that only sends them).
         ``priority``: as ``reply``'s. Raises ``APIError`` before anything is generated."""
         reply = await self.reply(req, priority=priority)
-        decode = self.model.engine.tokenizer.decode
+        decode = self.pipeline.engine.tokenizer.decode
         if not req.stream:
             return completion(reply, await collect(reply), decode)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -86,17 +86,17 @@ class ChatService:
         instead of refused with a 400; ``priority``: the engine requests' (``GenerationRequest``;
         batch lines run at ``BATCH_PRIORITY``). Raises ``APIError`` before anything is
         generated."""
-        self.model.check_model(req.model)
-        req, default_ceiling = with_defaults(req, self.model.generation_defaults)
+        self.pipeline.check_model(req.model)
+        req, default_ceiling = with_defaults(req, self.pipeline.generation_defaults)
         max_tokens_ceiling = max_tokens_ceiling or default_ceiling
         check_supported(req)  # before any image is fetched
-        check_n(req.n, self.model.max_n)
-        bias = logit_bias(req, self.model.engine.tokenizer.n_vocab)
-        images = await self.model.load_images(req)
+        check_n(req.n, self.pipeline.max_n)
+        bias = logit_bias(req, self.pipeline.engine.tokenizer.n_vocab)
+        images = await self.pipeline.load_images(req)
         # rendering and tokenizing a long prompt takes a while: not on the event loop
         runs = await asyncio.to_thread(self._prepare, req, images, bias, max_tokens_ceiling, priority)
         # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
-        await self.model.admit_all(runs, "response_format" if req.response_format else "tools")
+        await self.pipeline.admit_all(runs, "response_format" if req.response_format else "tools")
         events = self._choice(runs[0], runs) if len(runs) == 1 else self._choices(runs)
         first = runs[0]
         return Reply(events, *(run.outputs for run in runs), id=first.id, created=first.created, model=first.model,
@@ -105,17 +105,17 @@ class ChatService:
     def _prepare(self, req: ChatCompletionRequest, images: list, bias: dict[int, float] | None,
                  max_tokens_ceiling: bool, priority: int) -> list[Run]:
         """The request's ``n`` runs, sharing one prompt (the engines' prefix caches share its KV)."""
-        plan = plan_tools(req, self.model.tool_parser, self.model.engine.model_info.grammar, self.model.schema_limits)
+        plan = plan_tools(req, self.pipeline.tool_parser, self.pipeline.engine.model_info.grammar, self.pipeline.schema_limits)
         prompt = build_prompt(
-            req, self.model.template, self.model.engine.tokenizer, self.model.context_length, requested_max_tokens(req),
-            plan=plan, tool_format=self.model.tool_parser, images=images,
-            processor=self.model.engine.multimodal if self.model.engine.model_info.vision else None,
-            template_kwargs=template_kwargs(req, self.model.default_template_kwargs),
+            req, self.pipeline.template, self.pipeline.engine.tokenizer, self.pipeline.context_length, requested_max_tokens(req),
+            plan=plan, tool_format=self.pipeline.tool_parser, images=images,
+            processor=self.pipeline.engine.multimodal if self.pipeline.engine.model_info.vision else None,
+            template_kwargs=template_kwargs(req, self.pipeline.default_template_kwargs),
             max_tokens_ceiling=max_tokens_ceiling,
         )
-        parse_calls = self.model.tool_parser and (plan.offered or PARSERS[self.model.tool_parser].always_active)
-        calls = self.model.tool_parser if parse_calls else None
-        sampling = to_sampling_params(req, prompt.max_tokens, self.model.stop_token_ids, plan.grammar, bias)
+        parse_calls = self.pipeline.tool_parser and (plan.offered or PARSERS[self.pipeline.tool_parser].always_active)
+        calls = self.pipeline.tool_parser if parse_calls else None
+        sampling = to_sampling_params(req, prompt.max_tokens, self.pipeline.stop_token_ids, plan.grammar, bias)
         budget = self._reasoning_budget(req, plan.grammar)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         runs = []
@@ -124,14 +124,14 @@ class ChatService:
                 request_id=rid if req.n == 1 else f"{rid}-{i}",
                 prompt_token_ids=prompt.token_ids,
                 sampling=choice_sampling(sampling, i),
-                lora=req.model if req.model in self.model.adapters else None,
+                lora=req.model if req.model in self.pipeline.adapters else None,
                 multimodal=prompt.multimodal,
                 priority=priority,
-                shown_special_ids=self.model.shown_special_ids,
+                shown_special_ids=self.pipeline.shown_special_ids,
                 cache_salt=CACHE_SALT.get(),
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
-                            output_parser(calls, plan.functions, self.model.reasoning, prompt.text),
+                            output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text),
                             plan.forced_prefix, plan.max_calls, req.model, index=i,
                             reasoning_budget=None if budget is None else (budget, prompt_state(prompt.text))))
         return runs
@@ -140,8 +140,8 @@ class ChatService:
         """The reasoning budget for ``req`` (its own ``thinking_token_budget``, else the server's),
         None where there is none or nothing to end: a template without reasoning, or a reply
         constrained by a grammar from its first token."""
-        budget = req.thinking_token_budget if req.thinking_token_budget is not None else self.model.reasoning_budget
-        return None if budget is None or not self.model.reasoning or grammar else budget
+        budget = req.thinking_token_budget if req.thinking_token_budget is not None else self.pipeline.reasoning_budget
+        return None if budget is None or not self.pipeline.reasoning or grammar else budget
 
     async def _choice(self, run: Run, last: list[Run] | None = None) -> AsyncIterator[ReplyEvent]:
         """Choice ``run.index``'s events, parsed (without a tool parser all text is content);
@@ -151,7 +151,7 @@ class ChatService:
         if parser and run.forced_prefix:
             parser.feed(run.forced_prefix)  # the name line the prompt already holds
         # tags' look-alikes, escaped by the engine, as the model wrote them (model_text)
-        async for text, finish, token_logprobs in self.model.deltas(run):
+        async for text, finish, token_logprobs in self.pipeline.deltas(run):
             if logprobs:
                 yield Logprobs(token_logprobs, choice)
             if parser is None:

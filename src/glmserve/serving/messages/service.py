@@ -27,19 +27,19 @@ class MessagesService:
     ``MessageStreamEvent``s (with ``encoded=True`` some as ``{"event", "data"}``, the event's
     type and JSON). Client errors raise ``APIError`` before anything is generated."""
 
-    def __init__(self, model: ModelPipeline, chat: ChatService) -> None:
-        self.model, self.chat = model, chat
+    def __init__(self, pipeline: ModelPipeline, chat: ChatService) -> None:
+        self.pipeline, self.chat = pipeline, chat
 
     def _chat_request(self, req: CountTokensRequest):
-        return with_template_defaults(to_chat_request(req, self.model.engine.model_info.vision), PRESERVED_THINKING,
-                                      self.model.default_template_kwargs)
+        return with_template_defaults(to_chat_request(req, self.pipeline.engine.model_info.vision), PRESERVED_THINKING,
+                                      self.pipeline.default_template_kwargs)
 
     def count_tokens(self, req: CountTokensRequest) -> CountTokensResponse:
         """The prompt's length in tokens (template and tools included; image tokens are not
         counted). Raises ``APIError`` as ``create`` would for the messages."""
         chat_req = self._chat_request(req)
-        self.model.check_model(chat_req.model)
-        return CountTokensResponse(input_tokens=len(self.model.prompt_token_ids(chat_req)))
+        self.pipeline.check_model(chat_req.model)
+        return CountTokensResponse(input_tokens=len(self.pipeline.prompt_token_ids(chat_req)))
 
     async def _reply(self, chat_req, priority: int) -> Reply:
         """The chat reply, ``max_tokens`` lowered to what the prompt leaves (Anthropic's

@@ -60,8 +60,8 @@ class ResponsesService:
     ``APIError`` before anything is generated. ``seal`` seals and opens reasoning's
     ``encrypted_content`` (None: asking for it is a 400)."""
 
-    def __init__(self, model: ModelPipeline, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
-        self.model, self.chat = model, chat
+    def __init__(self, pipeline: ModelPipeline, chat: ChatService, seal: ReasoningSeal | None = None) -> None:
+        self.pipeline, self.chat = pipeline, chat
         self.seal = seal
 
     def _open(self, token: str, param: str) -> str:
@@ -76,11 +76,11 @@ class ResponsesService:
         _checked(req, self.seal)
         tools, namespaces = function_tools(req)
         chat_req = with_template_defaults(to_chat_request(req, tools, self._open), PRESERVED_THINKING,
-                                          self.model.default_template_kwargs)
+                                          self.pipeline.default_template_kwargs)
         if req.truncation == "auto":
             chat_req = await asyncio.to_thread(self._truncated, chat_req)
         seal = self.seal.seal if "reasoning.encrypted_content" in (req.include or []) else None
-        used, _ = with_defaults(chat_req, self.model.generation_defaults)  # the sampling generation uses
+        used, _ = with_defaults(chat_req, self.pipeline.generation_defaults)  # the sampling generation uses
         shell = Response(id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), status="in_progress", model=req.model,
                          instructions=req.instructions, tools=req.tools or [],
                          tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
@@ -107,7 +107,7 @@ class ResponsesService:
         """``req`` without its oldest turns, as few as make the prompt fit the context with room
         for ``max_tokens`` (one token when unset); unchanged when it fits, or when even its last
         turn alone does not (the chat handler's 400 says so)."""
-        room = self.model.context_length - (req.max_completion_tokens or req.max_tokens or 1)
+        room = self.pipeline.context_length - (req.max_completion_tokens or req.max_tokens or 1)
         messages = req.messages
         lead, starts = _turn_starts([m.role for m in messages])
 
@@ -115,7 +115,7 @@ class ResponsesService:
             return req.model_copy(update={"messages": messages[:lead] + messages[at:]})
 
         def fits(r: ChatCompletionRequest) -> bool:
-            return len(self.model.prompt_token_ids(r)) <= room
+            return len(self.pipeline.prompt_token_ids(r)) <= room
 
         if not starts or fits(req):
             return req
