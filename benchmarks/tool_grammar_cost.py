@@ -19,7 +19,7 @@ import time
 from glmserve.bench.report import hardware
 from glmserve.engine.types import GenerationRequest, SamplingParams
 from glmserve.runtime.start import start_model
-from glmserve.serving.structured.grammar import json_grammar, tool_call_grammar
+from glmserve.serving.structured.grammar import GENERIC_CALLS, json_grammar, tool_call_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.serve import ServeSettings
 
@@ -31,9 +31,9 @@ STORY = "Write a long story about a cat."
 CALL = "What is the weather in Paris? Reply with the JSON call."
 CASES = {
     "unconstrained (text)": (STORY, None),
-    "tool_choice auto grammar (text)": (STORY, tool_call_grammar("generic", [WEATHER], ["t"], LIMITS, "distinct",
+    "tool_choice auto grammar (text)": (STORY, tool_call_grammar(GENERIC_CALLS, [WEATHER], ["t"], LIMITS, "distinct",
                                                                 or_text=True)),
-    "tool_choice required (a call)": (CALL, tool_call_grammar("generic", [WEATHER], ["t"], LIMITS, "distinct")),
+    "tool_choice required (a call)": (CALL, tool_call_grammar(GENERIC_CALLS, [WEATHER], ["t"], LIMITS, "distinct")),
     "response_format json_object": ("Describe a cat as JSON.", json_grammar({"type": "object"}, "r", LIMITS)),
 }
 

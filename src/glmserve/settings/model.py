@@ -15,11 +15,17 @@ from glmserve.engine.settings import PER_MODEL
 from glmserve.engine.transformers.settings import TransformersSettings
 from glmserve.engine.vllm.settings import VllmSettings
 from glmserve.protocol.chat import ChatCompletionRequest
+from glmserve.toolcalls import PARSERS
 
 # the request fields --override-generation-config may give defaults for (vLLM's flag), and
 # vLLM's max_new_tokens: the max_tokens of a request that sets none
 GENERATION_DEFAULTS = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                                  "frequency_penalty", "max_new_tokens"})
+
+
+# --tool-call-parser's choices: the registered formats (serving/generation/tool_formats.py, whose
+# parsers toolcalls.PARSERS names), auto (from the chat template) and none
+TOOL_CALL_PARSERS = ("auto", "none", *PARSERS)
 
 
 class AnswerSettings(BaseModel):
@@ -53,7 +59,7 @@ class AnswerSettings(BaseModel):
     reasoning_budget: int = Field(
         -1, ge=-1, description="Reasoning tokens before glmserve ends the reasoning, for requests that set no "
                                "budget (-1: no limit; 0: no reasoning).", json_schema_extra=PER_MODEL)
-    tool_call_parser: Literal["auto", "none", "glm4", "glm45", "glm47", "hermes", "generic"] = Field(
+    tool_call_parser: Literal[TOOL_CALL_PARSERS] = Field(
         "auto", description="Tool-call format; auto: from the chat template (generic when it has none); none: no "
                             "tool calling.", json_schema_extra=PER_MODEL,
     )

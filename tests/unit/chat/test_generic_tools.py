@@ -13,7 +13,7 @@ from glmserve.chat.generic import to_generic_messages
 from glmserve.chat.messages import to_template_messages
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError
-from glmserve.serving.structured.grammar import MAX_PARALLEL_CALLS, PLAIN_TEXT_GRAMMAR, tool_call_grammar
+from glmserve.serving.structured.grammar import GENERIC_CALLS, MAX_PARALLEL_CALLS, PLAIN_TEXT_GRAMMAR, tool_call_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.serving.generation.tools import plan_tools
 
@@ -36,7 +36,7 @@ def calls(*items: str) -> str:
 
 
 def grammar(mode: str, or_text: bool = False) -> str:
-    return tool_call_grammar("generic", [WEATHER, TIME], ["a", "b"], SchemaLimits(), mode, or_text=or_text)
+    return tool_call_grammar(GENERIC_CALLS, [WEATHER, TIME], ["a", "b"], SchemaLimits(), mode, or_text=or_text)
 
 
 def test_distinct_calls_each_function_at_most_once():

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from glmserve.serving.generation.tool_formats import TOOL_FORMATS
 from glmserve.serving.structured import grammar
 from glmserve.vendor import json_schema_to_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits
@@ -60,6 +61,6 @@ def test_response_format_grammar_matches(monkeypatch, schema):
 def test_tool_call_grammars_match(monkeypatch, fmt, calls):
     params = [f"tools[{i}].function.parameters" for i in range(len(FUNCTIONS))]
     vendored, upstream = _both(monkeypatch, lambda: grammar.tool_call_grammar(
-        fmt, FUNCTIONS, params, SchemaLimits(), calls=calls, or_text=fmt == "generic"))
+        TOOL_FORMATS[fmt].grammar, FUNCTIONS, params, SchemaLimits(), calls=calls, or_text=fmt == "generic"))
     assert vendored == upstream
     assert "get_weather" in vendored

@@ -148,12 +148,12 @@ def test_glm47_forced_calls_are_constrained_to_its_one_line_layout():
     xgr = pytest.importorskip("xgrammar")
     from xgrammar.testing import _is_grammar_accept_string
 
-    from glmserve.serving.structured.grammar import tool_call_grammar
+    from glmserve.serving.structured.grammar import GLM47_CALLS, tool_call_grammar
     from glmserve.serving.structured.schema_check import SchemaLimits
 
     clock = {"name": "clock", "parameters": {"type": "object", "properties": {}}}
     weather = {"name": "get_weather", "parameters": {**WEATHER["function"]["parameters"], "required": ["city"]}}
-    gbnf = tool_call_grammar("glm47", [clock, weather], ["tools.0", "tools.1"], SchemaLimits(), calls="distinct")
+    gbnf = tool_call_grammar(GLM47_CALLS, [clock, weather], ["tools.0", "tools.1"], SchemaLimits(), calls="distinct")
     grammar = xgr.Grammar.from_ebnf(gbnf)
     call = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>" \
            "<arg_value>3</arg_value></tool_call>"

@@ -338,28 +338,30 @@ _FORMAT_SAMPLES = {
 }
 
 
-def test_each_tool_call_format_is_one_name_whose_grammar_forces_what_its_parser_reads():
-    """A format is named once: --tool-call-parser's choices are toolcalls.PARSERS' names, and for
-    each the grammar a forced call gets admits the call its parser reads back (a format added to
-    PARSERS without its grammar, its flag choice or a sample here fails)."""
+def test_each_tool_call_format_is_one_registration_whose_grammar_forces_what_its_parser_reads():
+    """A format is registered once (``TOOL_FORMATS``): its parser is the one toolcalls.PARSERS
+    names, --tool-call-parser's choices are the registered names, and for each the grammar a
+    forced call gets admits the call its parser reads back (a format added to PARSERS without
+    its registration, its flag choice or a sample here fails)."""
     from typing import get_args
 
     xgr = pytest.importorskip("xgrammar")
     from xgrammar.testing import _is_grammar_accept_string
 
+    from glmserve.serving.generation.tool_formats import TOOL_FORMATS
     from glmserve.serving.structured.grammar import tool_call_grammar
     from glmserve.serving.structured.schema_check import SchemaLimits
     from glmserve.settings.model import ModelSettings
     from glmserve.toolcalls import PARSERS
 
     choices = set(get_args(ModelSettings.model_fields["tool_call_parser"].annotation)) - {"auto", "none"}
-    assert choices == set(PARSERS) == set(_FORMAT_SAMPLES)
+    assert choices == set(TOOL_FORMATS) == set(_FORMAT_SAMPLES)
+    assert {name: f.parser for name, f in TOOL_FORMATS.items()} == PARSERS
+    assert all(f.parser.name == name for name, f in TOOL_FORMATS.items())
     weather = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                      "required": ["city"]}}
     for fmt, text in _FORMAT_SAMPLES.items():
-        gbnf = tool_call_grammar(fmt, [weather], ["tools.0"], SchemaLimits())
+        gbnf = tool_call_grammar(TOOL_FORMATS[fmt].grammar, [weather], ["tools.0"], SchemaLimits())
         assert _is_grammar_accept_string(xgr.Grammar.from_ebnf(gbnf), text), fmt
-        parsed = PARSERS[fmt]([weather]).parse(text)
+        parsed = TOOL_FORMATS[fmt].parser([weather]).parse(text)
         assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("get_weather", {"city": "Paris"})], fmt
-    with pytest.raises(ValueError, match="no grammar for the tool-call format 'qwen3'"):
-        tool_call_grammar("qwen3", [weather], ["tools.0"], SchemaLimits())

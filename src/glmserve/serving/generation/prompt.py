@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentError, to_template_messages
-from glmserve.chat.generic import to_generic_messages
-from glmserve.chat.glm4 import to_glm4_items
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import PromptTooLong, context_length_exceeded, invalid_request
+from glmserve.serving.generation.tool_formats import render_prompt
 from glmserve.serving.generation.tools import ToolPlan
 
 
@@ -74,10 +73,8 @@ def build_prompt(
     max_tokens_ceiling: bool = False,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
-    context). ``plan``'s offered tools go where ``tool_format`` (a ``toolcalls.PARSERS``
-    name) puts them: GLM-4's own message layout (``chat/glm4.py``), glmserve's system message
-    for ``generic`` (``chat/generic.py``, which also rewrites tool calls and results in the
-    history), else the template's ``tools`` variable; ``plan.forced_prefix`` is appended after
+    context). ``plan``'s offered tools go where ``tool_format`` (a ``TOOL_FORMATS`` name) puts
+    them (its ``render``: ``serving/generation/tool_formats.py``); ``plan.forced_prefix`` is appended after
     the generation prompt. ``images`` (decoded, in conversation order) go through the
     engine's ``processor``, whose token count (image tokens included) is what must fit (unless
     ``check_fit`` is false: ``/tokenize`` counts any prompt). ``req.add_generation_prompt`` and
@@ -95,13 +92,7 @@ def build_prompt(
     kwargs = {**(template_kwargs or {}), "add_generation_prompt": req.add_generation_prompt,
               "continue_final_message": req.continue_final_message}
     try:
-        if tool_format == "glm4":
-            text = template.render(to_glm4_items(messages, plan.offered), **kwargs)
-        elif tool_format == "generic":
-            text = template.render(to_generic_messages(messages, plan.functions if plan.offered else None, plan.choice),
-                                   **kwargs)
-        else:
-            text = template.render(messages, tools=plan.offered, **kwargs)
+        text = render_prompt(template, messages, plan, tool_format, kwargs)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += plan.forced_prefix

@@ -23,7 +23,8 @@ from typing import Any
 
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError, invalid_request
-from glmserve.serving.structured.grammar import PLAIN_TEXT_GRAMMAR, json_grammar, tool_call_grammar
+from glmserve.serving.generation.tool_formats import TOOL_FORMATS
+from glmserve.serving.structured.grammar import GENERIC_CALLS, PLAIN_TEXT_GRAMMAR, json_grammar, tool_call_grammar
 from glmserve.serving.structured.schema_check import SchemaLimits, check_enforceable, check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -138,7 +139,8 @@ def plan_tools(req: ChatCompletionRequest, parser: str | None, grammar_ok: bool,
     params = [f"tools.{index[f['name']]}.function.parameters" for f in forced]
     for f, param in zip(forced, params):
         check_enforceable(f.get("parameters") or {}, param, limits)  # the grammar is built from it
-    plan.grammar = tool_call_grammar(parser, forced, params, limits, calls, forced_name=bool(plan.forced_prefix))
+    plan.grammar = tool_call_grammar(TOOL_FORMATS[parser].grammar, forced, params, limits, calls,
+                                     forced_name=bool(plan.forced_prefix))
     return plan
 
 
@@ -163,6 +165,6 @@ def _constrain_auto(plan: ToolPlan, calls: str, params: list[str], limits: Schem
     try:
         for f, param in zip(plan.functions, params):
             check_enforceable(f.get("parameters") or {}, param, limits)
-        plan.grammar = tool_call_grammar("generic", plan.functions, params, limits, calls, or_text=True)
+        plan.grammar = tool_call_grammar(GENERIC_CALLS, plan.functions, params, limits, calls, or_text=True)
     except APIError:
         plan.grammar = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from glmserve.protocol.errors import invalid_request
 from glmserve.vendor.json_schema_to_grammar import SchemaConverter
@@ -150,44 +152,69 @@ PLAIN_TEXT_GRAMMAR = f"root ::= {_PLAIN_TEXT}\n"
 MAX_PARALLEL_CALLS = 8  # calls in one reply when a function may be called more than once
 
 
-def tool_call_grammar(fmt: str, functions: list[dict], params: list[str], limits: SchemaLimits, calls: str = "one",
-                      forced_name: bool = False, or_text: bool = False) -> str:
-    """A grammar that admits only well-formed calls of ``functions`` in format ``fmt``
-    (``generic``, ``hermes``, ``glm4``, ``glm45``, ``glm47``). ``calls``: ``one`` (a single call),
-    ``distinct`` (one or more, each function at most once, in the order given) or ``any`` (one
-    to ``MAX_PARALLEL_CALLS``, repeats allowed); GLM-4 writes one call per turn whatever
-    ``calls`` says. Bounded either way, so a model cannot loop on calls until it runs out of
-    tokens. ``forced_name`` (glm4, one function): the prompt already ends with the name line,
-    so the output is just the arguments. ``or_text`` (generic): the reply may instead be plain
-    text that does not start with ``{`` or whitespace, or nothing (``tool_choice: auto``).
-    ``params``: each function's field in the request (for errors). Raises a 400 ``APIError``
-    when a schema cannot be built or the grammar is over ``limits``, ``ValueError`` for a format
-    it does not know."""
+@dataclass(frozen=True)
+class CallGrammar:
+    """How one tool-call format writes its calls, for ``tool_call_grammar`` (each format's is
+    named in its registration, ``serving/generation/tool_formats.py``): ``call(b, i, fn, param,
+    forced_name)`` adds the rule of one call of ``fn`` (the ``i``-th function; ``param`` its
+    request field, for errors; ``forced_name``: the prompt already ends with its name line) and
+    returns its name; ``separator``: between two calls; ``single``: one call a turn whatever is
+    asked (GLM-4); ``wrap(b, body, or_text)``: the calls' body inside what surrounds them."""
+
+    call: Callable[[GrammarBuilder, int, dict, str, bool], str]
+    separator: str = "\n"
+    single: bool = False
+    wrap: Callable[[GrammarBuilder, str, bool], str] | None = None
+
+
+def tool_call_grammar(grammar: CallGrammar, functions: list[dict], params: list[str], limits: SchemaLimits,
+                      calls: str = "one", forced_name: bool = False, or_text: bool = False) -> str:
+    """A grammar that admits only well-formed calls of ``functions`` as ``grammar`` (a format's
+    ``CallGrammar``: ``GLM45_CALLS``, ``GLM47_CALLS``, ``GLM4_CALLS``, ``HERMES_CALLS``,
+    ``GENERIC_CALLS``) writes them. ``calls``: ``one`` (a single call), ``distinct`` (one or more,
+    each function at most once, in the order given) or ``any`` (one to ``MAX_PARALLEL_CALLS``,
+    repeats allowed); GLM-4 writes one call per turn whatever ``calls`` says. Bounded either way,
+    so a model cannot loop on calls until it runs out of tokens. ``forced_name`` (glm4, one
+    function): the prompt already ends with the name line, so the output is just the arguments.
+    ``or_text`` (generic): the reply may instead be plain text that does not start with ``{`` or
+    whitespace, or nothing (``tool_choice: auto``). ``params``: each function's field in the
+    request (for errors). Raises a 400 ``APIError`` when a schema cannot be built or the grammar
+    is over ``limits``."""
     b = GrammarBuilder()
-    rules = []
-    for i, fn in enumerate(functions):
-        name = fn["name"]
-        if fmt in ("glm45", "glm47"):
-            rules.append(b.rule(f"call{i}", _glm45_call(b, i, fn, params[i], newlines=fmt == "glm45")))
-            continue
-        args = b.schema(_args_schema(fn), f"args{i}", params[i])
-        if fmt == "glm4":
-            rules.append(args if forced_name else b.rule(f"call{i}", f"{b.literal(name + chr(10))} {args}"))
-        elif fmt == "generic":
-            head = b.literal('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
-            rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}")}'))
-        elif fmt == "hermes":
-            head = b.literal('<tool_call>\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
-            rules.append(b.rule(f"call{i}", f'{head} {args} {b.literal("}" + chr(10) + "</tool_call>")}'))
-        else:  # a format registered in toolcalls.PARSERS without its grammar here
-            raise ValueError(f"no grammar for the tool-call format {fmt!r}")
-    sep = {"generic": ", ", "glm47": ""}.get(fmt, "\n")
-    body = _call_sequence(b, rules, b.literal(sep) if sep else "", "one" if fmt == "glm4" else calls)
-    if fmt == "generic":
-        body = f'{b.literal(GENERIC_OPENING)} {body} {b.literal("]}")}'
-        if or_text:
-            body = f'{b.rule("calls", body)} | {b.rule("text", _PLAIN_TEXT)}'
+    rules = [grammar.call(b, i, fn, params[i], forced_name) for i, fn in enumerate(functions)]
+    sep = grammar.separator
+    body = _call_sequence(b, rules, b.literal(sep) if sep else "", "one" if grammar.single else calls)
+    if grammar.wrap is not None:
+        body = grammar.wrap(b, body, or_text)
     return check_grammar(b.build(body), params[0] if len(params) == 1 else "tools", limits)
+
+
+def _glm4_call(b: GrammarBuilder, i: int, fn: dict, param: str, forced_name: bool) -> str:
+    """GLM-4: the name on its own line, then the arguments' JSON (just the JSON when the prompt
+    holds the name)."""
+    args = b.schema(_args_schema(fn), f"args{i}", param)
+    return args if forced_name else b.rule(f"call{i}", f"{b.literal(fn['name'] + chr(10))} {args}")
+
+
+def _json_call(b: GrammarBuilder, i: int, fn: dict, param: str, opening: str, closing: str) -> str:
+    """``opening``, then ``{"name": NAME, "arguments": ARGS`` and ``closing``."""
+    args = b.schema(_args_schema(fn), f"args{i}", param)
+    head = b.literal(opening + '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": ')
+    return b.rule(f"call{i}", f"{head} {args} {b.literal(closing)}")
+
+
+def _generic_wrap(b: GrammarBuilder, body: str, or_text: bool) -> str:
+    body = f'{b.literal(GENERIC_OPENING)} {body} {b.literal("]}")}'
+    return f'{b.rule("calls", body)} | {b.rule("text", _PLAIN_TEXT)}' if or_text else body
+
+
+GLM45_CALLS = CallGrammar(lambda b, i, fn, param, _: b.rule(f"call{i}", _glm45_call(b, i, fn, param, newlines=True)))
+GLM47_CALLS = CallGrammar(lambda b, i, fn, param, _: b.rule(f"call{i}", _glm45_call(b, i, fn, param, newlines=False)),
+                          separator="")
+GLM4_CALLS = CallGrammar(_glm4_call, single=True)
+HERMES_CALLS = CallGrammar(lambda b, i, fn, param, _: _json_call(b, i, fn, param, "<tool_call>\n", "}\n</tool_call>"))
+GENERIC_CALLS = CallGrammar(lambda b, i, fn, param, _: _json_call(b, i, fn, param, "", "}"), separator=", ",
+                            wrap=_generic_wrap)
 
 
 def _call_sequence(b: GrammarBuilder, calls: list[str], sep: str, mode: str) -> str:
