@@ -29,7 +29,6 @@ from glmserve.engine import (
 from glmserve.engine.settings import narrowed
 from glmserve.models import ModelNotFoundError, hub
 from glmserve.models.keep_alive import parse_keep_alive
-from glmserve.multimodal import MediaPolicy
 from glmserve.runtime.catalog import OWN_FIELDS, SERVER_WIDE, ConfigError, ModelEntry, read_config, scan_models_dir
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.router import ModelRouter
@@ -38,7 +37,6 @@ from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
-from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import ServeSettings
 from glmserve.state import DatabaseError
@@ -59,25 +57,6 @@ def load_chat_template(settings: ModelSettings, engine: Engine) -> ChatTemplate:
     else:
         source = info.chat_template or CHATML_TEMPLATE
     return ChatTemplate(source, bos_token=info.bos_token, eos_token=info.eos_token)
-
-
-def media_policy(settings: ModelSettings) -> MediaPolicy:
-    """The image limits set by ``--allowed-media-domains``, ``--max-image-*`` and
-    ``--max-images-per-request``."""
-    return MediaPolicy(
-        allowed_domains=frozenset(settings.allowed_media_domains),
-        max_bytes=settings.max_image_bytes,
-        max_pixels=settings.max_image_pixels,
-        max_images=settings.max_images_per_request,
-        max_request_pixels=settings.max_image_pixels_per_request,
-        timeout_s=settings.image_fetch_timeout,
-    )
-
-
-def schema_limits(settings: ModelSettings) -> SchemaLimits:
-    """The ``--max-schema-*`` and ``--max-grammar-bytes`` bounds on client JSON schemas."""
-    return SchemaLimits(settings.max_schema_depth, settings.max_schema_nodes, settings.max_schema_repeat,
-                        settings.max_grammar_bytes)
 
 
 def start_model(settings: ModelSettings, aliases: tuple[str, ...] = (),
@@ -103,10 +82,7 @@ def start_model(settings: ModelSettings, aliases: tuple[str, ...] = (),
         table = adapters or AdapterTable(settings.max_loras)
         table.attach(engine, settings.lora_adapters())
         try:
-            model = ModelPipeline(engine, name, template, parser, media_policy(settings), schema_limits(settings),
-                                settings.max_n, settings.default_chat_template_kwargs,
-                                settings.override_generation_config, aliases,
-                                None if settings.reasoning_budget < 0 else settings.reasoning_budget, table)
+            model = ModelPipeline.from_settings(engine, settings, name, template, parser, aliases, table)
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
         return LoadedModel.over(ChatService(model), settings.max_embedding_inputs, settings.max_embedding_tokens,

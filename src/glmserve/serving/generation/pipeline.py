@@ -33,6 +33,7 @@ from glmserve.serving.generation.stop import StopStringMatcher
 from glmserve.serving.generation.template_vars import template_kwargs
 from glmserve.serving.generation.tools import plan_tools
 from glmserve.serving.structured.schema_check import SchemaLimits
+from glmserve.settings.model import ModelSettings
 from glmserve.toolcalls import PARSERS, has_reasoning, tag_texts
 from glmserve.toolcalls.reasoning import THINK_END
 
@@ -92,6 +93,24 @@ class ModelPipeline:
         self.reasoning_budget = reasoning_budget
         self.end_of_reasoning_ids = engine.tokenizer.encode(THINK_END) if self.reasoning else []
         self.metrics = ServingMetrics(engine, served_model_name)
+
+    @classmethod
+    def from_settings(cls, engine: Engine, settings: ModelSettings, served_model_name: str, template: ChatTemplate,
+                      tool_parser: str | None, aliases: tuple[str, ...] = (),
+                      adapter_table: AdapterTable | None = None) -> ModelPipeline:
+        """The pipeline of a model started with ``settings`` (its image limits, schema bounds,
+        ``--max-n``, template variables, sampling defaults and reasoning budget); the other
+        arguments as ``__init__``'s. Raises ``ValueError`` as ``__init__`` does."""
+        media = MediaPolicy(allowed_domains=frozenset(settings.allowed_media_domains),
+                            max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
+                            max_images=settings.max_images_per_request,
+                            max_request_pixels=settings.max_image_pixels_per_request,
+                            timeout_s=settings.image_fetch_timeout)
+        limits = SchemaLimits(settings.max_schema_depth, settings.max_schema_nodes, settings.max_schema_repeat,
+                              settings.max_grammar_bytes)
+        return cls(engine, served_model_name, template, tool_parser, media, limits, settings.max_n,
+                   settings.default_chat_template_kwargs, settings.override_generation_config, aliases,
+                   None if settings.reasoning_budget < 0 else settings.reasoning_budget, adapter_table)
 
     @property
     def adapters(self) -> tuple[str, ...]:
