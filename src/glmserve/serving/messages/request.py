@@ -45,7 +45,7 @@ from typing import Any
 from glmserve.protocol.anthropic import CountTokensRequest, MessagesRequest
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
-from glmserve.serving.chat.mapped import chat_request
+from glmserve.serving.chat.mapped import chat_request, content_parts
 from glmserve.serving.chat.hosted_tools import ANTHROPIC_HOSTED, leave_out
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -67,16 +67,14 @@ def _text(block: dict, param: str) -> str:
 def _texts(content: str | list, param: str) -> str:
     """Text-only content (a string or ``text`` blocks) as one string, blocks joined by newlines.
     Raises 400 naming the first block that is not text."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid_request("content must be a string or a list of blocks", param)
-    out = []
-    for j, block in enumerate(content):
-        if _kind(block, f"{param}.{j}") != "text":
-            raise invalid_request(f"only text blocks are accepted here, not {block['type']!r}", f"{param}.{j}.type")
-        out.append(_text(block, f"{param}.{j}"))
-    return "\n".join(out)
+    texts = content_parts(content, param, "blocks", _text_only)
+    return texts if isinstance(texts, str) else "\n".join(texts)
+
+
+def _text_only(block: Any, param: str) -> str:
+    if _kind(block, param) != "text":
+        raise invalid_request(f"only text blocks are accepted here, not {block['type']!r}", f"{param}.type")
+    return _text(block, param)
 
 
 BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:[^\n]*(\n|$)")

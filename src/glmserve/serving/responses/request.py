@@ -28,7 +28,7 @@ from typing import Any
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import invalid_request
 from glmserve.protocol.responses import ResponsesRequest
-from glmserve.serving.chat.mapped import chat_request
+from glmserve.serving.chat.mapped import chat_request, content_parts
 from glmserve.serving.chat.hosted_tools import OPENAI_HOSTED, leave_out
 
 # opens an item's encrypted_content (token, param) -> reasoning text; raises a 400
@@ -37,22 +37,19 @@ OpenReasoning = Callable[[str, str], str]
 
 def _text_of(content: Any, param: str) -> str | list[dict]:
     """A Responses message content -> chat content (a string, or text and image parts)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid_request("content must be a string or a list of parts", param)
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            parts.append({"type": "text", "text": part.get("text", "")})
-        elif kind == "refusal":
-            parts.append({"type": "text", "text": part.get("refusal", "")})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        else:
-            raise invalid_request(f"unsupported content part {kind!r}", f"{param}.{j}")
-    return parts
+    return content_parts(content, param, "parts", _chat_part)
+
+
+def _chat_part(part: Any, param: str) -> dict:
+    """A Responses content part as a chat content part; 400 for one that cannot be."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in ("input_text", "output_text", "text"):
+        return {"type": "text", "text": part.get("text", "")}
+    if kind == "refusal":
+        return {"type": "text", "text": part.get("refusal", "")}
+    if kind == "input_image" and isinstance(part.get("image_url"), str):
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    raise invalid_request(f"unsupported content part {kind!r}", param)
 
 
 def _reasoning_text(item: dict, param: str, open_reasoning: OpenReasoning) -> str:
