@@ -153,7 +153,7 @@ def serve(args: list[str]) -> int:
         app = build_app(settings)
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
-    loaded = app.state.models.loaded_models()[app.state.models.default]
+    loaded = app.state.model_router.loaded_models()[app.state.model_router.default]
     info = loaded.engine.model_info
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d, max_num_seqs=%d, max_num_batched_tokens=%s, max_queue=%d) on http://%s:%d",

@@ -154,7 +154,7 @@ class GlmServeReplica:
     def check_health(self) -> None:
         """Ray Serve's periodic health check: raises when the engine can no longer serve, and
         Ray then replaces this replica."""
-        for loaded in self._app.state.models.loaded_models().values():
+        for loaded in self._app.state.model_router.loaded_models().values():
             loaded.engine.check_health()
 
 

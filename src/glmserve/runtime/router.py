@@ -78,6 +78,12 @@ class ModelRouter:
                     return name, True
             raise
 
+    def _embeddings_only(self, name: str, loaded: LoadedModel | None = None) -> bool:
+        """Whether model ``name`` is served for embeddings only: so configured (a ``--config``
+        entry's ``embedding``), or, once ``loaded``, its engine does not generate."""
+        return bool(self.registry.metadata(name).get("embedding_only")) or (
+            loaded is not None and not loaded.engine.model_info.generation)
+
     async def acquire(self, model: str | None, keep_alive: float | None = None,
                       generation: bool = False) -> Lease[LoadedModel]:
         """A lease on the loaded model serving ``model`` (None: the default model), loading it if
@@ -86,16 +92,14 @@ class ModelRouter:
         (``registry_error``)."""
         try:
             name, adapter = self._model_of(model or self.default)
-            if generation and self.registry.metadata(name).get("embedding_only"):
-                raise invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)",
-                                      "model", "model_not_supported")
+            if generation and self._embeddings_only(name):  # before loading it
+                raise _not_generating(name)
             lease = await self.registry.acquire(name, keep_alive)
         except (UnknownModel, ModelLoadError, RegistryFull) as exc:
             raise registry_error(exc) from exc
-        if generation and not lease.loaded.engine.model_info.generation:
+        if generation and self._embeddings_only(name, lease.loaded):  # a pooling model found so on loading
             lease.release()
-            raise invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)",
-                                  "model", "model_not_supported")
+            raise _not_generating(name)
         if adapter and generation:
             try:  # the adapter is loaded, and stays, until the lease is released
                 lease.also_release(await lease.loaded.pipeline.adapter_table.acquire(model))
@@ -128,7 +132,7 @@ class ModelRouter:
                                        status=item["status"], engine=engine))
                 continue
             info, model = loaded.engine.model_info, loaded.pipeline
-            capabilities = (["embedding"] if item["metadata"].get("embedding_only") or not info.generation else
+            capabilities = (["embedding"] if self._embeddings_only(name, loaded) else
                             model_capabilities(info.vision, model.tool_parser, info.embedding_size is not None))
             for card_name in (model.name, *model.adapters):
                 cards.append(ModelCard(
@@ -146,3 +150,8 @@ class ModelRouter:
 
     async def close(self) -> None:
         await self.registry.close()
+
+
+def _not_generating(name: str) -> APIError:
+    return invalid_request(f"model '{name}' is served for embeddings only (POST /v1/embeddings)", "model",
+                           "model_not_supported")

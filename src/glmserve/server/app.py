@@ -113,7 +113,7 @@ def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOpti
     app.state.responses_storage = stored
     app.state.batches = batch_work
     app.state.activity = activity
-    app.state.models = models_served
+    app.state.model_router = models_served
     app.state.replica_id = o.replica_id
     app.state.deployment_health = o.deployment_health
     app.state.shutdown_timeout = o.shutdown_timeout

@@ -30,7 +30,7 @@ async def lease_for(app: FastAPI, owner_digest: str, body: Any, generation: bool
     embeddings only). Raises ``APIError`` when the model is unknown, cannot be loaded, or is
     served for embeddings only where it must generate."""
     CACHE_SALT.set(salt_for(cache_owner(app, owner_digest), getattr(body, "cache_salt", None)))
-    return await app.state.models.acquire(body.model, getattr(body, "keep_alive", None), generation=generation)
+    return await app.state.model_router.acquire(body.model, getattr(body, "keep_alive", None), generation=generation)
 
 
 def http_call(request: Request) -> Call:
@@ -62,5 +62,5 @@ async def respond_with_endpoint(request: Request, path: str, body: Any) -> Respo
 async def leased_model(request: Request, model: str | None,
                        keep_alive: float | None = None) -> AsyncIterator[LoadedModel]:
     """The loaded model serving ``model`` (None: the default model), held inside the block."""
-    async with await request.app.state.models.acquire(model, keep_alive) as lease:
+    async with await request.app.state.model_router.acquire(model, keep_alive) as lease:
         yield lease.loaded

@@ -269,7 +269,7 @@ def test_a_handler_that_raises_answers_a_500_body(tmp_path):
             raise RuntimeError("the database went away")
 
     app = FastAPI()
-    app.state.models, app.state.api_keys = Broken(), ()
+    app.state.model_router, app.state.api_keys = Broken(), ()
     dispatch = dispatcher(app)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     status, error = asyncio.run(dispatch("", "/v1/chat/completions", body))

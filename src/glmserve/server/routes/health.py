@@ -22,7 +22,7 @@ router = APIRouter()
 async def health(request: Request) -> dict[str, Any]:
     state = request.app.state
     try:
-        for loaded in state.models.loaded_models().values():
+        for loaded in state.model_router.loaded_models().values():
             loaded.engine.check_health()
     except EngineError as exc:
         raise APIError(503, f"the engine cannot serve: {exc}", "server_error", None, "engine_unhealthy") from exc

@@ -12,5 +12,5 @@ router = APIRouter()
 @router.get("/metrics", response_class=Response, responses={
     200: {"description": "Prometheus text exposition format", "content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request) -> Response:
-    loaded_models = request.app.state.models.loaded_models().values()
+    loaded_models = request.app.state.model_router.loaded_models().values()
     return Response(render_all([loaded.pipeline.metrics for loaded in loaded_models]), media_type=CONTENT_TYPE)

@@ -32,7 +32,7 @@ class ModelState(BaseModel):
 
 @router.post("/models/load", responses=error_responses(400, 404, 500, 503))
 async def load_model(body: ModelRequest, request: Request) -> ModelState:
-    registry = request.app.state.models.registry
+    registry = request.app.state.model_router.registry
     try:
         await registry.load(body.model)
         name = registry.resolve(body.model)
@@ -46,7 +46,7 @@ async def unload_model(body: ModelRequest, request: Request) -> ModelState:
     """Unloads once the model's running requests end (a 503 if they do not within the
     registry's wait); answers the model's status after it (``unloaded``; ``loaded`` when a
     request loaded it again meanwhile). The server's only model is never unloaded (a 400)."""
-    registry = request.app.state.models.registry
+    registry = request.app.state.model_router.registry
     try:
         if registry.pinned(body.model):
             raise invalid_request(f"model '{registry.resolve(body.model)}' is this server's only model and is never "
@@ -62,7 +62,7 @@ async def unload_model(body: ModelRequest, request: Request) -> ModelState:
     200: {"description": "Server-sent events, one JSON object per status change: {model, status, error}; "
           "first the status of every model", "content": {"text/event-stream": {}}}})
 async def model_events(request: Request) -> EventSourceResponse:
-    registry = request.app.state.models.registry
+    registry = request.app.state.model_router.registry
 
     async def events() -> AsyncIterator[str]:
         queue = registry.subscribe()  # here, so that a stream never read never subscribes
