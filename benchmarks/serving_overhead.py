@@ -116,17 +116,23 @@ def serve(port: int, tokens: int) -> None:
     from glmserve.serving.chat.service import ChatService
     from glmserve.serving.generation.pipeline import ModelPipeline
 
-    service = ChatService(ModelPipeline(SyntheticEngine(tokens), MODEL, ChatTemplate(TEMPLATE.read_text()), "glm45"))
+    model = ModelPipeline(SyntheticEngine(tokens), MODEL, ChatTemplate(TEMPLATE.read_text()), "glm45")
     try:  # the HTTP protocol glmserve serve runs
         from glmserve.server.http_protocol import guarded_protocol as protocol
     except ImportError:  # a --baseline-src checkout from before it: h11's, as it served then
         from glmserve.server.http_protocol import protocol_with_header_timeout as protocol
     try:
         from glmserve.server import AppOptions
-
-        app = create_app(service, AppOptions(ui=False))
     except ImportError:  # a --baseline-src checkout from before AppOptions: keyword arguments
-        app = create_app(service, ui=False)
+        app = create_app(ChatService(model), ui=False)
+    else:
+        try:  # create_app takes a ModelRouter (LoadedModel.over a ModelPipeline)
+            from glmserve.runtime.loaded import LoadedModel
+            from glmserve.runtime.router import ModelRouter
+
+            app = create_app(ModelRouter.single(LoadedModel.over(model)), AppOptions(ui=False))
+        except AttributeError:  # a --baseline-src checkout from before: it took the ChatService
+            app = create_app(ChatService(model), AppOptions(ui=False))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http=protocol(30.0))
 
 

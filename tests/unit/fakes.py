@@ -132,3 +132,14 @@ class FakeEngine:
             last = i == min(len(reply), request.sampling.max_tokens) - 1
             reason = None if not last else ("length" if request.sampling.max_tokens <= len(reply) else "stop")
             yield GenerationOutput(request.request_id, [ord(ch)], ch, reason, num_prompt_tokens=n)
+
+
+def one_model(model, seal=None):
+    """The ``ModelRouter`` of one started model, for ``create_app``: ``model`` a ``ModelPipeline``
+    or a ``ChatService`` over one (its services are built as ``runtime/start.py`` builds them,
+    ``LoadedModel.over``); ``seal``: the Responses API's ``ReasoningSeal``."""
+    from glmserve.runtime.loaded import LoadedModel
+    from glmserve.runtime.router import ModelRouter
+
+    pipeline = getattr(model, "pipeline", model)
+    return ModelRouter.single(LoadedModel.over(pipeline, seal=seal))

@@ -14,11 +14,10 @@ from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.runtime.catalog import OWN_FIELDS
 from glmserve.server import create_app
 from glmserve.server.endpoints import ENDPOINTS
-from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import DeploySettings
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = (ROOT / "docs" / "design.md").read_text().split("## Where new things go", 1)[1].split("\n## ", 1)[0]
@@ -36,7 +35,7 @@ def test_every_file_the_section_names_exists():
 
 
 def test_each_endpoint_row_is_a_route_taking_its_request_model():
-    app = create_app(ChatService(ModelPipeline(FakeEngine(), "fake", ChatTemplate(CHATML_TEMPLATE))))
+    app = create_app(one_model(ModelPipeline(FakeEngine(), "fake", ChatTemplate(CHATML_TEMPLATE))))
     with TestClient(app) as http:
         paths = http.get("/openapi.json").json()["paths"]
     for path, endpoint in ENDPOINTS.items():

@@ -37,11 +37,11 @@ class LoadedModel:
     lora: LoRAAdapterService
 
     @classmethod
-    def over(cls, chat: ChatService, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
+    def over(cls, model: ModelPipeline, max_embedding_inputs: int = 2048, max_embedding_tokens: int = 32768,
              seal: ReasoningSeal | None = None) -> LoadedModel:
-        """The services over ``chat``'s model (``ModelPipeline``, its engine started); ``seal``: the
-        key of ``/v1/responses``' ``encrypted_content`` (none: a 400 when a request asks for it)."""
-        model = chat.pipeline
+        """The services over ``model`` (its engine started); ``seal``: the key of
+        ``/v1/responses``' ``encrypted_content`` (none: a 400 when a request asks for it)."""
+        chat = ChatService(model)
         return cls(model.engine, model, chat, CompletionService(model), ResponsesService(model, chat, seal),
                    MessagesService(model, chat), TokenizeService(model),
                    EmbeddingsService(model, max_embedding_inputs, max_embedding_tokens), LoRAAdapterService(model))

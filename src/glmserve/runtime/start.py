@@ -34,7 +34,6 @@ from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.router import ModelRouter
 from glmserve.runtime.loaded import LoadedModel
 from glmserve.serving.adapters import AdapterTable
-from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import ReasoningSeal
 from glmserve.settings.model import ModelSettings
@@ -85,7 +84,7 @@ def start_model(settings: ModelSettings, aliases: tuple[str, ...] = (),
             model = ModelPipeline.from_settings(engine, settings, name, template, parser, aliases, table)
         except ValueError as exc:  # a flag this model cannot use (--reasoning-budget without <think>)
             raise ConfigError(str(exc)) from exc
-        return LoadedModel.over(ChatService(model), settings.max_embedding_inputs, settings.max_embedding_tokens,
+        return LoadedModel.over(model, settings.max_embedding_inputs, settings.max_embedding_tokens,
                                 seal)
     except BaseException:
         engine.shutdown()

@@ -24,8 +24,6 @@ from glmserve.server.routes import (batches, conversations, docs, health, lora, 
 from glmserve.server.routes.ui import install_ui
 from glmserve.serving.batches.runner import Activity, BatchRunner
 from glmserve.serving.batches.service import BatchService
-from glmserve.serving.chat.service import ChatService
-from glmserve.runtime.loaded import LoadedModel
 from glmserve.runtime.router import ModelRouter
 from glmserve.serving.responses.stored import ResponseStorage
 
@@ -67,16 +65,11 @@ class AppOptions:
     batch_service: BatchService | None = None
 
 
-def create_app(served: ModelRouter | LoadedModel | ChatService, options: AppOptions = AppOptions()) -> FastAPI:
-    """The app serving ``served``: the models of a registry, or one started model (a ``LoadedModel``,
-    or a ``ChatService`` with the default services over it), with ``options`` (``AppOptions``);
-    unloads the models on exit. Every response carries ``x-request-id``."""
+def create_app(models_served: ModelRouter, options: AppOptions = AppOptions()) -> FastAPI:
+    """The app serving the models of ``models_served`` (a registry's, or one started model's:
+    ``ModelRouter.single``), with ``options`` (``AppOptions``); unloads the models on exit.
+    Every response carries ``x-request-id``."""
     o = options
-    if isinstance(served, ChatService):
-        served = LoadedModel.over(served)
-    if isinstance(served, LoadedModel):
-        served = ModelRouter.single(served)
-    models_served: ModelRouter = served
     admin_keys = tuple(o.admin_api_key)
     keys = ((o.api_key,) if isinstance(o.api_key, str) else tuple(o.api_key or ())) + admin_keys
     stored = o.storage or ResponseStorage(None)

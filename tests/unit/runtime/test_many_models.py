@@ -22,13 +22,12 @@ from glmserve.runtime.catalog import ConfigError, ModelEntry, read_config, scan_
 from glmserve.runtime.start import model_settings
 from glmserve.runtime.loaded import LoadedModel
 from glmserve.server import create_app
-from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.router import ModelRouter
 from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import ServeSettings
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 
 class Farm:
@@ -45,7 +44,7 @@ class Farm:
             if name in self.broken:
                 raise OSError(f"cannot read {name}.gguf")
             engine = FakeEngine(reply=f"I am {name}", embedding_size=embedding_size)
-            return LoadedModel.over(ChatService(ModelPipeline(engine, name, ChatTemplate(CHATML_TEMPLATE))))
+            return LoadedModel.over(ModelPipeline(engine, name, ChatTemplate(CHATML_TEMPLATE)))
 
         def unload(loaded: LoadedModel) -> None:
             self.unloads.append(name)
@@ -152,7 +151,7 @@ def test_load_and_unload_routes():
 
 def test_one_model_has_no_admin_routes():
     engine = FakeEngine()
-    with TestClient(create_app(ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))) as http:
+    with TestClient(create_app(one_model(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))) as http:
         assert http.post("/models/load", json={"model": "fake"}).status_code == 404
         assert http.get("/v1/models").json()["data"][0]["status"] == "loaded"
 
@@ -273,7 +272,7 @@ def test_flags_of_the_model_given_in_the_environment_stay_with_it_too(monkeypatc
 
 def test_one_model_ignores_keep_alive():
     engine = FakeEngine()
-    with TestClient(create_app(ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))) as http:
+    with TestClient(create_app(one_model(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))) as http:
         assert _ask(http, "fake", keep_alive=0).status_code == 200
         assert _ask(http, "fake").status_code == 200
         assert http.get("/v1/models").json()["data"][0]["status"] == "loaded"

@@ -17,7 +17,7 @@ from glmserve.server.dialects import ANTHROPIC_API, OPENAI_API, RESPONSES_API, D
 from glmserve.server.endpoints import ENDPOINTS, dialect_of
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "glmserve"
 # where dialects are defined (sse.py: the stream forms; dialects.py: the whole dialect) and
@@ -82,7 +82,7 @@ def test_no_module_but_the_deciders_picks_a_dialect():
 def _client(**options) -> TestClient:
     engine = FakeEngine(reply="Hello")
     service = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
-    return TestClient(create_app(service, AppOptions(**options)))
+    return TestClient(create_app(one_model(service), AppOptions(**options)))
 
 
 def test_errors_and_keys_follow_the_paths_dialect():

@@ -25,7 +25,7 @@ from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.loaded import LoadedModel
 from glmserve.runtime.router import ModelRouter
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 
 def _table(max_loras: int = 8, *names: str) -> tuple[AdapterTable, FakeEngine]:
@@ -121,10 +121,10 @@ def _served(table: AdapterTable, max_loaded: int = 1) -> tuple[TestClient, list[
         chat = ChatService(ModelPipeline(engine, "base", ChatTemplate(CHATML_TEMPLATE)))
         chat.pipeline.adapter_table = table
         table.attach(engine)
-        return LoadedModel.over(chat)
+        return LoadedModel.over(chat.pipeline)
 
     def load_other() -> LoadedModel:
-        return LoadedModel.over(ChatService(ModelPipeline(FakeEngine(reply="I am other"), "other", ChatTemplate(CHATML_TEMPLATE))))
+        return LoadedModel.over(ModelPipeline(FakeEngine(reply="I am other"), "other", ChatTemplate(CHATML_TEMPLATE)))
 
     registry = ModelRegistry([ModelSpec("base", load_base, LoadedModel.shutdown),
                               ModelSpec("other", load_other, LoadedModel.shutdown)], max_loaded=max_loaded)
@@ -158,7 +158,7 @@ def test_a_request_loads_an_adapter_that_max_loras_put_out():
     chat = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
     chat.pipeline.adapter_table = AdapterTable(max_loras=1)
     chat.pipeline.adapter_table.attach(engine)
-    with TestClient(create_app(chat, AppOptions(runtime_lora=True))) as http:
+    with TestClient(create_app(one_model(chat), AppOptions(runtime_lora=True))) as http:
         for name in ("a", "b"):
             assert http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": f"/x/{name}"}).status_code == 200
         assert engine.model_info.lora_adapters == ("b",)

@@ -9,12 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
-from glmserve.runtime.loaded import LoadedModel
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import KEY_FILE, ReasoningSeal
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 from tests.unit.serving.test_reasoning_routes import ANSWER, ASK, GLM47, REPLY, THOUGHT, _sse
 
 # ResponseResource.json's "required" list (openresponses/openresponses, schema/components/schemas,
@@ -36,7 +35,7 @@ INCLUDE = {"include": ["reasoning.encrypted_content"], "store": False}
 def _client(reply: str, state_dir, context_length: int = 8000) -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
     chat = ChatService(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47"))
-    return engine, TestClient(create_app(LoadedModel.over(chat, seal=ReasoningSeal(state_dir))))
+    return engine, TestClient(create_app(one_model(chat, seal=ReasoningSeal(state_dir))))
 
 
 def _resource_ok(response: dict) -> None:

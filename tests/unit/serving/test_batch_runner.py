@@ -425,12 +425,11 @@ def test_batch_lines_reach_the_engine_at_batch_priority_and_routes_at_interactiv
     from glmserve.engine.types import BATCH_PRIORITY, INTERACTIVE_PRIORITY
     from glmserve.server.app import create_app
     from glmserve.server.batch_dispatch import dispatcher
-    from glmserve.serving.chat.service import ChatService
     from glmserve.serving.generation.pipeline import ModelPipeline
-    from tests.unit.fakes import FakeEngine
+    from tests.unit.fakes import FakeEngine, one_model
 
     engine = FakeEngine()
-    app = create_app(ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))
+    app = create_app(one_model(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))))
     ask = [{"role": "user", "content": "hi"}]
     lines = {"/v1/chat/completions": {"model": "fake", "messages": ask},
              "/v1/completions": {"model": "fake", "prompt": "hi", "max_tokens": 4},

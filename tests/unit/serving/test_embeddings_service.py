@@ -12,14 +12,13 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.server import create_app
-from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.embeddings import encode_base64
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 
 def _http(engine: FakeEngine) -> TestClient:
-    return TestClient(create_app(ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))))
+    return TestClient(create_app(one_model(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))))
 
 
 def test_vectors_in_order_with_usage():

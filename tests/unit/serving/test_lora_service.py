@@ -9,14 +9,13 @@ from fastapi.testclient import TestClient
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.server import AppOptions, create_app
 from glmserve.serving import adapters
-from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 
 def _http(runtime_lora: bool = True) -> TestClient:
     engine = FakeEngine()
-    return TestClient(create_app(ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))),
+    return TestClient(create_app(one_model(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE))),
                                  AppOptions(runtime_lora=runtime_lora)))
 
 

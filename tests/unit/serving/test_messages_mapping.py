@@ -13,7 +13,7 @@ from glmserve.chat import ChatTemplate
 from glmserve.server import AppOptions, create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 from tests.unit.serving.test_serving_tools import TEMPLATES
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
@@ -25,7 +25,7 @@ CALL = ("\n<think>Call the tool.</think>\n<tool_call>get_weather\n<arg_key>city<
 def _client(reply: str, context_length: int = 4000, **app_kw) -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
     service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45"))
-    return engine, TestClient(create_app(service, AppOptions(**app_kw)))
+    return engine, TestClient(create_app(one_model(service), AppOptions(**app_kw)))
 
 
 def _body(**kw) -> dict:
@@ -133,7 +133,7 @@ def test_chat_template_kwargs_on_the_openai_routes():
     engine = FakeEngine(reply="\nHi.", context_length=4000, grammar=True)
     service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES["glm45"]), "glm45",
                           default_template_kwargs={"enable_thinking": False}))
-    client = TestClient(create_app(service))
+    client = TestClient(create_app(one_model(service)))
     msgs = [{"role": "user", "content": "Hello"}]
     for extra in ({}, {"chat_template_kwargs": {"enable_thinking": True}}, {"reasoning_effort": "high"},
                   {"reasoning_effort": "none"}, {"chat_template_kwargs": {"unused_by_template": 1}}):

@@ -15,7 +15,7 @@ from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 from tests.unit.serving.test_messages_mapping import _events as message_events
 from tests.unit.serving.test_serving_tools import _stream as chat_stream
 
@@ -32,7 +32,7 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city",
 
 def _client(reply: str, template: str = GLM47, parser: str | None = "glm47") -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=8000, grammar=True)
-    return engine, TestClient(create_app(ChatService(ModelPipeline(engine, "glm", ChatTemplate(template), parser))))
+    return engine, TestClient(create_app(one_model(ModelPipeline(engine, "glm", ChatTemplate(template), parser))))
 
 
 def _sse(client: TestClient, path: str, body: dict) -> list[dict]:
@@ -243,7 +243,7 @@ def test_anthropic_budget_tokens_rules_and_the_server_default():
             "type": "enabled", **({"budget_tokens": thinking} if thinking else {})}})
         assert refused.status_code == 400 and param in refused.json()["error"]["message"], refused.text
     engine = FakeEngine(reply=_thinker("v" * 50), context_length=8000)
-    client = TestClient(create_app(ChatService(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47", reasoning_budget=7))))
+    client = TestClient(create_app(one_model(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47", reasoning_budget=7))))
     message = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK}).json()["choices"][0]["message"]
     assert message["reasoning_content"] == "v" * 7  # --reasoning-budget
     with pytest.raises(ValueError, match="reasoning-budget"):

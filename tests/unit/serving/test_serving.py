@@ -15,7 +15,7 @@ from glmserve.server import AppOptions, create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.sampling import check_supported, to_sampling_params
-from tests.unit.fakes import FakeEngine
+from tests.unit.fakes import FakeEngine, one_model
 
 
 @pytest.fixture()
@@ -26,7 +26,7 @@ def engine():
 @pytest.fixture()
 def http(engine):
     service = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
-    with TestClient(create_app(service)) as client:
+    with TestClient(create_app(one_model(service))) as client:
         yield client
 
 
@@ -148,7 +148,7 @@ def test_engine_failure_ends_only_that_request(http, cue):
 
 def test_template_rejection_is_400(engine):
     strict = ChatTemplate("{{ raise_exception('roles must alternate') }}")
-    with TestClient(create_app(ChatService(ModelPipeline(engine, "fake", strict)))) as client:
+    with TestClient(create_app(one_model(ModelPipeline(engine, "fake", strict)))) as client:
         resp = client.post("/v1/chat/completions", json=_body())
     assert resp.status_code == 400
     assert "roles must alternate" in resp.json()["error"]["message"]
@@ -168,12 +168,12 @@ def test_replica_header_and_deployment_health(engine):
         return {"replicas": {"RUNNING": 2}}
 
     service = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
-    with TestClient(create_app(service, AppOptions(replica_id="r1", deployment_health=deployment))) as client:
+    with TestClient(create_app(one_model(service), AppOptions(replica_id="r1", deployment_health=deployment))) as client:
         health = client.get("/health")
         assert health.json() == {"status": "ok", "replica": "r1", "deployment": {"replicas": {"RUNNING": 2}}}
         models = client.get("/v1/models")
         assert models.headers["x-glmserve-replica"] == "r1" and models.headers["x-request-id"]
-    with TestClient(create_app(service)) as client:
+    with TestClient(create_app(one_model(service))) as client:
         assert "x-glmserve-replica" not in client.get("/v1/models").headers
 
 
@@ -182,13 +182,13 @@ def test_max_new_tokens_is_the_default_max_tokens(engine):
     ``max_tokens`` gets N, lowered to what the prompt leaves of the context rather than refused;
     a request's own ``max_tokens`` wins."""
     service = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE), generation_defaults={"max_new_tokens": 7}))
-    with TestClient(create_app(service)) as client:
+    with TestClient(create_app(one_model(service))) as client:
         assert client.post("/v1/chat/completions", json=_body()).status_code == 200
         assert client.post("/v1/chat/completions", json=_body(max_tokens=3)).status_code == 200
         assert client.post("/v1/completions", json={"model": "fake", "prompt": "Hi"}).status_code == 200
     assert [r.sampling.max_tokens for r in engine.requests] == [7, 3, 7]
     service = ChatService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE), generation_defaults={"max_new_tokens": 10**6}))
-    with TestClient(create_app(service)) as client:
+    with TestClient(create_app(one_model(service))) as client:
         assert client.post("/v1/chat/completions", json=_body()).status_code == 200  # a ceiling: never a 400
     assert engine.requests[-1].sampling.max_tokens == 256 - len(engine.requests[-1].prompt_token_ids)
 
@@ -199,7 +199,7 @@ def test_streams_escape_the_line_breaks_that_json_leaves_raw():
     unchanged."""
     reply = "a\u2028b\x85c\u2029d"
     service = ChatService(ModelPipeline(FakeEngine(reply), "fake", ChatTemplate(CHATML_TEMPLATE)))
-    with TestClient(create_app(service)) as client:
+    with TestClient(create_app(one_model(service))) as client:
         with client.stream("POST", "/v1/chat/completions", json=_body(stream=True)) as stream:
             raw = stream.read()
             events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
@@ -225,7 +225,7 @@ def test_a_log_line_written_for_a_request_names_its_id():
     handler.emit = lambda record: lines.append(f"{record.getMessage()}|{record.request_tag}")
     logging.getLogger().addHandler(handler)
     try:
-        with TestClient(create_app(ChatService(ModelPipeline(FakeEngine(embedding_size=4), "fake", ChatTemplate(CHATML_TEMPLATE)))),
+        with TestClient(create_app(one_model(ModelPipeline(FakeEngine(embedding_size=4), "fake", ChatTemplate(CHATML_TEMPLATE)))),
                         raise_server_exceptions=False) as client:
             resp = client.post("/v1/embeddings", json={"model": "fake", "input": "boom!"},
                                headers={"X-Request-Id": "trace-9"})

@@ -13,7 +13,7 @@ from glmserve.chat import ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
-from tests.unit.fakes import SPECIAL, FakeEngine
+from tests.unit.fakes import SPECIAL, FakeEngine, one_model
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "glm"
 TEMPLATES = {"glm4": (FIXTURES / "glm-4-9b-chat.jinja").read_text(), "glm45": (FIXTURES / "glm-4.6.jinja").read_text()}
@@ -24,7 +24,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 def _http(parser: str, reply: str):
     engine = FakeEngine(reply=reply, context_length=4000, grammar=True)
     service = ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES[parser]), parser))
-    return engine, service, TestClient(create_app(service))
+    return engine, service, TestClient(create_app(one_model(service)))
 
 
 def _body(**kw):
