@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
-from glmserve.protocol.errors import APIError, ErrorResponse
+from glmserve.protocol.errors import APIError, ErrorResponse, model_not_found
 from glmserve.runtime.start import start_model
 from glmserve.serving.generation.chunks import StreamItem
 from glmserve.settings.serve import ServeSettings
@@ -43,6 +43,12 @@ class LLM:
     # ---- async ---------------------------------------------------------------------------
 
     def _request(self, messages: list[dict], stream: bool, params: dict[str, Any]) -> ChatCompletionRequest:
+        """The chat request; a ``model`` in ``params`` must name this model, an alias or one of its
+        LoRA adapters (``APIError`` 404 otherwise), as the server's router checks it."""
+        pipeline = self._runtime.pipeline
+        model = params.get("model", self.model)
+        if model != pipeline.name and model not in pipeline.aliases and model not in pipeline.adapters:
+            raise model_not_found(model)
         body = {"model": self.model, **params, "messages": messages, "stream": stream}
         if stream:
             body.setdefault("stream_options", {"include_usage": True})

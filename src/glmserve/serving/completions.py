@@ -61,7 +61,6 @@ class CompletionService:
 
     async def create(self, req: CompletionRequest,
                      priority: int = INTERACTIVE_PRIORITY) -> Completion | AsyncIterator[Completion | ErrorResponse]:
-        self.pipeline.check_model(req.model)
         req, ceiling = with_defaults(req, self.pipeline.generation_defaults)
         check_supported(req)
         check_n(req.n, self.pipeline.max_n)

@@ -51,7 +51,6 @@ class EmbeddingsService:
         return EmbeddingResponse(data=data, model=req.model, usage=EmbeddingUsage(prompt_tokens=n, total_tokens=n))
 
     def _check(self, req: EmbeddingRequest) -> None:
-        self.pipeline.check_model(req.model)
         if req.model in self.pipeline.adapters:
             raise invalid_request(f"embeddings are computed without LoRA adapters: ask for model "
                                   f"{self.pipeline.name!r}, not the adapter {req.model!r}", "model")

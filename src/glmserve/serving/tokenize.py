@@ -19,18 +19,14 @@ from glmserve.serving.generation.pipeline import ModelPipeline
 class TokenizeService:
     """Over a ``ModelPipeline`` (its names, template, tool format and tokenizer). Both
     methods are blocking (tokenizing a long prompt takes a while): call them off the event
-    loop. They raise ``APIError`` 404 for an unknown ``model`` and 400 for bad input."""
+    loop. They raise ``APIError`` 400 for bad input (the request's ``model`` was resolved to
+    this model by the router)."""
 
     def __init__(self, pipeline: ModelPipeline) -> None:
         self.pipeline = pipeline
         self.tokenizer = pipeline.engine.tokenizer
 
-    def _check_model(self, model: str | None) -> None:
-        if model is not None:
-            self.pipeline.check_model(model)
-
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
-        self._check_model(req.model)
         if isinstance(req, TokenizeChatRequest):
             chat = ChatCompletionRequest(model=self.pipeline.name, messages=req.messages, tools=req.tools)
             ids = self.pipeline.prompt_token_ids(chat)
@@ -44,7 +40,6 @@ class TokenizeService:
         return TokenizeResponse(count=len(ids), max_model_len=self.pipeline.context_length, tokens=ids, token_strs=strs)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
-        self._check_model(req.model)
         n_vocab = self.tokenizer.n_vocab
         bad = [t for t in req.tokens if not 0 <= t < n_vocab]
         if bad:

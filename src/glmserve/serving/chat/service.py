@@ -86,7 +86,6 @@ class ChatService:
         instead of refused with a 400; ``priority``: the engine requests' (``GenerationRequest``;
         batch lines run at ``BATCH_PRIORITY``). Raises ``APIError`` before anything is
         generated."""
-        self.pipeline.check_model(req.model)
         req, default_ceiling = with_defaults(req, self.pipeline.generation_defaults)
         max_tokens_ceiling = max_tokens_ceiling or default_ceiling
         check_supported(req)  # before any image is fetched

@@ -5,7 +5,8 @@ pre- and post-processing).
 It holds the engine; the names requests use (the served name, aliases, and the LoRA adapters of
 ``adapter_table``); the chat template and tool-call format with the stop tokens and special tags
 they imply; the server's defaults (template variables, sampling, reasoning budget) and bounds
-(``n``, client schemas, images); the model's metrics. Its pipeline: ``check_model`` ->
+(``n``, client schemas, images); the model's metrics. Its pipeline, for a request the router
+resolved to this model (``runtime/router.py``: the one place a ``model`` name is checked):
 ``load_images`` -> (the endpoint builds its ``Run``s) -> ``admit_all`` -> ``deltas`` (stop
 strings, reasoning budget, metrics), the same for chat, completions, messages and responses.
 """
@@ -23,7 +24,7 @@ from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.chat import ChatCompletionRequest
-from glmserve.protocol.errors import APIError, invalid_request, model_not_found, overloaded, server_error
+from glmserve.protocol.errors import APIError, invalid_request, overloaded, server_error
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.metrics import ServingMetrics
 from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, single_token_id, special_token_id
@@ -117,12 +118,6 @@ class ModelPipeline:
         """The LoRA adapters requests may name (``--lora``, and those loaded at run time; each
         is loaded in the engine when a request holds it: ``serving/adapters.py``)."""
         return self.adapter_table.names
-
-    def check_model(self, model: str) -> None:
-        """Raises ``APIError`` 404 unless ``model`` is the served model, an alias of it or one
-        of its adapters."""
-        if model != self.name and model not in self.aliases and model not in self.adapters:
-            raise model_not_found(model)
 
     async def load_images(self, req: ChatCompletionRequest) -> list:
         """The request's images, fetched and decoded under the media policy, in order. Raises

@@ -38,7 +38,6 @@ class MessagesService:
         """The prompt's length in tokens (template and tools included; image tokens are not
         counted). Raises ``APIError`` as ``create`` would for the messages."""
         chat_req = self._chat_request(req)
-        self.pipeline.check_model(chat_req.model)
         return CountTokensResponse(input_tokens=len(self.pipeline.prompt_token_ids(chat_req)))
 
     async def _reply(self, chat_req, priority: int) -> Reply:
