@@ -14,7 +14,6 @@ from fastapi import FastAPI
 
 from glmserve.runtime.start import freeze_heap, serve_many, start_model
 from glmserve.server import AppOptions, create_app
-from glmserve.runtime.loaded import LoadedModel
 from glmserve.runtime.router import ModelRouter
 from glmserve.serving.batches.service import BatchService
 from glmserve.serving.responses.conversations import ConversationService
@@ -38,7 +37,7 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
     store = ResponseStore(database, ttl_s, settings.store_max_bytes, settings.store_max_bytes_per_key, len(keys))
     seal = ReasoningSeal(settings.state_dir)  # the key of encrypted reasoning, one for all models
     loaded = start_model(settings, seal=seal)
-    served: LoadedModel | ModelRouter = loaded
+    served = ModelRouter.single(loaded)
     if settings.many_models:
         try:
             served = serve_many(settings, loaded, seal)
