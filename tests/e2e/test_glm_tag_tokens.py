@@ -106,6 +106,14 @@ TURNS = [
 # thinking off (GLM-4.7's prompt then ends ``<|assistant|></think>``), a model that reasons anyway
 THINKING_OFF, REASONS_ANYWAY = _ask("Is it late?"), "<think>Check the clock.</think>Not yet."
 
+# what a grammar forces (JSON, a forced call) is the answer: trained, as GLM-4.7 is, to answer these
+# at once with thinking off, and to reason first with it on (issue 90: the JSON came back as reasoning,
+# the forced call's arguments as garbage, written where the model reasons)
+WHERE, WHERE_JSON = _ask("Where is the Louvre?"), '{"city": "Paris"}'
+LOUVRE = _ask("Weather at the Louvre?")
+LOUVRE_CALL = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
 
 def _template_messages(messages: list[dict]) -> list[dict]:
     """``messages`` as glmserve hands them to the chat template (``chat/messages.py``): a call's
@@ -139,6 +147,10 @@ def served(request, tmp_path_factory):
     replies = [(_template_messages(messages), {"tools": TOOLS}, reply, end)
                for messages, reply, end, _ in [*CASES.values(), *TURNS]]
     replies.append((THINKING_OFF, {"tools": TOOLS, "enable_thinking": False}, REASONS_ANYWAY, "<|user|>"))
+    replies += [(WHERE, {"enable_thinking": False}, WHERE_JSON, "<|user|>"),
+                (WHERE, {}, "Think of Paris.</think>In Paris.", "<|user|>"),
+                (LOUVRE, {"tools": TOOLS, "enable_thinking": False}, LOUVRE_CALL, "<|observation|>"),
+                (LOUVRE, {"tools": TOOLS}, "Think of Paris.</think>It is in Paris.", "<|user|>")]
     root = tmp_path_factory.mktemp(request.param)
     folder = tiny_glm_trained(root / MODEL, "Glm4ForCausalLM", "glm-4.7.jinja", replies, steps=1500, tags=tags)
     if request.param == "vllm":
@@ -238,3 +250,37 @@ def test_completions_write_the_tags_as_the_model_wrote_them(served):
     prompt = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False)
     text = served.openai.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=200).choices[0].text
     assert text.startswith(reply.replace(S, "")), text
+
+
+def test_what_a_grammar_forces_is_the_answer(served):
+    """JSON (``json_schema`` plain and streamed, ``json_object``, Responses ``text.format``) is
+    the content and a forced call (named, ``required``, Messages ``tool_choice`` ``tool``) is a
+    call with the arguments the model writes unforced: the prompt closes the reasoning the
+    model would otherwise open, on every engine."""
+    kw = dict(model=MODEL, messages=WHERE, temperature=0, max_tokens=60)
+    schema = {"type": "json_schema", "json_schema": {"name": "place", "schema": CITY}}
+    for fmt in (schema, {"type": "json_object"}):
+        message = served.openai.chat.completions.create(**kw, response_format=fmt).choices[0].message
+        assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (None, WHERE_JSON)
+    streamed = [c.choices[0].delta for c in served.openai.chat.completions.create(**kw, response_format=schema,
+                                                                                  stream=True) if c.choices]
+    assert "".join(d.content or "" for d in streamed) == WHERE_JSON
+    assert not any((d.model_extra or {}).get("reasoning_content") for d in streamed)
+    response = served.openai.responses.create(model=MODEL, input=WHERE, temperature=0, max_output_tokens=60,
+                                              text={"format": {"type": "json_schema", "name": "place", "schema": CITY}})
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == WHERE_JSON
+
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        reply = served.openai.chat.completions.create(model=MODEL, messages=LOUVRE, tools=TOOLS, tool_choice=choice,
+                                                      temperature=0, max_tokens=60).choices[0]
+        assert reply.finish_reason == "tool_calls"
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in reply.message.tool_calls] == [
+            ("get_weather", {"city": "Paris"})]
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    message = served.anthropic.messages.create(model=MODEL, max_tokens=60, messages=LOUVRE, tools=tools,
+                                               tool_choice={"type": "tool", "name": "get_weather"},
+                                               extra_body={"temperature": 0})
+    assert [(b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in message.content] == [
+        ("tool_use", "get_weather", {"city": "Paris"})]

@@ -261,3 +261,54 @@ def test_odd_reasoning_items_are_never_a_server_error(item):
     assert resp.status_code == 200, resp.text
     summary = "summary" in item and isinstance(item["summary"], list)
     assert ("<think>Call it.</think>Sunny." in engine.prompt_text(engine.requests[-1])) == summary
+
+
+JSON_ANSWER = '{"city": "Paris"}'
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CALL = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+
+
+@pytest.mark.parametrize("fmt", [{"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}},
+                                 {"type": "json_object"}])
+def test_a_grammar_on_a_reasoning_model_closes_the_reasoning_and_its_output_is_the_answer(fmt):
+    """GLM-4.7 opens ``<think>`` in its generation prompt; a grammar forces JSON from the first
+    token, so the prompt is rendered with thinking off and the JSON is the content (issue 90:
+    it came back as ``reasoning_content`` with ``content`` empty)."""
+    engine, client = _client(JSON_ANSWER)
+    body = {"model": "glm", "messages": ASK, "response_format": fmt}
+    message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|></think>")
+    assert (message.get("reasoning_content"), message["content"]) == (None, JSON_ANSWER)
+    content, reasoning, _, finish = chat_stream(client, body)
+    assert (reasoning, content, finish) == ("", JSON_ANSWER, "stop")
+
+    text = {"format": {"type": "json_schema", "name": "c", "schema": CITY}} if fmt["type"] == "json_schema" else {
+        "format": {"type": "json_object"}}
+    output = client.post("/v1/responses", json={"model": "glm", "input": "Where?", "text": text}).json()["output"]
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|></think>")
+    assert [(i["type"], i["content"][0]["text"]) for i in output] == [("message", JSON_ANSWER)]
+
+
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_a_forced_call_on_a_reasoning_model_is_made_with_the_reasoning_closed(tool_choice):
+    engine, client = _client(CALL)
+    body = {"model": "glm", "messages": ASK, "tools": [{"type": "function", "function": WEATHER}],
+            "tool_choice": tool_choice}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|></think>")
+    assert choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]] \
+        == [("get_weather", {"city": "Paris"})]
+    tools = [{"name": "get_weather", "description": "Weather", "input_schema": WEATHER["parameters"]}]
+    reply = client.post("/v1/messages", json={"model": "glm", "max_tokens": 100, "messages": ASK, "tools": tools,
+                                              "tool_choice": {"type": "tool", "name": "get_weather"}}).json()
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|assistant|></think>")
+    assert [(b["type"], b.get("input")) for b in reply["content"]] == [("tool_use", {"city": "Paris"})]
+
+
+def test_a_template_that_ignores_enable_thinking_gets_the_reasoning_closed_after_its_prompt():
+    engine, client = _client(JSON_ANSWER, ALWAYS_THINKS, parser=None)
+    body = {"model": "glm", "messages": ASK, "response_format": {"type": "json_object"}}
+    message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert engine.prompt_text(engine.requests[-1]).endswith("<|im_start|>assistant\n<think></think>")
+    assert (message.get("reasoning_content"), message["content"]) == (None, JSON_ANSWER)

@@ -16,6 +16,7 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import PromptTooLong, context_length_exceeded, invalid_request
 from glmserve.serving.generation.tool_formats import render_prompt
 from glmserve.serving.generation.tools import ToolPlan
+from glmserve.toolcalls.reasoning import THINK_END, prompt_state
 
 
 class MultimodalProcessor(Protocol):
@@ -93,6 +94,8 @@ def build_prompt(
               "continue_final_message": req.continue_final_message}
     try:
         text = render_prompt(template, messages, plan, tool_format, kwargs)
+        if plan.grammar is not None and prompt_state(text) == "reasoning":
+            text = _reasoning_closed(template, messages, plan, tool_format, kwargs)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += plan.forced_prefix
@@ -112,6 +115,19 @@ def build_prompt(
     if max_tokens_ceiling and max_tokens is not None:
         max_tokens = min(max_tokens, max(1, context_length - n_prompt))  # the prompt alone is checked below
     return Prompt(text, token_ids, fit_max_tokens(n_prompt, max_tokens, context_length, "messages"), multimodal)
+
+
+def _reasoning_closed(template: ChatTemplate, messages: list[dict[str, Any]], plan: ToolPlan,
+                      tool_format: str | None, kwargs: dict[str, Any]) -> str:
+    """The prompt of a reply a grammar constrains from its first token (JSON, forced calls),
+    on a template whose generation prompt opens the reasoning (GLM-4.7 / 5.x, Qwen3, R1
+    distills): rendered with thinking off (``enable_thinking`` false: GLM-4.7 ends
+    ``<|assistant|></think>``, Qwen3 ``<think>\n\n</think>``), or, where the template ignores
+    that variable, with ``</think>`` appended. The grammar's output is then the answer, and
+    the model writes it in the form it was trained on for thinking off, instead of JSON or a
+    call forced where it was trained to reason (docs/guides/reasoning.md, "Structured output")."""
+    text = render_prompt(template, messages, plan, tool_format, {**kwargs, "enable_thinking": False})
+    return text + THINK_END if prompt_state(text) == "reasoning" else text
 
 
 def fit_max_tokens(n_prompt: int, max_tokens: int | None, context_length: int, prompt_param: str) -> int:
