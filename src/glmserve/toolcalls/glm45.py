@@ -22,8 +22,10 @@ each pair then goes out as a piece of the JSON arguments, ``{"city": `` when its
 a string value's text as it comes (escaped for JSON), any other value whole once it ends, and
 ``}`` at ``</tool_call>``. An unknown name, or other text after the name, makes the whole call
 content, as before. Once the head is out the text is a call: stray text between pairs is
-skipped, a key without a value is dropped, and a call the model leaves open is closed at the
-end (or, cut by ``max_tokens``, keeps its unfinished arguments).
+content, held until the call ends (so that no API's stream has to reopen a call's arguments
+after text: the stream joins to the whole reply on every API), a key without a value is
+dropped, and a call the model leaves open is closed at the end (or, cut by ``max_tokens``, keeps
+its unfinished arguments).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class Glm45Parser(TaggedCallParser):
         self._properties: dict[str, Any] = {}
         self._pairs = 0  # pairs of the open call sent so far
         self._key = ""
+        self._inside = ""  # text between the open call's pairs: content once the call ends
 
     def _piece(self, text: str, out: list[DeltaEvent]) -> None:
         if text:
@@ -125,8 +128,8 @@ class Glm45Parser(TaggedCallParser):
         missing ``</arg_value>`` or ``</arg_key>`` ends at the next tag; a missing ``<arg_key>``
         or ``<arg_value>`` begins after the previous tag; a missing ``</tool_call>`` ends the call
         at the next ``<tool_call>``; a key whose value has no tags takes the text up to the next
-        tag. Text between pairs that no tag makes a key or value is content: nothing the model
-        wrote is lost."""
+        tag. Text between pairs that no tag makes a key or value is content, after the call:
+        nothing the model wrote is lost."""
         tags = (*_EXPECTED[state], self.end_tag, self.start_tag)
         at, tag = _first(self._buf, *tags)
         if at < 0:
@@ -143,7 +146,7 @@ class Glm45Parser(TaggedCallParser):
         elif state == "pairs" and tag == KEY_END and text.strip():  # <arg_key> missing
             self._key = text.strip()
         elif text.strip() and (state == "pairs" or tag == VALUE):  # text between tags: content, not lost
-            self._emit_content(text, out)
+            self._inside += text
         if tag == VALUE or (tag == VALUE_END and state == "value_start"):  # (<arg_value> missing)
             self._open_value(out)
             if tag == VALUE_END:
@@ -164,6 +167,7 @@ class Glm45Parser(TaggedCallParser):
             self._piece("}" if self._pairs else "{}", out)
             if tag == self.start_tag:
                 self._buf = tag + self._buf
+            self._release_inside(out)
             return self._end_call()
         return None
 
@@ -215,6 +219,10 @@ class Glm45Parser(TaggedCallParser):
         else:
             self._piece(json.dumps(convert_value(rest, schema), ensure_ascii=False), out)
 
+    def _release_inside(self, out: list[DeltaEvent]) -> None:
+        inside, self._inside = self._inside, ""
+        self._emit_content(inside, out)
+
     def _end_call(self) -> bool:
         self._in_call, self._state = False, "name"
         return True
@@ -226,6 +234,7 @@ class Glm45Parser(TaggedCallParser):
             self._buf += self.end_tag  # (the buffer holds no whole <tool_call>: feed read those)
             while self._advance_pairs(self._state, out) is None:
                 pass
+        self._release_inside(out)  # (cut by max_tokens: after the unfinished arguments)
         self._state = "name"
 
 

@@ -55,16 +55,21 @@ def _assert_nothing_lost(text: str, parsed) -> None:
         assert text.count(word) <= written.count(word), (word, text, parsed)
 
 
-@pytest.mark.parametrize("name", ["glm45", "glm47"])
-@pytest.mark.parametrize("state", ["reasoning", "answer", "open"])
-def test_tag_soup_streams_as_it_parses_whole_and_loses_no_word(name, state):
-    for seed in range(300):
+def soups(n: int = 300):
+    """``n`` random tag soups: ``(soup, rng)``, the generator that made it (for cutting it)."""
+    for seed in range(n):
         rng = random.Random(seed)
         words = iter(WORDS)
         # half of them open a call of an offered tool, so that the soup reaches the call's states
         head = "<tool_call>" + rng.choice(["get_weather", "search"]) + rng.choice(["<arg_key>", "\n"]) if seed % 2 else ""
-        soup = head + "".join(rng.choice(TAGS) if r < 0.4 else next(words, "w39x") if r < 0.6 else rng.choice(OTHER)
-                              for r in (rng.random() for _ in range(rng.randint(1, 30))))
+        yield head + "".join(rng.choice(TAGS) if r < 0.4 else next(words, "w39x") if r < 0.6 else rng.choice(OTHER)
+                             for r in (rng.random() for _ in range(rng.randint(1, 30)))), rng
+
+
+@pytest.mark.parametrize("name", ["glm45", "glm47"])
+@pytest.mark.parametrize("state", ["reasoning", "answer", "open"])
+def test_tag_soup_streams_as_it_parses_whole_and_loses_no_word(name, state):
+    for soup, rng in soups():
         whole = _parse(name, state, [soup])
         assert _parse(name, state, _chunks(soup, rng)) == whole, soup
         assert _parse(name, state, list(soup)) == whole, soup
