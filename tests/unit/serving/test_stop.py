@@ -70,3 +70,46 @@ def test_any_split_gives_the_same_result(seed):
     deltas = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
     assert _run(stops, deltas) == expected
     assert _run(stops, list(text)) == expected
+
+
+def _escaped(text: str) -> list[str]:
+    """``text`` as an engine's ``TagEscaper`` writes it, one token per character, with the
+    tags ``</think>`` and ``<tool_call>`` spelled by ordinary tokens."""
+    from glmserve.engine.rules import TagEscaper
+
+    escaper = TagEscaper(["</think>", "<tool_call>"])
+    return [escaper.feed(ch) for ch in text] + [escaper.flush()]
+
+
+@pytest.mark.parametrize("stop", ["</think>", "<tool_call>", "think>", "\ue000"])
+def test_a_stop_string_matches_what_the_model_wrote_not_the_escaped_text(stop):
+    """A tag spelled by ordinary tokens reaches the matcher escaped (``<`` U+E000 ``/think>``);
+    the stop string still stops there (issue 90), and what is released before it is the escaped
+    text the parsers read."""
+    from glmserve.engine.rules import unescape_tags
+
+    text = "I wrote \ue000 then </think> then <tool_call> and think> end"
+    sent, stopped = _run_escaped([stop], _escaped(text))
+    assert stopped
+    assert unescape_tags(sent) == text[:text.index(stop)]
+
+
+def test_escaped_text_without_a_stop_is_released_whole():
+    from glmserve.engine.rules import unescape_tags
+
+    text = "a </think b </think> c <tool_call"
+    pieces = _escaped(text)
+    sent, stopped = _run_escaped(["</think>x"], pieces)
+    assert (unescape_tags(sent), stopped) == (text, False)
+    assert sent == "".join(pieces)
+
+
+def _run_escaped(stops, deltas):
+    m = StopStringMatcher(stops, escaped=True)
+    sent = []
+    for d in deltas:
+        text, stopped = m.feed(d)
+        sent.append(text)
+        if stopped:
+            return "".join(sent), True
+    return "".join(sent) + m.flush(), False

@@ -21,6 +21,7 @@ from typing import Any
 
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
+from glmserve.engine.rules import escaped_tags
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.chat import ChatCompletionRequest
@@ -179,7 +180,7 @@ class ModelPipeline:
 
         Raises ``APIError`` (500) when the engine fails this request. Leaving early (client
         gone) closes the engine stream, which aborts the request."""
-        matcher = StopStringMatcher(run.stops)
+        matcher = StopStringMatcher(run.stops, escaped=bool(escaped_tags(run.request)))
         pending: list[TokenLogprob] = []
         reason = "abort"  # unless the loop below ends otherwise (the client left)
         stream = run.outputs
