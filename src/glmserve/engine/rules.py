@@ -5,7 +5,7 @@ characters written by other tokens (``TagEscaper``, ``unescape_tags``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from glmserve.engine.base import EngineError
 from glmserve.engine.types import FinishReason, GenerationRequest, ModelInfo, SamplingParams
@@ -97,6 +97,24 @@ def escaped_tags(request: GenerationRequest) -> frozenset[int]:
     ``shown_special_ids``, but none under a grammar, whose tags are where the grammar puts them
     (a grammar matches text: it may write a tag with ordinary tokens)."""
     return request.shown_special_ids if request.sampling.grammar is None else frozenset()
+
+
+def sequence_text(token_ids: list[int], decode: Callable[[list[int]], str], tags: dict[int, str]) -> str:
+    """The whole text of a sequence's ``token_ids`` as an engine writes it for a request whose
+    escaped tags are ``tags`` (id -> text, of ``escaped_tags``): each tag token's own text, the
+    ordinary tokens between them decoded (``decode``) and their tags' look-alikes escaped
+    (``TagEscaper``), nothing held back. Without ``tags``, ``decode(token_ids)``."""
+    if not tags:
+        return decode(token_ids)
+    escaper, pieces, run = TagEscaper(tags.values()), [], []
+    for token_id in token_ids:
+        if token_id in tags:
+            pieces += [escaper.feed(decode(run)) if run else "", escaper.feed(tags[token_id], tag=True)]
+            run = []
+        else:
+            run.append(token_id)
+    pieces += [escaper.feed(decode(run)) if run else "", escaper.flush()]
+    return "".join(pieces)
 
 
 def unescape_tags(text: str) -> str:

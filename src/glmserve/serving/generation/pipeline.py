@@ -21,7 +21,7 @@ from typing import Any
 
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
-from glmserve.engine.rules import escaped_tags
+from glmserve.engine.rules import escaped_tags, sequence_text
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.chat import ChatCompletionRequest
@@ -87,8 +87,9 @@ class ModelPipeline:
         self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
         # the parsers' tags that the vocabulary holds as single tokens: the engine writes their text, and
         # escapes the same characters written by other tokens (engine/rules.py TagEscaper)
-        tags = (single_token_id(engine.tokenizer, tag) for tag in tag_texts(tool_parser, self.reasoning))
-        self.shown_special_ids = frozenset(i for i in tags if i is not None)
+        tags = ((single_token_id(engine.tokenizer, tag), tag) for tag in tag_texts(tool_parser, self.reasoning))
+        self.shown_tags = {i: tag for i, tag in tags if i is not None}  # id -> text
+        self.shown_special_ids = frozenset(self.shown_tags)
         if reasoning_budget is not None and not self.reasoning:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
@@ -186,8 +187,9 @@ class ModelPipeline:
         stream = run.outputs
         if run.reasoning_budget is not None:
             loop = asyncio.get_running_loop()
+            escaped = {i: self.shown_tags[i] for i in escaped_tags(run.request)}
             stream = budgeted(stream, run.request, *run.reasoning_budget, self.end_of_reasoning_ids,
-                              self.engine.tokenizer.decode,
+                              lambda ids: sequence_text(ids, self.engine.tokenizer.decode, escaped),
                               lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop))
         try:
             async with aclosing(stream) as outputs:

@@ -56,24 +56,30 @@ class _Tracker:
 
 
 async def budgeted(outputs: AsyncIterator[GenerationOutput], request: GenerationRequest, budget: int,
-                   state: PromptState, end_token_ids: list[int], decode: Callable[[list[int]], str],
+                   state: PromptState, end_token_ids: list[int], text_of: Callable[[list[int]], str],
                    admit: Admit) -> AsyncIterator[GenerationOutput]:
     """``outputs`` (the engine's stream for ``request``) with the reasoning ended after
     ``budget`` tokens: ``end_token_ids`` (the tokenized ``</think>``) are written and the
     generation goes on from there through ``admit`` (which hands a request to the engine and
     may raise the engine's admission errors). An output of several tokens (speculative
-    decoding) that crosses the budget is cut to it (``decode``: token ids -> text). Closing
-    this iterator closes the engine streams."""
+    decoding, vLLM's merged deltas) that crosses the budget is cut to it. ``text_of``: a
+    sequence's token ids -> its whole text as the engine writes it (tags' look-alikes escaped:
+    ``engine/rules.py`` ``sequence_text``); at the cut the text the engine had not yet released
+    (the cut output's kept tokens, a tail its detokenizer held back) is what ``text_of`` gives
+    beyond the text sent. Closing this iterator closes the engine streams."""
     tracker = _Tracker(budget, state)
     generated: list[int] = []
+    sent = ""  # the text of the outputs yielded
     prompt_tokens = cached_tokens = 0
     async with aclosing(outputs) as stream:
         async for out in (stream if not tracker.over else _nothing()):
             keep = tracker.room(len(out.token_ids))
             if keep < len(out.token_ids):  # crosses the budget: cut to it
-                out = dataclasses.replace(out, token_ids=out.token_ids[:keep], text=decode(out.token_ids[:keep]),
+                kept = out.token_ids[:keep]
+                out = dataclasses.replace(out, token_ids=kept, text=_unsent(text_of, [*generated, *kept], sent, kept),
                                           finish_reason=None, logprobs=out.logprobs[:keep] if out.logprobs else None)
             generated += out.token_ids
+            sent += out.text
             prompt_tokens, cached_tokens = out.num_prompt_tokens or prompt_tokens, out.num_cached_tokens
             tracker.add(out.text, len(out.token_ids))
             yield out
@@ -81,12 +87,13 @@ async def budgeted(outputs: AsyncIterator[GenerationOutput], request: Generation
                 return
             if tracker.over:
                 break
+    held = _unsent(text_of, generated, sent, [])  # what the engine's detokenizer still held back
     left = request.sampling.max_tokens - len(generated) - len(end_token_ids)
     if left < 0:  # max_tokens leaves no room for the marker: the reasoning was cut by max_tokens
-        yield GenerationOutput(request.request_id, [], "", "length", num_prompt_tokens=prompt_tokens,
+        yield GenerationOutput(request.request_id, [], held, "length", num_prompt_tokens=prompt_tokens,
                                num_cached_tokens=cached_tokens)
         return
-    yield GenerationOutput(request.request_id, list(end_token_ids), THINK_END, "length" if left == 0 else None,
+    yield GenerationOutput(request.request_id, list(end_token_ids), held + THINK_END, "length" if left == 0 else None,
                            num_prompt_tokens=prompt_tokens, num_cached_tokens=cached_tokens)
     if left == 0:
         return
@@ -101,6 +108,13 @@ async def budgeted(outputs: AsyncIterator[GenerationOutput], request: Generation
             out.num_prompt_tokens = prompt_tokens or max(0, out.num_prompt_tokens - extra)
             out.num_cached_tokens = cached_tokens
             yield out
+
+
+def _unsent(text_of: Callable[[list[int]], str], generated: list[int], sent: str, last: list[int]) -> str:
+    """The text of ``generated`` beyond ``sent``; where ``sent`` is not its start (a
+    detokenizer that wrote the text otherwise), the text of ``last`` alone."""
+    whole = text_of(generated)
+    return whole[len(sent):] if whole.startswith(sent) else text_of(last) if last else ""
 
 
 async def _nothing() -> AsyncIterator[GenerationOutput]:
