@@ -11,10 +11,10 @@ templates, llama.cpp ``models/templates/GLM-4.6.jinja`` and GLM-4.7's as vLLM's 
 Both parsers read both layouts (the name ends at a newline or at the first ``<arg_key>``; pairs
 with or without newlines); they differ in how a forced call is constrained (the grammar writes
 each model's own layout) and in the template text that identifies them. String values are raw
-text, other values JSON: each value is converted by the type its tool's JSON schema gives the
-key, so ``<arg_value>5</arg_value>`` is the integer 5 for an ``integer`` key and the string "5"
-for a ``string`` one. Reasoning (``<think>``) is split off before this parser sees the text
-(``toolcalls/reasoning.py``).
+text, other values JSON as written (its escapes kept; text that is not JSON is a string): each
+value is read by the type its tool's JSON schema gives the key, so ``<arg_value>5</arg_value>``
+is the integer 5 for an ``integer`` key and the string "5" for a ``string`` one. Reasoning
+(``<think>``) is split off before this parser sees the text (``toolcalls/reasoning.py``).
 
 Streaming (as vLLM's ``glm4_moe`` / ``glm47`` parsers stream them): a call's head (index, name)
 goes out once its name is complete and known (at the first ``<arg_key>`` or ``</tool_call>``);
@@ -47,15 +47,12 @@ def _is_string_type(schema: dict[str, Any] | None) -> bool:
     return kind == "string" or (isinstance(kind, list) and bool(kind) and kind[0] == "string")
 
 
-def convert_value(raw: str, schema: dict[str, Any] | None) -> Any:
-    """A raw ``<arg_value>`` as the schema's type: strings as written, anything else as JSON
-    (falling back to the raw text when it is not JSON)."""
-    if _is_string_type(schema):
-        return raw
+def _is_json(text: str) -> bool:
     try:
-        return json.loads(raw)
+        json.loads(text)
     except ValueError:
-        return raw
+        return False
+    return True
 
 
 def _json_text(text: str) -> str:
@@ -109,13 +106,14 @@ class Glm45Parser(TaggedCallParser):
                     return self._end_call()
                 else:
                     self._state = "refused"
-            elif state == "refused":  # not a call: content, whole, once it ends
-                end = self._buf.find(self.end_tag)
+            elif state == "refused":  # not a call: content, whole, once it ends (at the next call's start
+                end, tag = _first(self._buf, self.end_tag, self.start_tag)  # where its </tool_call> is missing)
                 if end < 0:
                     return False
-                body, self._buf = self._buf[:end], self._buf[end + len(self.end_tag):]
-                self.unread.append(self.start_tag + body + self.end_tag)
-                self._emit_content(self.start_tag + body + self.end_tag, out)
+                close = self.end_tag if tag == self.end_tag else ""
+                body, self._buf = self._buf[:end], self._buf[end + len(close):]
+                self.unread.append(self.start_tag + body + close)
+                self._emit_content(self.start_tag + body + close, out)
                 return self._end_call()
             else:
                 ended = self._advance_pairs(state, out)
@@ -143,10 +141,10 @@ class Glm45Parser(TaggedCallParser):
             self._close_value(text, out)
         elif state == "key":
             self._key = text.strip()
-        elif state == "pairs" and tag == KEY_END and text.strip():  # <arg_key> missing
+        elif state == "pairs" and tag == KEY_END and self._listed(text.strip()):  # <arg_key> missing
             self._key = text.strip()
         elif text.strip() and (state == "pairs" or tag == VALUE):  # text between tags: content, not lost
-            self._inside += text
+            self._inside += text + (tag if tag == KEY_END else "")
         if tag == VALUE or (tag == VALUE_END and state == "value_start"):  # (<arg_value> missing)
             self._open_value(out)
             if tag == VALUE_END:
@@ -158,7 +156,7 @@ class Glm45Parser(TaggedCallParser):
             self._open_value(out)
             self._close_value(text.strip() if state == "value_start" else "", out)
         if tag == KEY_END:
-            self._state = "value_start" if state == "key" or text.strip() else "pairs"
+            self._state = "value_start" if state == "key" or self._listed(text.strip()) else "pairs"
         elif tag == KEY:
             self._state = "key"
         elif tag == VALUE_END:
@@ -185,7 +183,17 @@ class Glm45Parser(TaggedCallParser):
             names = [n for n in self.schemas if head.startswith(n)]
             name = max(names, key=len) if names else ""
             key = head[len(name):]
-        return (name.strip(), key.strip()) if self._known(name.strip()) and key.strip() else None
+        name, key = name.strip(), key.strip()
+        return (name, key) if self._known(name) and key and self._listed(key, name) else None
+
+    def _listed(self, key: str, name: str | None = None) -> bool:
+        """Whether ``key``, read as a key without its ``<arg_key>``, may be one: the tool's
+        (``name``, else the open call's) schema lists it among its properties, or lists none.
+        Without that evidence the text is prose (``keys end with</arg_key> like that.``)."""
+        if not key:
+            return False
+        properties = (self.schemas[name] or {}).get("properties") if name else self._properties
+        return not properties or key in properties
 
     def _json_call(self, body: str, out: list[DeltaEvent]) -> bool:
         """A call whose arguments are a JSON object after the name (GLM-4-0414's form, written
@@ -201,7 +209,7 @@ class Glm45Parser(TaggedCallParser):
         if not isinstance(arguments, dict):
             return False
         self._open_call(name, out)
-        self._piece(json.dumps(arguments, ensure_ascii=False), out)
+        self._piece(body[brace:].strip(), out)  # as written: its escapes (a "\ue000") kept
         return True
 
     def _open_value(self, out: list[DeltaEvent]) -> None:
@@ -216,8 +224,8 @@ class Glm45Parser(TaggedCallParser):
         schema = self._properties.get(self._key)
         if _is_string_type(schema):
             self._piece(_json_text(rest) + '"', out)
-        else:
-            self._piece(json.dumps(convert_value(rest, schema), ensure_ascii=False), out)
+        else:  # JSON as written (its escapes kept), else the text as a string
+            self._piece(rest.strip() if _is_json(rest) else json.dumps(rest, ensure_ascii=False), out)
 
     def _release_inside(self, out: list[DeltaEvent]) -> None:
         inside, self._inside = self._inside, ""
@@ -228,7 +236,11 @@ class Glm45Parser(TaggedCallParser):
         return True
 
     def _finish_call(self, truncated: bool, out: list[DeltaEvent]) -> None:
-        if self._state in ("name", "refused"):  # no head sent: content, or dropped when cut off
+        name = self._buf.strip()
+        if self._state == "name" and not truncated and self._known(name):  # a call without arguments left open
+            self._open_call(name, out)
+            self._piece("{}", out)
+        elif self._state in ("name", "refused"):  # no head sent: content, or dropped when cut off
             super()._finish_call(truncated, out)
         elif not truncated:  # the model left the call open: read it as if it wrote </tool_call>
             self._buf += self.end_tag  # (the buffer holds no whole <tool_call>: feed read those)

@@ -118,6 +118,21 @@ CASES = [
      out(None, [("get_weather", '{"city": "Rome"}')])),
     ("glm47@answer", "json-arguments-not-an-object", '<tool_call>get_weather\n["Rome"]</tool_call>',
      out('<tool_call>get_weather\n["Rome"]</tool_call>')),
+    # recovery needs evidence (issue 90): a key read without its <arg_key> is one the schema lists
+    ("glm47@answer", "prose-with-a-key-end-tag-is-no-call", "<tool_call>search\nkeys end with</arg_key> like that.",
+     out("<tool_call>search\nkeys end with</arg_key> like that.")),
+    ("glm47@answer", "an-unlisted-key-without-arg-key-is-content", "<tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Rome</arg_value>so the</arg_key> ends</tool_call>",
+     out("so the</arg_key> ends", [("get_weather", '{"city": "Rome"}')])),
+    ("glm47@answer", "a-schema-without-properties-takes-any-key", "<tool_call>simple_browser\nurl</arg_key>"
+     "<arg_value>x.org</arg_value></tool_call>", out(None, [("simple_browser", '{"url": "x.org"}')])),
+    ("glm47@answer", "zero-argument-call-left-open", "<tool_call>clock", out(None, [("clock", "{}")])),
+    ("glm47@answer", "a-refused-call-without-its-end-keeps-the-next-call", "<tool_call>nope now"
+     "<tool_call>clock</tool_call>", out("<tool_call>nope now", [("clock", "{}")])),
+    ("glm47@answer", "json-escapes-in-arguments-are-kept", '<tool_call>get_weather\n{"city": "a\\ue000b"}'
+     "</tool_call>", out(None, [("get_weather", '{"city": "a\\ue000b"}')])),
+    ("glm47@answer", "json-escapes-in-a-json-value-are-kept", "<tool_call>get_weather<arg_key>tags</arg_key>"
+     '<arg_value>["\\ue000"]</arg_value></tool_call>', out(None, [("get_weather", '{"tags": ["\\ue000"]}')])),
     ("glm45", "unclosed-think", "<think>still thinking", out("", reasoning="still thinking")),
     ("glm45", "lt-in-text", "a < b and <tool c", out("a < b and <tool c")),
     ("glm45", "only-think-tag", "<think>", out("")),
