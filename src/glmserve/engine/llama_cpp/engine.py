@@ -257,8 +257,9 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if not self.model_info.generation:
             raise EngineError(f"model {self.model_info.id!r} is served for embeddings only (POST /v1/embeddings)")
         check_request(request, self.model_info)
+        stop_ids = stop_token_ids(request.sampling, self.tokenizer.eog_ids)
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
-                               self.model_info.context_length)  # a bad grammar is a 400 even when full
+                               self.model_info.context_length, stop_ids)  # a bad grammar is a 400 even when full
         try:
             self._admission.acquire()
         except BaseException:
@@ -268,8 +269,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         spec, media = self.speculative, request.multimodal or ()  # images: vision.py's spans
         drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool))
-        state = _SeqState(request, stream, sampler, self.tokenizer.decoder(escaped_tags(request)),
-                          stop_token_ids(request.sampling, self.tokenizer.eog_ids), drafter)
+        state = _SeqState(request, stream, sampler, self.tokenizer.decoder(escaped_tags(request)), stop_ids, drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
                                  salt=request.cache_salt, priority=request.priority, media=media))
         return RequestStream(request.request_id, stream, self.abort)

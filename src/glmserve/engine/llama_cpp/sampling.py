@@ -7,7 +7,11 @@ left out of the chain.
 A grammar is checked the way ``common_sampler_sample`` checks it: the token is drawn without the
 grammar, then only that token is checked against it; when the grammar rejects it, the grammar
 masks the whole vocabulary and the token is drawn again. Masking the vocabulary at every step
-about doubles the time per token on a small model (SmolLM2: ~22 against ~11 ms).
+about doubles the time per token on a small model (SmolLM2: ~22 against ~11 ms). A grammar lets
+the vocabulary's end-of-generation tokens end a sequence where it is complete; the request's
+other stop tokens (GLM's ``<|observation|>`` after a call, which a GGUF need not mark as one)
+end it there too, else a model that ends its turn after a forced call would be made to write
+another.
 """
 
 from __future__ import annotations
@@ -40,12 +44,17 @@ class SamplerChain:
     samples from the logits of batch row ``i`` and records the token (for penalties and the
     grammar). ``free()`` releases them."""
 
-    __slots__ = ("_chain", "_grammar", "_n_vocab", "_candidates", "_view", "_one")
+    __slots__ = ("_chain", "_grammar", "_n_vocab", "_candidates", "_view", "_one", "_stops", "_eog")
 
-    def __init__(self, params: SamplingParams, vocab, n_vocab: int, penalty_last_n: int) -> None:
-        """Raises ``GrammarError`` when ``params.grammar`` does not compile."""
+    def __init__(self, params: SamplingParams, vocab, n_vocab: int, penalty_last_n: int,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
+        """``stop_ids``: the tokens that end the request (``rules.stop_token_ids``). Raises
+        ``GrammarError`` when ``params.grammar`` does not compile."""
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         self._chain, self._grammar, self._n_vocab = chain, None, n_vocab
+        self._stops = stop_ids
+        # an end-of-generation token: the grammar accepts it where the output may end
+        self._eog = next((i for i in sorted(stop_ids) if llama_cpp.llama_vocab_is_eog(vocab, i)), None)
         add = lambda smpl: llama_cpp.llama_sampler_chain_add(chain, smpl)  # noqa: E731
         if params.grammar:
             self._grammar = llama_cpp.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
@@ -82,6 +91,9 @@ class SamplerChain:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(self._n_vocab,))
         token = self._draw(logits, with_grammar=False)
         if not self._grammar_accepts(token):
+            if token in self._stops and self._eog is not None and self._grammar_accepts(self._eog):
+                llama_cpp.llama_sampler_accept(self._chain, token)  # a stop token where the output may end
+                return token
             token = self._draw(logits, with_grammar=True)
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
