@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from glmserve.protocol.chat import KeepAlive, StopString, _Lenient
+from glmserve.protocol.chat import KeepAlive, ReasoningEffort, StopString, _Lenient
 from glmserve.protocol.errors import APIError, ErrorInfo
 
 # bounds on the lists a request holds (each item is rendered into the prompt); the body itself is
@@ -61,11 +61,11 @@ class OutputFormat(_Lenient):
 
 class OutputConfig(_Lenient):
     """``format``: Anthropic's structured outputs (the reply is a JSON document of the schema,
-    enforced as ``response_format`` is); ``effort`` reaches the chat template as
-    ``reasoning_effort`` (GLM-5.x templates read it; others ignore it)."""
+    enforced as ``response_format`` is); ``effort`` is the request's ``reasoning_effort`` (GLM-5.x
+    templates read it; on others it sets a thinking budget: ``serving/generation/template_vars.py``)."""
 
     format: OutputFormat | None = None
-    effort: str | None = None
+    effort: ReasoningEffort | None = None
 
 
 class MessageParam(_Lenient):

@@ -22,6 +22,9 @@ MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop gen
 MAX_STOP_LENGTH = 512
 StopString = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
+# the reasoning levels a request may ask for (OpenAI's, and the "xhigh" / "max" of llama-server and GLM-5.x)
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
 
 class _Lenient(BaseModel):
     """A request body: unknown fields tolerated, known ones strictly typed (``"stream": "yes"``
@@ -186,7 +189,8 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     # OpenAI's reasoning switch; on a model with a thinking switch, "none" and "minimal" turn it off
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # (llama-server's and GLM-5.x's "xhigh" and "max" too; serving/generation/template_vars.py)
+    reasoning_effort: ReasoningEffort | None = None
     thinking_token_budget: int | None = Field(None, ge=0)
 
 

@@ -10,7 +10,7 @@ import re
 
 from pydantic import BaseModel, Field, field_validator
 
-from glmserve.protocol.chat import KeepAlive, Metadata, _Lenient
+from glmserve.protocol.chat import KeepAlive, Metadata, ReasoningEffort, _Lenient
 
 MAX_INPUT_ITEMS = 4096
 # the ``include`` values served: reasoning.encrypted_content, and those of hosted tools (left out
@@ -35,7 +35,7 @@ class ReasoningConfig(_Lenient):
     """``reasoning``: ``effort`` drives the model's thinking switch (``none``/``minimal``: off);
     ``summary`` is accepted (the reasoning itself is returned, as ``reasoning_text`` content)."""
 
-    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 

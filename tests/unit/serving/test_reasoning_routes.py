@@ -30,8 +30,9 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}
 
 
-def _client(reply: str, template: str = GLM47, parser: str | None = "glm47") -> tuple[FakeEngine, TestClient]:
-    engine = FakeEngine(reply=reply, context_length=8000, grammar=True)
+def _client(reply: str, template: str = GLM47, parser: str | None = "glm47",
+            context_length: int = 8000) -> tuple[FakeEngine, TestClient]:
+    engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
     return engine, TestClient(create_app(one_model(ModelPipeline(engine, "glm", ChatTemplate(template), parser))))
 
 
@@ -179,9 +180,38 @@ def test_reasoning_effort_reaches_templates_that_read_it():
     client.post("/v1/messages", json={"model": "glm", "max_tokens": 2000, "messages": ASK,
                                       "thinking": {"type": "enabled", "budget_tokens": 1024},
                                       "output_config": {"effort": "medium"}})
+    for level in ("xhigh", "max"):  # llama-server's and GLM-5.3's levels, on every API
+        assert client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK,
+                                                         "reasoning_effort": level}).status_code == 200
+        assert client.post("/v1/responses", json={"model": "glm", "input": "Hi",
+                                                  "reasoning": {"effort": level}}).status_code == 200
+        assert client.post("/v1/messages", json={"model": "glm", "max_tokens": 200, "messages": ASK,
+                                                 "output_config": {"effort": level}}).status_code == 200
     prompts = [engine.prompt_text(r) for r in engine.requests]
     assert [p[p.index("effort="):] for p in prompts] == [
-        "effort=high thinking=True<think>", "effort=low thinking=True<think>", "effort=medium thinking=True<think>"]
+        "effort=high thinking=True<think>", "effort=low thinking=True<think>", "effort=medium thinking=True<think>",
+        *[f"effort={level} thinking={thinking}<think>" for level in ("xhigh", "max")
+          for thinking in ("True", "True", "False")]]  # (Messages without thinking: off)
+    # a template with its own levels gets no budget from them: the reasoning runs to its end
+    assert len(engine.requests) == 9
+    bad = client.post("/v1/messages", json={"model": "glm", "max_tokens": 200, "messages": ASK,
+                                            "output_config": {"effort": "huge"}})
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
+
+
+@pytest.mark.parametrize(("effort", "budget"), [("low", 1024), ("medium", 8192), ("high", None), ("max", None)])
+def test_reasoning_effort_is_a_thinking_budget_on_a_template_without_levels(effort, budget):
+    """GLM-4.7's template does not read ``reasoning_effort``: the level bounds the reasoning
+    (``EFFORT_BUDGETS``, documented in docs/guides/reasoning.md), on every API."""
+    engine, client = _client(_thinker("x" * 9000), context_length=10000)
+    bodies = [("/v1/chat/completions", {"messages": ASK, "reasoning_effort": effort, "max_tokens": 9500}),
+              ("/v1/responses", {"input": "Hi", "reasoning": {"effort": effort}, "max_output_tokens": 9500})]
+    for path, body in bodies:
+        engine.requests.clear()
+        assert client.post(path, json={"model": "glm", **body}).status_code == 200
+        reasoned = len(engine.requests[1].prompt_token_ids) - len(engine.requests[0].prompt_token_ids) - len(
+            "</think>") if len(engine.requests) > 1 else None
+        assert reasoned == budget, path
 
 
 GLM46 = (Path(__file__).parents[2] / "fixtures" / "glm" / "glm-4.6.jinja").read_text()

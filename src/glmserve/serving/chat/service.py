@@ -45,7 +45,7 @@ from glmserve.serving.generation.sampling import (
     to_sampling_params,
     with_defaults,
 )
-from glmserve.serving.generation.template_vars import template_kwargs
+from glmserve.serving.generation.template_vars import EFFORT_BUDGETS, template_kwargs
 from glmserve.serving.generation.tools import plan_tools
 from glmserve.toolcalls import PARSERS, output_parser, prompt_state
 
@@ -136,10 +136,14 @@ class ChatService:
         return runs
 
     def _reasoning_budget(self, req: ChatCompletionRequest, grammar: str | None) -> int | None:
-        """The reasoning budget for ``req`` (its own ``thinking_token_budget``, else the server's),
-        None where there is none or nothing to end: a template without reasoning, or a reply
-        constrained by a grammar from its first token."""
-        budget = req.thinking_token_budget if req.thinking_token_budget is not None else self.pipeline.reasoning_budget
+        """The reasoning budget for ``req``: its own ``thinking_token_budget``, else its
+        ``reasoning_effort``'s (``EFFORT_BUDGETS``, on a template that does not read the
+        variable itself), else the server's; None where there is none or nothing to end: a
+        template without reasoning, or a reply constrained by a grammar from its first token."""
+        budget = req.thinking_token_budget
+        if budget is None and req.reasoning_effort and not self.pipeline.reads_effort:
+            budget = EFFORT_BUDGETS[req.reasoning_effort]
+        budget = self.pipeline.reasoning_budget if budget is None else budget
         return None if budget is None or not self.pipeline.reasoning or grammar else budget
 
     async def _choice(self, run: Run, last: list[Run] | None = None) -> AsyncIterator[ReplyEvent]:

@@ -32,7 +32,7 @@ from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_i
 from glmserve.serving.generation.reasoning_budget import budgeted
 from glmserve.serving.generation.run import Run
 from glmserve.serving.generation.stop import StopStringMatcher
-from glmserve.serving.generation.template_vars import template_kwargs
+from glmserve.serving.generation.template_vars import reads_effort, template_kwargs
 from glmserve.serving.generation.tools import plan_tools
 from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.model import ModelSettings
@@ -85,6 +85,7 @@ class ModelPipeline:
                 stop_ids.append(token_id)
         self.stop_token_ids = tuple(stop_ids)
         self.reasoning = has_reasoning(template.source)  # replies are split into reasoning and answer
+        self.reads_effort = reads_effort(template.source)  # GLM-5.x: reasoning_effort is the template's
         # the parsers' tags that the vocabulary holds as single tokens: the engine writes their text, and
         # escapes the same characters written by other tokens (engine/rules.py TagEscaper)
         tags = ((single_token_id(engine.tokenizer, tag), tag) for tag in tag_texts(tool_parser, self.reasoning))

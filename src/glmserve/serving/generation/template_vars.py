@@ -16,6 +16,18 @@ from glmserve.protocol.errors import invalid_request
 PRESERVED_THINKING: dict[str, Any] = {"clear_thinking": False}
 
 
+# the thinking budget a ``reasoning_effort`` sets on a template that does not read the variable
+# (GLM-4.5-4.7, Qwen3, R1 distills; GLM-5.x templates have their own levels): reasoning tokens,
+# None for no limit. "none" and "minimal" also turn thinking off where the template can.
+EFFORT_BUDGETS: dict[str, int | None] = {"none": 0, "minimal": 0, "low": 1024, "medium": 8192, "high": None,
+                                         "xhigh": None, "max": None}
+
+
+def reads_effort(template_source: str | None) -> bool:
+    """Whether a chat template reads ``reasoning_effort`` (GLM-5.x's own levels)."""
+    return bool(template_source) and "reasoning_effort" in template_source
+
+
 def template_kwargs(req: ChatCompletionRequest, server_defaults: dict[str, Any]) -> dict[str, Any]:
     """The chat template's extra variables for ``req``: ``server_defaults``
     (``--default-chat-template-kwargs``), then ``reasoning_effort`` as ``enable_thinking``

@@ -33,7 +33,7 @@ Request mapping:
   and the reply is its continuation (Anthropic's 400 when its text ends in whitespace).
   ``stop_sequences`` are up to ``MAX_STOP_SEQUENCES`` (Anthropic has no limit of 4).
   ``output_config.format`` (a JSON schema) is ``response_format`` ``json_schema``;
-  ``output_config.effort`` is the template's ``reasoning_effort``.
+  ``output_config.effort`` is the request's ``reasoning_effort``.
 """
 
 from __future__ import annotations
@@ -289,9 +289,8 @@ def to_chat_request(req: CountTokensRequest, vision: bool = False) -> ChatComple
         body.update(add_generation_prompt=False, continue_final_message=True)
     config = getattr(req, "output_config", None)  # a Messages request's (count_tokens has none)
     effort = config.effort if config else None
-    kwargs = ({"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else {}) | (
-        {"reasoning_effort": effort} if effort else {})
-    body["chat_template_kwargs"] = kwargs or None
+    body["chat_template_kwargs"] = {"enable_thinking": thinking == "enabled"} if thinking != "adaptive" else None
+    body["reasoning_effort"] = effort
     if thinking == "enabled":
         budget = req.thinking.budget_tokens
         if budget is None:
