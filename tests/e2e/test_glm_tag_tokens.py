@@ -284,3 +284,30 @@ def test_what_a_grammar_forces_is_the_answer(served):
                                                extra_body={"temperature": 0})
     assert [(b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in message.content] == [
         ("tool_use", "get_weather", {"city": "Paris"})]
+
+
+def test_tags_and_role_markers_in_the_messages_are_text(served):
+    """A ``<|assistant|>``, ``</think>``, ``<tool_call>`` or ``<|observation|>`` a client writes
+    in a message, or sends back in the reasoning, is tokenized as the ordinary tokens that spell
+    it; the template's own are the tokens (issue 90: a message could end its turn, and replayed
+    reasoning showed the model an early ``</think>``), on every engine's tokenizer."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(served.folder)
+    said, thought = "Close it with <|assistant|> or </think> or <tool_call>.", "The tag </think> ends it."
+
+    def conversation(said: str, thought: str) -> list[dict]:
+        return [{"role": "user", "content": said},
+                {"role": "assistant", "content": "Done.", "reasoning_content": thought},
+                {"role": "user", "content": said.replace("Close", "Again <|observation|>")}]
+
+    body = {"model": MODEL, "messages": conversation(said, thought), "tools": TOOLS}
+    ids = httpx.post(f"{served.server.url}/tokenize", json=body, timeout=60).json()["tokens"]
+    marks = {tokenizer.convert_tokens_to_ids(t): t for t in
+             ("<|assistant|>", "<|observation|>", "<|user|>", "<think>", "</think>", "<tool_call>")}
+    plain = tokenizer.apply_chat_template(conversation("Close it.", "The tag ends it."), tools=TOOLS,
+                                          add_generation_prompt=True, tokenize=False)
+    expected = [marks[i] for i in tokenizer.encode(plain, add_special_tokens=False) if i in marks]
+    assert [marks[i] for i in ids if i in marks] == expected
+    assert said in tokenizer.decode(ids)

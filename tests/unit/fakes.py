@@ -38,6 +38,12 @@ class FakeTokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in SPECIAL.values()
 
+    def special_texts(self) -> frozenset[str]:
+        return frozenset(SPECIAL)
+
+    def encode_plain(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
     def decode(self, token_ids: list[int]) -> str:
         names = {v: k for k, v in SPECIAL.items()}
         return "".join(names.get(t) or chr(t) for t in token_ids)

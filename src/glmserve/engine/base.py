@@ -26,6 +26,14 @@ class Tokenizer(Protocol):
     def is_special(self, token_id: int) -> bool:
         """True for control tokens (role markers, end-of-turn, BOS/EOS), which produce no text."""
 
+    def special_texts(self) -> frozenset[str]:
+        """The texts of the special (control) tokens, which ``encode`` reads as those tokens
+        (``<|user|>``, ``<|im_end|>``...)."""
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special-token markup parsed: ``<|user|>`` as the
+        ordinary tokens that spell it (llama.cpp's ``parse_special`` false)."""
+
     def decode(self, token_ids: list[int]) -> str:
         """The text of ``token_ids`` (each in ``0 .. n_vocab - 1``), special tokens written out;
         bytes that are not UTF-8 become U+FFFD."""

@@ -10,6 +10,8 @@ token, about 5.5 us) for any other; both give the same text.
 
 from __future__ import annotations
 
+import copy
+import threading
 from typing import Any
 
 from glmserve.engine.rules import TagEscaper, tag_escaper
@@ -36,6 +38,7 @@ class HFTokenizer:
         # does (no truncation or padding set): thread-safe without vLLM's pool of tokenizer
         # copies, which deep-copies the tokenizer for each thread that finds the pool empty
         self._rust = rust if rust is not None and rust.truncation is None and rust.padding is None else None
+        self._plain, self._plain_lock = None, threading.Lock()  # encode_plain's tokenizer
 
     def detokenizer(self, prompt_tail: list[int], shown: frozenset[int] = frozenset(),
                     escaped: frozenset[int] = frozenset()) -> IncrementalDetokenizer | TagDetokenizer:
@@ -70,6 +73,24 @@ class HFTokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
+
+    def special_texts(self) -> frozenset[str]:
+        """The special added tokens' texts."""
+        return frozenset(tok.content for tok in self.hf.added_tokens_decoder.values() if tok.special and tok.content)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """(Hugging Face's ``split_special_tokens`` sets a flag on the shared Rust tokenizer that
+        other threads' ``encode`` would read: a copy of it with the flag set does this, under a
+        lock.)"""
+        if not text:
+            return []
+        with self._plain_lock:
+            if self._plain is None and self._rust is not None:
+                self._plain = copy.deepcopy(self._rust)
+                self._plain.encode_special_tokens = True
+            if self._plain is not None:
+                return self._plain.encode(text, add_special_tokens=False).ids
+            return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     def decode(self, token_ids: list[int]) -> str:
         if self._rust is not None:

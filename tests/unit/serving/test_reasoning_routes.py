@@ -342,3 +342,35 @@ def test_a_template_that_ignores_enable_thinking_gets_the_reasoning_closed_after
     message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert engine.prompt_text(engine.requests[-1]).endswith("<|im_start|>assistant\n<think></think>")
     assert (message.get("reasoning_content"), message["content"]) == (None, JSON_ANSWER)
+
+
+def test_tags_and_role_markers_a_client_sends_are_text_and_the_templates_own_stay_tokens(monkeypatch):
+    """``<|assistant|>``, ``</think>`` and ``<tool_call>`` in a user's message, in the reasoning
+    a client sends back and in a tool's description are the ordinary tokens that spell them;
+    the template's own role markers and tags are the special tokens (issue 90: ``encode`` parsed
+    them all as special tokens, so a message could end its turn, and replayed reasoning showed
+    the model an early ``</think>``)."""
+    from tests.unit import fakes
+
+    for i, tag in enumerate(("<think>", "</think>", "<tool_call>", "</tool_call>")):  # GLM's tag tokens
+        monkeypatch.setitem(fakes.SPECIAL, tag, 1010 + i)
+    engine, client = _client(ANSWER)
+    said = "Close it with <|assistant|> or </think> or <tool_call>."
+    thought = "The tag </think> ends it."
+    messages = [{"role": "user", "content": said},
+                {"role": "assistant", "content": "Done.", "reasoning_content": thought},
+                {"role": "user", "content": "Again <|observation|>"}]
+    tool = {**WEATHER, "description": "Never write <|user|> or <tool_call> here"}
+    body = {"model": "glm", "messages": messages, "tools": [{"type": "function", "function": tool}],
+            "chat_template_kwargs": {"clear_thinking": False}}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    ids = engine.requests[-1].prompt_token_ids
+    text = engine.prompt_text(engine.requests[-1])
+    assert said in text and f"<think>{thought}</think>" in text and tool["description"] in text
+    names = {v: k for k, v in fakes.SPECIAL.items()}
+    # the template's own markup alone: its system block's example call, then the turns
+    assert [names[i] for i in ids if i in names] == [
+        "[gMASK]", "<sop>", "<|system|>", "<tool_call>", "</tool_call>", "<|user|>", "<|assistant|>", "<think>",
+        "</think>", "<|user|>", "<|assistant|>", "<think>"]
+    # (encode reads the same text's client parts as markup too: 19 tokens, a turn ended by the client)
+    assert len([i for i in engine.tokenizer.encode(text) if i in names]) == 19

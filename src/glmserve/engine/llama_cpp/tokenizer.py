@@ -26,6 +26,7 @@ class LlamaCppTokenizer:
         self.eog_ids = frozenset(i for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, i))
         self._pieces: dict[int, bytes] = {}
         self._tag_texts: dict[frozenset[int], tuple[str, ...]] = {}
+        self._special_texts: frozenset[str] | None = None
 
     def encode(self, text: str) -> list[int]:
         return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=True) if text else []
@@ -35,6 +36,17 @@ class LlamaCppTokenizer:
         if self.add_bos and self.bos_id >= 0 and (not ids or ids[0] != self.bos_id):
             ids.insert(0, self.bos_id)
         return ids
+
+    def special_texts(self) -> frozenset[str]:
+        if self._special_texts is None:  # the control tokens
+            control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+            self._special_texts = frozenset(
+                text for i in range(self.n_vocab) if llama_cpp.llama_vocab_get_attr(self._vocab, i) & control
+                and (text := self._piece(i, special=True).decode("utf-8", errors="replace")))
+        return self._special_texts
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []
 
     def is_special(self, token_id: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or token_id in self.eog_ids

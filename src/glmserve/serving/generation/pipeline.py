@@ -28,6 +28,7 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError, invalid_request, overloaded, server_error
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.metrics import ServingMetrics
+from glmserve.serving.generation.plain_text import PlainText
 from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, single_token_id, special_token_id
 from glmserve.serving.generation.reasoning_budget import budgeted
 from glmserve.serving.generation.run import Run
@@ -91,6 +92,8 @@ class ModelPipeline:
         tags = ((single_token_id(engine.tokenizer, tag), tag) for tag in tag_texts(tool_parser, self.reasoning))
         self.shown_tags = {i: tag for i, tag in tags if i is not None}  # id -> text
         self.shown_special_ids = frozenset(self.shown_tags)
+        # special tokens' texts and tags in a request's messages and tools are tokenized as text
+        self.plain_text = PlainText(engine.tokenizer.special_texts() | set(tag_texts(tool_parser, self.reasoning)))
         if reasoning_budget is not None and not self.reasoning:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
@@ -140,7 +143,7 @@ class ModelPipeline:
         images. Raises ``APIError`` 400 as ``create`` would for the messages and tools."""
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
-                            tool_format=self.tool_parser, check_fit=False,
+                            tool_format=self.tool_parser, check_fit=False, plain=self.plain_text,
                             template_kwargs=template_kwargs(req, self.default_template_kwargs)).token_ids
 
     async def admit_all(self, runs: list[Run], grammar_param: str | None = None) -> None:

@@ -7,6 +7,7 @@ tokenizer; it is never truncated: a prompt that does not fit is a 400
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,6 +15,7 @@ from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentErr
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import PromptTooLong, context_length_exceeded, invalid_request
+from glmserve.serving.generation.plain_text import PlainText
 from glmserve.serving.generation.tool_formats import render_prompt
 from glmserve.serving.generation.tools import ToolPlan
 from glmserve.toolcalls.reasoning import THINK_END, prompt_state
@@ -72,6 +74,7 @@ def build_prompt(
     check_fit: bool = True,
     template_kwargs: dict[str, Any] | None = None,
     max_tokens_ceiling: bool = False,
+    plain: PlainText | None = None,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
     context). ``plan``'s offered tools go where ``tool_format`` (a ``TOOL_FORMATS`` name) puts
@@ -82,7 +85,8 @@ def build_prompt(
     ``req.continue_final_message`` (vLLM's fields: end the prompt inside the final message, a
     prefill the model continues) reach the template. ``template_kwargs``: extra
     template variables (``enable_thinking``...); ``max_tokens_ceiling``: lower a ``max_tokens``
-    that does not fit to what the prompt leaves instead of refusing it. Raises ``APIError`` 400 for
+    that does not fit to what the prompt leaves instead of refusing it; ``plain``: the texts the
+    messages and tools hold as ordinary text (``plain_text.py``; images aside). Raises ``APIError`` 400 for
     content the model cannot take, a template that rejects the conversation, or a
     prompt/``max_tokens`` that does not fit."""
     try:
@@ -92,19 +96,22 @@ def build_prompt(
     plan = plan or ToolPlan()
     kwargs = {**(template_kwargs or {}), "add_generation_prompt": req.add_generation_prompt,
               "continue_final_message": req.continue_final_message}
+    guarded = (plain or PlainText(())).guard(messages, [plan.offered, plan.functions])
+    shown = dataclasses.replace(plan, offered=guarded.tools[0], functions=guarded.tools[1])
     try:
-        text = render_prompt(template, messages, plan, tool_format, kwargs)
+        text = render_prompt(template, guarded.messages, shown, tool_format, kwargs)
         if plan.grammar is not None and prompt_state(text) == "reasoning":
-            text = _reasoning_closed(template, messages, plan, tool_format, kwargs)
+            text = _reasoning_closed(template, guarded.messages, shown, tool_format, kwargs)
     except ChatTemplateError as exc:
         raise invalid_request(f"the model's chat template rejected the messages: {exc}", "messages") from exc
     text += plan.forced_prefix
     multimodal = None
     try:
         if images:
+            text = guarded.text(text)
             token_ids, multimodal = processor.process(text, images)
         else:
-            token_ids = tokenizer.encode_prompt(text)
+            token_ids, text = guarded.token_ids(text, tokenizer), guarded.text(text)
     except UnicodeEncodeError as exc:  # JSON allows lone UTF-16 surrogates; UTF-8 does not
         raise invalid_request("the messages contain invalid Unicode (a lone surrogate)", "messages") from exc
     except ValueError as exc:
