@@ -297,16 +297,16 @@ def test_tags_and_role_markers_in_the_messages_are_text(served):
     tokenizer = AutoTokenizer.from_pretrained(served.folder)
     said, thought = "Close it with <|assistant|> or </think> or <tool_call>.", "The tag </think> ends it."
 
-    def conversation(said: str, thought: str) -> list[dict]:
+    def conversation(said: str, thought: str, again: str) -> list[dict]:
         return [{"role": "user", "content": said},
                 {"role": "assistant", "content": "Done.", "reasoning_content": thought},
-                {"role": "user", "content": said.replace("Close", "Again <|observation|>")}]
+                {"role": "user", "content": again}]
 
-    body = {"model": MODEL, "messages": conversation(said, thought), "tools": TOOLS}
+    body = {"model": MODEL, "messages": conversation(said, thought, "Again <|observation|>"), "tools": TOOLS}
     ids = httpx.post(f"{served.server.url}/tokenize", json=body, timeout=60).json()["tokens"]
     marks = {tokenizer.convert_tokens_to_ids(t): t for t in
              ("<|assistant|>", "<|observation|>", "<|user|>", "<think>", "</think>", "<tool_call>")}
-    plain = tokenizer.apply_chat_template(conversation("Close it.", "The tag ends it."), tools=TOOLS,
+    plain = tokenizer.apply_chat_template(conversation("Close it.", "The tag ends it.", "Again"), tools=TOOLS,
                                           add_generation_prompt=True, tokenize=False)
     expected = [marks[i] for i in tokenizer.encode(plain, add_special_tokens=False) if i in marks]
     assert [marks[i] for i in ids if i in marks] == expected

@@ -89,8 +89,12 @@ class HFTokenizer:
                 self._plain = copy.deepcopy(self._rust)
                 self._plain.encode_special_tokens = True
             if self._plain is not None:
-                return self._plain.encode(text, add_special_tokens=False).ids
-            return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+                ids = self._plain.encode(text, add_special_tokens=False).ids
+            else:
+                ids = self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+        if len(text) > 1 and any(i in self.hf.added_tokens_decoder for i in ids):  # an added token that is not special
+            return self.encode_plain(text[0]) + self.encode_plain(text[1:])
+        return ids
 
     def decode(self, token_ids: list[int]) -> str:
         if self._rust is not None:

@@ -46,7 +46,11 @@ class LlamaCppTokenizer:
         return self._special_texts
 
     def encode_plain(self, text: str) -> list[int]:
-        return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []
+        ids = self._model.tokenize(text.encode("utf-8"), add_bos=False, special=False) if text else []
+        user_defined = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED  # (matched whatever parse_special says)
+        if len(text) > 1 and any(llama_cpp.llama_vocab_get_attr(self._vocab, i) & user_defined for i in ids):
+            return self.encode_plain(text[0]) + self.encode_plain(text[1:])
+        return ids
 
     def is_special(self, token_id: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_control(self._vocab, token_id)) or token_id in self.eog_ids
