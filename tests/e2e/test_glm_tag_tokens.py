@@ -252,11 +252,9 @@ def test_completions_write_the_tags_as_the_model_wrote_them(served):
     assert text.startswith(reply.replace(S, "")), text
 
 
-def test_what_a_grammar_forces_is_the_answer(served):
+def test_the_json_a_grammar_forces_is_the_answer(served):
     """JSON (``json_schema`` plain and streamed, ``json_object``, Responses ``text.format``) is
-    the content and a forced call (named, ``required``, Messages ``tool_choice`` ``tool``) is a
-    call with the arguments the model writes unforced: the prompt closes the reasoning the
-    model would otherwise open, on every engine."""
+    the content: the prompt closes the reasoning the model would otherwise open, on every engine."""
     kw = dict(model=MODEL, messages=WHERE, temperature=0, max_tokens=60)
     schema = {"type": "json_schema", "json_schema": {"name": "place", "schema": CITY}}
     for fmt in (schema, {"type": "json_object"}):
@@ -271,6 +269,10 @@ def test_what_a_grammar_forces_is_the_answer(served):
     assert [item.type for item in response.output] == ["message"]
     assert response.output_text == WHERE_JSON
 
+
+def test_a_forced_call_is_written_where_the_model_answers(served):
+    """A forced call (named, ``required``, Messages ``tool_choice`` ``tool``) is a call with the
+    arguments the model writes unforced, not where it was trained to reason."""
     for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
         reply = served.openai.chat.completions.create(model=MODEL, messages=LOUVRE, tools=TOOLS, tool_choice=choice,
                                                       temperature=0, max_tokens=60).choices[0]
