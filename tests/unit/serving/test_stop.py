@@ -9,8 +9,8 @@ import pytest
 from glmserve.serving.generation.stop import StopStringMatcher
 
 
-def _run(stops, deltas):
-    m = StopStringMatcher(stops)
+def _run(stops, deltas, escaped=False):
+    m = StopStringMatcher(stops, escaped)
     sent = []
     for d in deltas:
         text, stopped = m.feed(d)
@@ -89,7 +89,7 @@ def test_a_stop_string_matches_what_the_model_wrote_not_the_escaped_text(stop):
     from glmserve.engine.rules import unescape_tags
 
     text = "I wrote \ue000 then </think> then <tool_call> and think> end"
-    sent, stopped = _run_escaped([stop], _escaped(text))
+    sent, stopped = _run([stop], _escaped(text), escaped=True)
     assert stopped
     assert unescape_tags(sent) == text[:text.index(stop)]
 
@@ -99,17 +99,7 @@ def test_escaped_text_without_a_stop_is_released_whole():
 
     text = "a </think b </think> c <tool_call"
     pieces = _escaped(text)
-    sent, stopped = _run_escaped(["</think>x"], pieces)
+    sent, stopped = _run(["</think>x"], pieces, escaped=True)
     assert (unescape_tags(sent), stopped) == (text, False)
     assert sent == "".join(pieces)
 
-
-def _run_escaped(stops, deltas):
-    m = StopStringMatcher(stops, escaped=True)
-    sent = []
-    for d in deltas:
-        text, stopped = m.feed(d)
-        sent.append(text)
-        if stopped:
-            return "".join(sent), True
-    return "".join(sent) + m.flush(), False
