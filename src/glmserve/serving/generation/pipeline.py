@@ -28,7 +28,7 @@ from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError, invalid_request, overloaded, server_error
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.metrics import ServingMetrics
-from glmserve.serving.generation.plain_text import PlainText
+from glmserve.chat.plain_text import PlainText
 from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, single_token_id, special_token_id
 from glmserve.serving.generation.reasoning_budget import budgeted
 from glmserve.serving.generation.run import Run

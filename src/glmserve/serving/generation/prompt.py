@@ -15,7 +15,7 @@ from glmserve.chat import ChatTemplate, ChatTemplateError, UnsupportedContentErr
 from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import PromptTooLong, context_length_exceeded, invalid_request
-from glmserve.serving.generation.plain_text import PlainText
+from glmserve.chat.plain_text import PlainText
 from glmserve.serving.generation.tool_formats import render_prompt
 from glmserve.serving.generation.tools import ToolPlan
 from glmserve.toolcalls.reasoning import THINK_END, prompt_state
@@ -86,7 +86,7 @@ def build_prompt(
     prefill the model continues) reach the template. ``template_kwargs``: extra
     template variables (``enable_thinking``...); ``max_tokens_ceiling``: lower a ``max_tokens``
     that does not fit to what the prompt leaves instead of refusing it; ``plain``: the texts the
-    messages and tools hold as ordinary text (``plain_text.py``; images aside). Raises ``APIError`` 400 for
+    messages and tools hold as ordinary text (``chat/plain_text.py``; images aside). Raises ``APIError`` 400 for
     content the model cannot take, a template that rejects the conversation, or a
     prompt/``max_tokens`` that does not fit."""
     try:
