@@ -84,7 +84,11 @@ class Guarded:
             return tokenizer.encode_prompt(rendered)
         parts = self._pattern.split(rendered)  # text, index, text, index, ..., text
         ids = tokenizer.encode_prompt(parts[0])
+        spelled: dict[str, list[int]] = {}  # each distinct text encoded once (a client may repeat one)
         for index, text in zip(parts[1::2], parts[2::2]):
-            ids += tokenizer.encode_plain(self._texts[int(index)])
-            ids += tokenizer.encode(text)
+            special = self._texts[int(index)]
+            if special not in spelled:
+                spelled[special] = tokenizer.encode_plain(special)
+            ids += spelled[special]
+            ids += tokenizer.encode(text) if text else []
         return ids
