@@ -103,8 +103,12 @@ TURNS = [
     (T3, "Wet.</think>Rain in Oslo.", "<|user|>", ("Wet.", "Rain in Oslo.", [])),
 ]
 
-# thinking off (GLM-4.7's prompt then ends ``<|assistant|></think>``), a model that reasons anyway
+# thinking off (GLM-4.7's prompt then ends ``<|assistant|></think>``), a model that reasons anyway,
+# opening <think> itself or not (issue 90, 7: the reasoning and the tag came back as the answer)
 THINKING_OFF, REASONS_ANYWAY = _ask("Is it late?"), "<think>Check the clock.</think>Not yet."
+SUM, SUM_REASONED = _ask("What is two plus two?"), "Two plus two makes four.</think>The answer is 4."
+REASONED_OFF = {"opens-think": (THINKING_OFF, "Check the clock.", "Not yet."),
+                "no-think": (SUM, "Two plus two makes four.", "The answer is 4.")}
 
 # what a grammar forces (JSON, a forced call) is the answer: trained, as GLM-4.7 is, to answer these
 # at once with thinking off, and to reason first with it on (issue 90: the JSON came back as reasoning,
@@ -147,6 +151,7 @@ def served(request, tmp_path_factory):
     replies = [(_template_messages(messages), {"tools": TOOLS}, reply, end)
                for messages, reply, end, _ in [*CASES.values(), *TURNS]]
     replies.append((THINKING_OFF, {"tools": TOOLS, "enable_thinking": False}, REASONS_ANYWAY, "<|user|>"))
+    replies.append((SUM, {"tools": TOOLS, "enable_thinking": False}, SUM_REASONED, "<|user|>"))
     replies += [(WHERE, {"enable_thinking": False}, WHERE_JSON, "<|user|>"),
                 (WHERE, {}, "Think of Paris.</think>In Paris.", "<|user|>"),
                 (LOUVRE, {"tools": TOOLS, "enable_thinking": False}, LOUVRE_CALL, "<|observation|>"),
@@ -224,19 +229,24 @@ def test_messages_and_responses_give_the_same(served, case):
     assert [(item.name, json.loads(item.arguments)) for item in response.output if item.type == "function_call"] == calls
 
 
-def test_thinking_off_a_model_that_reasons_anyway_answers_alone(served):
-    """With thinking off, reasoning the model writes anyway is reasoning on chat completions, and
-    dropped by the Messages API without ``thinking`` (Anthropic's default): the text is the
-    answer alone, on every engine."""
+@pytest.mark.parametrize("case", list(REASONED_OFF))
+def test_thinking_off_a_model_that_reasons_anyway_answers_alone(served, case):
+    """With thinking off, reasoning the model writes anyway (``<think>`` opened or not, then
+    ``</think>``) is reasoning on chat completions, and dropped by the Messages API without
+    ``thinking`` (Anthropic's default), whole and streamed: the text is the answer alone, on
+    every engine."""
+    messages, reasoning, answer = REASONED_OFF[case]
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
-    message = served.anthropic.messages.create(model=MODEL, max_tokens=200, messages=THINKING_OFF, tools=tools,
-                                               extra_body={"temperature": 0})
-    assert [(b.type, b.text) for b in message.content] == [("text", "Not yet.")]
+    kwargs = dict(model=MODEL, max_tokens=200, messages=messages, tools=tools, extra_body={"temperature": 0})
+    message = served.anthropic.messages.create(**kwargs)
+    assert [(b.type, b.text) for b in message.content] == [("text", answer)]
+    with served.anthropic.messages.stream(**kwargs) as stream:
+        assert [(b.type, b.text) for b in stream.get_final_message().content] == [("text", answer)]
     reply = served.openai.chat.completions.create(
-        model=MODEL, messages=THINKING_OFF, tools=TOOLS, temperature=0, max_tokens=200,
+        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=200,
         extra_body={"chat_template_kwargs": {"enable_thinking": False}}).choices[0].message
-    assert ((reply.model_extra or {}).get("reasoning_content"), reply.content) == ("Check the clock.", "Not yet.")
+    assert ((reply.model_extra or {}).get("reasoning_content"), reply.content) == (reasoning, answer)
 
 
 def test_completions_write_the_tags_as_the_model_wrote_them(served):

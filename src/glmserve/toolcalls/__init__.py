@@ -28,13 +28,14 @@ def detect_parser(template_source: str | None) -> str:
 
 
 def output_parser(tool_parser: str | None, functions: list[dict[str, Any]] | None, reasoning: bool,
-                  prompt_text: str) -> ToolCallParser | None:
+                  prompt_text: str, constrained: bool = False) -> ToolCallParser | None:
     """The parser for one reply: ``tool_parser``'s (a ``PARSERS`` name, None: no calls to parse)
     for ``functions``, behind a ``ReasoningParser`` when the template writes reasoning
     (``reasoning``, see ``has_reasoning``), started where ``prompt_text`` (the rendered prompt)
-    left off. None when there is nothing to parse (text is content as it comes)."""
+    left off; ``constrained``: a grammar writes the reply from its first token (it is the answer).
+    None when there is nothing to parse (text is content as it comes)."""
     inner = PARSERS[tool_parser](functions) if tool_parser else None
-    return ReasoningParser(inner, prompt_state(prompt_text)) if reasoning else inner
+    return ReasoningParser(inner, prompt_state(prompt_text), constrained=constrained) if reasoning else inner
 
 
 def tag_texts(tool_parser: str | None, reasoning: bool) -> tuple[str, ...]:

@@ -9,7 +9,13 @@ the parser starts from where the rendered prompt left off (``prompt_state``):
 - ``answer``: the prompt ends in ``</think>`` (thinking turned off: GLM-4.7's ``enable_thinking``
   false, GLM-4.5's ``<think></think>``): the output is answer, unless the model reasons anyway:
   a ``<think>...</think>`` at its very start is reasoning (held back until ``</think>`` comes;
-  never closed, it was the answer's own text: ``<think> is a tag``);
+  never closed, it was the answer's own text: ``<think> is a tag``), and so is text the model
+  writes before a ``</think>`` of its own that starts within the output's first ``LEAD_CHARS``
+  characters (``Two plus two makes four.</think>The answer is 4.``: a model that was not
+  trained for thinking off, or ignores it). That lead is held back until the ``</think>``, a
+  call's start tag, the end, or ``LEAD_CHARS`` characters without one (the answer's first
+  characters then stream that much later); a ``</think>`` past it is the answer's own text.
+  Output a grammar constrains (``constrained``) has no such lead: a ``</think>`` in its JSON is text;
 - ``open``: neither: a ``<think>...</think>`` at the very start of the output is reasoning
   (GLM-4.5 / 4.6 write it themselves).
 
@@ -26,6 +32,9 @@ from typing import Any, Literal
 from glmserve.toolcalls.base import DeltaEvent, TaggedCallParser, ToolCallParser, _TextStream, partial_suffix
 
 THINK_START, THINK_END = "<think>", "</think>"
+# thinking off: a </think> the model writes starting within this many characters of its output
+# ends reasoning it wrote without <think> (the answer is held back that far)
+LEAD_CHARS = 512
 PromptState = Literal["reasoning", "answer", "open"]
 
 
@@ -49,16 +58,21 @@ def prompt_state(prompt_text: str) -> PromptState:
 class ReasoningParser(ToolCallParser):
     """``<think>`` reasoning -> ``reasoning`` events; the answer after it goes to ``inner`` (the
     tool-call parser) or, without one, becomes ``content``. ``state``: ``prompt_state`` of the
-    rendered prompt."""
+    rendered prompt; ``constrained``: a grammar writes the output from its first character (no
+    lead before a ``</think>`` is then taken for reasoning)."""
 
     name = "reasoning"
 
-    def __init__(self, inner: ToolCallParser | None, state: PromptState, tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, inner: ToolCallParser | None, state: PromptState, tools: list[dict[str, Any]] | None = None,
+                 constrained: bool = False) -> None:
         super().__init__(tools)
         self.inner = inner
         self._phase = {"reasoning": "think", "answer": "start", "open": "start"}[state]
-        # thinking was off: reasoning the model opens anyway is held back until it closes
+        # thinking was off: reasoning the model opens anyway is held back until it closes, and
+        # (unless a grammar writes the output) a lead it writes without <think> until it closes
+        # or cannot anymore (LEAD_CHARS)
         self._tentative = state == "answer"
+        self._lead_chars = 0 if constrained else LEAD_CHARS
         self._head = ""
         self._scanned = 0  # held-back reasoning (tentative) was searched for its end tags up to here
         self._reasoning = _TextStream("reasoning")
@@ -82,9 +96,14 @@ class ReasoningParser(ToolCallParser):
             if not stripped.startswith(THINK_START):
                 if THINK_START.startswith(stripped):  # could still become "<think>"
                     return out
-                self._phase, rest, self._head = "body", self._head, ""
-                return self._body(rest)
-            self._phase, self._head = "think", stripped[len(THINK_START):]
+                if not (self._tentative and self._lead_chars):
+                    self._phase, rest, self._head = "body", self._head, ""
+                    return self._body(rest)
+                self._phase = "lead"
+            else:
+                self._phase, self._head = "think", stripped[len(THINK_START):]
+        if self._phase == "lead":
+            return self._lead()
         ends = [(i, tag) for tag in (THINK_END, self._call_tag)
                 if tag and (i := self._head.find(tag, self._scanned)) >= 0]
         if ends:
@@ -100,6 +119,19 @@ class ReasoningParser(ToolCallParser):
         self._reasoning.add(self._head[: len(self._head) - keep], out)
         self._head = self._head[len(self._head) - keep:]
         return out
+
+    def _lead(self) -> list[DeltaEvent]:
+        """Thinking off, output that did not open ``<think>``: reasoning where a ``</think>``
+        starts within ``LEAD_CHARS`` characters (before any call's start tag), else the answer."""
+        head, out = self._head, []
+        end = head.find(THINK_END, 0, self._lead_chars + len(THINK_END))
+        call = head.find(self._call_tag, 0, end if end >= 0 else len(head)) if self._call_tag else -1
+        if end >= 0 and call < 0:
+            self._reasoning.add(head[:end], out)
+        elif call < 0 and len(head) < self._lead_chars + len(THINK_END):  # a </think> may still start in the lead
+            return out
+        self._phase, self._head = "body", ""
+        return out + self._body(head[end + len(THINK_END):] if end >= 0 and call < 0 else head)
 
     def finish(self, truncated: bool = False) -> list[DeltaEvent]:
         out: list[DeltaEvent] = []

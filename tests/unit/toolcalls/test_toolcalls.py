@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from glmserve.toolcalls import PARSERS, ParsedOutput, ToolCallItem, assemble, detect_parser, output_parser
-from glmserve.toolcalls.reasoning import has_reasoning, prompt_state
+from glmserve.toolcalls.reasoning import LEAD_CHARS, has_reasoning, prompt_state
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string"},
@@ -148,6 +148,14 @@ CASES = [
      out("The answer is 4.", reasoning="Two and two.")),
     ("glm45@answer", "thinking-off-reasons-anyway", "\n<think>Two and two.</think>\nThe answer is 4.",
      out("The answer is 4.", reasoning="Two and two.")),
+    # ... or reasons without opening <think>: a lead closed by </think> is reasoning (issue 90, 7)
+    ("glm47@answer", "thinking-off-reasons-without-think", "Two plus two makes four.</think>The answer is 4.",
+     out("The answer is 4.", reasoning="Two plus two makes four.")),
+    ("glm47@answer", "thinking-off-reasons-without-think-then-calls", "Look it up.</think><tool_call>search"
+     "<arg_key>query</arg_key><arg_value>x</arg_value></tool_call>", out(None, [("search", '{"query": "x"}')], "Look it up.")),
+    ("glm47@answer", "thinking-off-a-call-before-think-end", "<tool_call>search<arg_key>query</arg_key>"
+     "<arg_value>a</think>b</arg_value></tool_call>", out(None, [("search", '{"query": "a</think>b"}')])),
+    ("none@answer", "thinking-off-without-tools", "Two.</think>Four.", out("Four.", reasoning="Two.")),
     ("glm47@reasoning", "call-one-line-typed", "need it</think><tool_call>get_weather<arg_key>city</arg_key>"
      "<arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>5</arg_value><arg_key>tags</arg_key>"
      "<arg_value>[1, true]</arg_value></tool_call>",
@@ -317,6 +325,23 @@ def test_reasoning_streams_before_the_end_tag():
     parser = make_parser("glm47@reasoning")
     assert [e.text for e in parser.feed("Two plus two</th")] == ["Two plus two"]  # the partial tag is held
     assert [(e.kind, e.text) for e in parser.feed("ink>Four.")] == [("content", "Four.")]
+
+
+def test_a_think_end_past_the_lead_or_under_a_grammar_is_the_answer_s_text():
+    """Thinking off, text before a ``</think>`` is reasoning only where the tag starts within
+    ``LEAD_CHARS`` characters, and never where a grammar writes the output: the answer is held
+    back at most that far (then it streams) and a grammar's JSON is the answer whatever it holds."""
+    lead = "x" * LEAD_CHARS
+    assert make_parser("glm47@answer").parse(lead + "</think>y") == out("y", reasoning=lead)
+    assert make_parser("glm47@answer").parse(lead + "x</think>y") == out(lead + "x</think>y")
+    parser = make_parser("glm47@answer")
+    assert parser.feed(lead) == [] and parser.feed("</thi") == []  # the tag may still start in the lead
+    assert [e.text for e in parser.feed("s is")] == [lead + "</this is"]  # then the lead is the answer
+    assert [e.text for e in parser.feed(" more")] == [" more"]
+    json_text = '{"a": "b</think>c"}'
+    constrained = output_parser("glm47", TOOLS, True, PROMPTS["answer"], constrained=True)
+    assert constrained.parse(json_text) == out(json_text)
+    assert make_parser("glm47@answer").parse(json_text) == out('c"}', reasoning='{"a": "b')  # what it guards
 
 
 def test_calls_cannot_start_inside_reasoning_without_tools():

@@ -130,7 +130,8 @@ class ChatService:
                 cache_salt=CACHE_SALT.get(),
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
-                            output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text),
+                            output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text,
+                                          plan.grammar is not None),
                             plan.forced_prefix, plan.max_calls, req.model, index=i,
                             reasoning_budget=None if budget is None else (budget, prompt_state(prompt.text))))
         return runs
