@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 from pathlib import Path
 
 import httpx
@@ -37,6 +38,24 @@ def test_wrong_or_missing_key_is_401(keyed_server, headers):
         error = resp.json()["error"]
         assert error["code"] == "invalid_api_key"
         assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/files", "/v1/batches"])
+def test_a_wrong_key_is_refused_before_the_body_arrives(keyed_server, path):
+    """Headers announcing a 60 MB body with a wrong key, and no body sent: the 401 comes on
+    the headers alone (the server's body timeout, 30 s, is longer than the socket's here: a
+    server waiting for the body fails this test), and the connection is closed."""
+    host, port = keyed_server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nx-api-key: wrong\r\n"
+                      "Authorization: Bearer wrong\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 60000000\r\n\r\n").encode())
+        answer = b""
+        while chunk := sock.recv(65536):  # to the close: the server closes the unread request
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 401 Unauthorized"
+    assert b"connection: close" in head.lower() and b"invalid" in body
 
 
 def test_right_key_works(keyed_server):

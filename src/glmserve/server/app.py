@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from glmserve.version import __version__
 from glmserve.server.auth import require_admin_key, require_api_key
+from glmserve.server.key_gate import KeyGate
 from glmserve.server.endpoints import dialect_of
 from glmserve.server.errors import install_error_handlers
 from glmserve.server.limits import BodyLimits
@@ -112,8 +113,9 @@ def create_app(models_served: ModelRouter, options: AppOptions = AppOptions()) -
     app.state.shutdown_timeout = o.shutdown_timeout
     install_error_handlers(app)
     install_openapi(app)
-    # the last added is the outermost: request id, then CORS, then the body limits
+    # the last added is the outermost: request id, then CORS, then the key, then the body limits
     app.add_middleware(BodyLimits, max_bytes=o.max_request_bytes, timeout_s=o.client_body_timeout)
+    app.add_middleware(KeyGate)
     if o.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(o.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])

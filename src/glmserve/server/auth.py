@@ -74,6 +74,10 @@ async def require_anthropic_key(request: Request) -> None:
                        "authentication_error", None, "invalid_api_key")
 
 
+# the key dependencies the routers are given (server/app.py), run before the body by server/key_gate.py
+KEY_CHECKS = frozenset({require_api_key, require_admin_key, require_anthropic_key})
+
+
 def cache_owner(app: FastAPI, owner_digest: str) -> str | None:
     """Whose prefix caches a request of ``owner_digest`` may share (``serving/generation/request_scope.py``):
     that owner's on a server of several keys, everyone's (None) on a server of one key or none."""

@@ -41,6 +41,18 @@ def error_response(exc: APIError, path: str = "") -> JSONResponse:
     return ASCIIJSONResponse(body, status_code=status, headers=exc.headers)
 
 
+async def send_error(send, exc: APIError, path: str) -> None:
+    """Answer ``exc`` on a raw ASGI ``send`` (from middleware, before the app), in ``path``'s
+    dialect, with ``Connection: close``: the request's body is left unread."""
+    status, content = error_content(exc, path)
+    body = json.dumps(content, ensure_ascii=True).encode()
+    headers = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
 _UNION_TAGS = {"system", "developer", "user", "assistant", "tool", "text", "image_url"}
 _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
 

@@ -11,10 +11,9 @@ close the request.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from glmserve.protocol.errors import APIError
-from glmserve.server.errors import error_content
+from glmserve.server.errors import send_error
 
 
 class BodyLimits:
@@ -22,15 +21,6 @@ class BodyLimits:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
-
-    @staticmethod
-    async def _reject(send, error: APIError, path: str) -> None:
-        status, content = error_content(error, path)
-        body = json.dumps(content).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
 
     def _too_large(self) -> APIError:
         return APIError(413, f"request body is larger than {self.max_bytes} bytes", "invalid_request_error", None,
@@ -45,7 +35,7 @@ class BodyLimits:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send, self._too_large(), scope.get("path", ""))
+            return await send_error(send, self._too_large(), scope.get("path", ""))
         seen = 0
         body_done = False
         rejected = False
@@ -60,14 +50,14 @@ class BodyLimits:
                 message = await asyncio.wait_for(receive(), self.timeout_s)
             except TimeoutError:
                 rejected = True
-                await self._reject(send, self._too_slow(), scope.get("path", ""))
+                await send_error(send, self._too_slow(), scope.get("path", ""))
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     rejected = True
-                    await self._reject(send, self._too_large(), scope.get("path", ""))
+                    await send_error(send, self._too_large(), scope.get("path", ""))
                     return {"type": "http.disconnect"}
             return message
 
