@@ -11,6 +11,7 @@ import argparse
 import logging
 import logging.config
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -141,6 +142,7 @@ def serve(args: list[str]) -> int:
         return 0
 
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
     from glmserve.composition import build_app
     from glmserve.runtime.start import STARTUP_ERRORS
@@ -148,27 +150,33 @@ def serve(args: list[str]) -> int:
     from glmserve.server.logs import log_config
 
     logging.config.dictConfig(log_config(settings.log_level))
-
+    # --fd: the socket glmserve launch bound before starting this process (no one else can take its port)
+    try:
+        sockets = None if settings.fd is None else [socket.socket(fileno=settings.fd)]
+    except OSError as exc:
+        return _fail(f"--fd {settings.fd} is not a socket this process holds: {exc.strerror}")
     try:
         app = build_app(settings)
     except STARTUP_ERRORS as exc:
         return _fail(f"cannot start: {exc}")
     loaded = app.state.model_router.loaded_models()[app.state.model_router.default]
     info = loaded.engine.model_info
+    host, port = sockets[0].getsockname()[:2] if sockets else (settings.host, settings.port)
     logging.getLogger("glmserve").info(
         "serving %s (n_ctx=%d, max_num_seqs=%d, max_num_batched_tokens=%s, max_queue=%d) on http://%s:%d",
         loaded.pipeline.name, info.context_length, info.max_num_seqs, info.max_num_batched_tokens,
-        info.max_queue, settings.host, settings.port,
+        info.max_queue, host, port,
     )
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal into the handler
     # that was installed before it: this one, so that a graceful stop exits with status 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=log_config(settings.log_level),
-                timeout_graceful_shutdown=settings.shutdown_timeout + 1,
-                http=guarded_protocol(settings.client_header_timeout),
-                timeout_keep_alive=settings.timeout_keep_alive)
-    return 0
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=log_config(settings.log_level),
+        timeout_graceful_shutdown=settings.shutdown_timeout + 1, http=guarded_protocol(settings.client_header_timeout),
+        timeout_keep_alive=settings.timeout_keep_alive))
+    server.run(sockets=sockets)
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -256,12 +256,19 @@ def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
     return source
 
 
+def _problem(error: dict) -> str:
+    """One validation error as a line: ``field: message``, or a check of several flags' message alone."""
+    where = ".".join(map(str, error["loc"]))
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
 def parse_flags(cls, args: list[str]):
     """Settings of class ``cls`` from flags ``args`` + environment; a bad one is a one-line
     error and ``SystemExit(2)``."""
     try:
         return CliApp.run(cls, cli_args=args, cli_settings_source=_cli_source(cls))
     except ValidationError as exc:
-        raise SystemExit(fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()), 2))
+        raise SystemExit(fail("; ".join(_problem(e) for e in exc.errors()), 2))
     except SettingsError as exc:
         raise SystemExit(fail(str(exc).splitlines()[0], 2))

@@ -5,17 +5,18 @@ agent configuration says.
 
 The server: ``--url URL`` reuses a running one (its key: ``--api-key``, else the first of
 ``GLMSERVE_API_KEY``); otherwise one is started with the ``serve`` flags given (``glmserve serve
-... --port FREE`` on 127.0.0.1, in its own process group, its log in ``launch-PORT.log`` under
-``--state-dir``, where only the newest ``KEPT_LOGS`` launch logs are kept), serving the model's
-own context (``--n-ctx 0``: its training context, cut to what fits this machine) unless
+... --fd N``: a port of 127.0.0.1 the launcher binds first, so that no other local user can
+take it while the model loads; in its own process group; its log, private to the user, in
+``launch-PORT.log`` under ``--state-dir``, where only the newest ``KEPT_LOGS`` are kept),
+serving the model's own context (``--n-ctx 0``: its training context, cut to what fits) unless
 ``--n-ctx`` or ``GLMSERVE_N_CTX`` set one (a ``--config`` entry's own ``n_ctx`` holds for its
 model). A ``--model`` by name is fetched by the launcher first, with progress in the terminal
 and no time limit. The server requires a key: the first ``--api-key`` (split as the server splits
-it), else the first of ``GLMSERVE_API_KEY``, else a random one made for this launch (given to the
-server in its environment, never on a command line). The context the server advertises
-(``max_model_len``) is printed, with a warning below ``AGENT_CONTEXT`` (the agents' own prompts
-are 9k to 20k tokens), and given to the agent. The agent, found on the ``PATH`` (a one-line
-error names its npm package when it is not), is pointed at the server's first model:
+it), else the first of ``GLMSERVE_API_KEY``, else a random one made for this launch (the keys go
+to the server in its environment, never on a command line). The context the server advertises
+(``max_model_len``) is printed, with a warning below ``AGENT_CONTEXT``, and given to the agent.
+The agent, found on the ``PATH`` (else an error names its npm package), is pointed at the
+server's first model:
 
 - ``claude`` (Claude Code, Anthropic's Messages API): its settings on the command line
   (``--settings FILE``, which outranks the user's, the project's and the local settings files):
@@ -25,8 +26,8 @@ error names its npm package when it is not), is pointed at the server's first mo
   and its attribution header off (``CLAUDE_CODE_ATTRIBUTION_HEADER=0``: it changes the system
   prompt on every request, so no prefix cache would ever match); the context as its
   auto-compact window (``CLAUDE_CODE_AUTO_COMPACT_WINDOW``) and a reply's ceiling
-  (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``), and a prompt over it answered with the 400 it compacts on
-  (``prompt is too long``);
+  (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``), each kept where the user's environment sets it, and a
+  prompt over it answered with the 400 it compacts on (``prompt is too long``);
 - ``codex`` (Codex CLI, the Responses API): the user's own ``CODEX_HOME`` (sessions, MCP
   servers, AGENTS.md kept), with ``-c`` overrides, which outrank its ``config.toml`` (a
   ``--profile`` among the agent's arguments is the user's word, and outranks them): a
@@ -40,33 +41,31 @@ error names its npm package when it is not), is pointed at the server's first mo
 
 A reply's ceiling is ``output_limit``: a quarter of the context, at most 32768 tokens.
 
-Signals: Ctrl-C belongs to the agent (it reaches the agent, not the server, and the launcher
-waits for the agent); SIGTERM and SIGHUP are passed to the agent. When the agent ends, the
-server is stopped (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); a signal before the agent starts
-stops the server at once; on Linux the server gets a SIGTERM when the launcher dies of anything,
-a SIGKILL too.
-
-Exit status: the agent's; 128 + the signal's number when a signal ended the launch before the
-agent ran; 2 with a bad serve flag's one-line error; or 1 with a one-line error."""
+Signals: Ctrl-C is the agent's (the launcher waits for it); SIGTERM and SIGHUP are passed to it.
+When the agent ends, the server is stopped (SIGTERM, SIGKILL after ``STOP_TIMEOUT_S``); a signal
+before the agent starts stops it at once; on Linux it gets a SIGTERM when the launcher dies of
+anything. Exit status: ``USAGE``'s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from glmserve.testing import free_port
 
 AGENT_CONTEXT = 32768  # tokens a coding agent's session needs (its own prompt: 9k-20k)
 START_TIMEOUT_S = 1800.0  # a model (already fetched) that is not serving in this long is a failed start
@@ -75,6 +74,8 @@ KEPT_LOGS = 10
 # Claude Code's variables that would send its requests elsewhere or with another key: blanked
 CLAUDE_BLANKED = ("ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX",
                   "CLAUDE_CODE_USE_FOUNDRY")
+# Claude Code's limits the launch sets, unless the user's environment sets them for the run
+CLAUDE_TUNABLE = ("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "CLAUDE_CODE_AUTO_COMPACT_WINDOW", "CLAUDE_CODE_ATTRIBUTION_HEADER")
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ def split_args(args: list[str]) -> tuple[str | None, list[str], list[str]]:
         url, serve = serve[at + 1].rstrip("/"), serve[:at] + serve[at + 2:]
         if _without(serve, "--api-key"):
             raise LaunchError("with --url the server runs already: serve flags (but --api-key) cannot apply to it")
+    if any(_flags(serve, name) for name in ("--host", "--port", "--fd")):
+        raise LaunchError("a launched server listens on a port of 127.0.0.1 that the launch binds: --host, --port "
+                          "and --fd cannot apply to it (--url uses a server of your own)")
     return url, serve, agent
 
 
@@ -137,12 +141,13 @@ def output_limit(context: int) -> int:
     return min(context // 4, 32768)
 
 
-def agent_setup(name: str, url: str, model: str, key: str, work: Path,
-                context: int) -> tuple[dict[str, str | None], list[str]]:
+def agent_setup(name: str, url: str, model: str, key: str, work: Path, context: int,
+                environ: Mapping[str, str] = os.environ) -> tuple[dict[str, str | None], list[str]]:
     """The environment changes (None: the variable removed) and the leading arguments that point
     agent ``name`` at the server at ``url`` serving ``model`` with a ``context``-token window,
     over whatever the user's and the project's configuration of that agent say; files it needs
-    go in ``work`` (private to the user)."""
+    go in ``work`` (private to the user). Claude Code's limits (``CLAUDE_TUNABLE``) set in
+    ``environ`` (the user's environment: their word for this run) are kept."""
     if name == "claude":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, "ANTHROPIC_MODEL": model,
                "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
@@ -150,6 +155,7 @@ def agent_setup(name: str, url: str, model: str, key: str, work: Path,
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(context),
                "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(output_limit(context))}
+        env.update({k: environ[k] for k in CLAUDE_TUNABLE if environ.get(k)})
         settings = work / "claude-settings.json"
         settings.write_text(json.dumps({"env": {**env, **dict.fromkeys(CLAUDE_BLANKED, "")}}, indent=2))
         return {**env, **dict.fromkeys(CLAUDE_BLANKED)}, ["--settings", str(settings)]
@@ -193,23 +199,22 @@ def _without(args: list[str], name: str) -> list[str]:
     return left
 
 
-def _flag(args: list[str], name: str) -> str | None:
-    return next(iter(_flags(args, name)), None)
-
-
-def server_key(serve: list[str]) -> tuple[str, dict[str, str]]:
-    """The key the agent sends, and what the server's environment needs for it: the first key of
-    ``--api-key`` (repeated, or ``a,b``, or a JSON list, as the server reads it), else the first
-    of ``GLMSERVE_API_KEY``, else a random key, given to the server as ``GLMSERVE_API_KEY``."""
+def server_key(serve: list[str]) -> tuple[str, dict[str, str], list[str]]:
+    """The key the agent sends, what the server's environment needs for it, and the serve flags
+    without ``--api-key``: the first key of ``--api-key`` (repeated, or ``a,b``, or a JSON list,
+    as the server reads it; all of them go to the server as ``GLMSERVE_API_KEY``, never on its
+    command line, which every user of the machine can read), else the first of
+    ``GLMSERVE_API_KEY``, else a random key, given to the server as ``GLMSERVE_API_KEY``."""
     from glmserve.settings.server import ListenSettings
 
-    given = _flags(serve, "--api-key") or ([os.environ["GLMSERVE_API_KEY"]] if os.environ.get("GLMSERVE_API_KEY")
-                                           else [])
-    keys = [key for value in given for key in ListenSettings(api_key=value).api_key]
-    if keys:
-        return keys[0], {}
+    flagged = [key for value in _flags(serve, "--api-key") for key in ListenSettings(api_key=value).api_key]
+    serve = _without(serve, "--api-key")
+    if flagged:
+        return flagged[0], {"GLMSERVE_API_KEY": json.dumps(flagged)}, serve
+    if os.environ.get("GLMSERVE_API_KEY"):
+        return ListenSettings(api_key=os.environ["GLMSERVE_API_KEY"]).api_key[0], {}, serve
     key = secrets.token_urlsafe(24)
-    return key, {"GLMSERVE_API_KEY": key}
+    return key, {"GLMSERVE_API_KEY": key}, serve
 
 
 def _prefetch(settings) -> None:
@@ -243,19 +248,24 @@ def _prune_logs(state_dir: Path) -> None:
 
 
 def _start(serve: list[str], state_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str, Path]:
-    """``glmserve serve SERVE`` on a free port, in its own process group (a Ctrl-C in the
+    """``glmserve serve SERVE`` on a free port of 127.0.0.1 (bound first), in its own process group (a Ctrl-C in the
     terminal does not reach it), with ``env`` added to its environment, healthy; (process, URL,
     log file). Raises ``LaunchError`` with the log's last line when it stops first."""
-    port = free_port()
-    if _flag(serve, "--n-ctx") is None and "GLMSERVE_N_CTX" not in os.environ:
+    if not _flags(serve, "--n-ctx") and "GLMSERVE_N_CTX" not in os.environ:
         serve = [*serve, "--n-ctx", "0"]  # the model's own context, cut to what fits
     state_dir.mkdir(parents=True, exist_ok=True)
     _prune_logs(state_dir)
-    log_path = state_dir / f"launch-{port}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "glmserve", "serve", *serve, "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent)
+    # the port is bound before the server starts (--fd): while the model loads, no other local user
+    # can take it and answer in the server's place (to be sent the key and the repository)
+    with socket.create_server(("127.0.0.1", 0), backlog=128) as listener:
+        port = listener.getsockname()[1]
+        log_path = state_dir / f"launch-{port}.log"
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as log:
+            os.fchmod(log.fileno(), 0o600)  # the log of an earlier launch on this port
+            proc = subprocess.Popen([sys.executable, "-m", "glmserve", "serve", *serve, "--fd", str(listener.fileno())],
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **env}, start_new_session=True, preexec_fn=_die_with_parent,
+                                    pass_fds=(listener.fileno(),))
     url = f"http://127.0.0.1:{port}"
     print(f"glmserve: starting the server on {url} (its log: {log_path})", file=sys.stderr)
     try:
@@ -274,6 +284,19 @@ def _start(serve: list[str], state_dir: Path, env: dict[str, str]) -> tuple[subp
     except BaseException:
         _stop(proc)
         raise
+
+
+def _sweep_work_dirs() -> None:
+    """The agents' work folders (``glmserve-AGENT-PID-*``, private, holding Claude Code's settings
+    with the key) of launches killed outright (PID gone) removed; a launch removes its own."""
+    for folder in Path(tempfile.gettempdir()).glob("glmserve-*-*-*"):
+        with contextlib.suppress(OSError):  # a PID alive under another user, a folder gone meanwhile
+            pid = folder.name.split("-")[2]
+            try:
+                if folder.is_dir() and folder.stat().st_uid == os.getuid() and pid.isdigit():
+                    os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
@@ -345,7 +368,8 @@ def launch(args: list[str]) -> int:
     exe = shutil.which(agent.command)
     if exe is None:
         raise LaunchError(f"{agent.command} is not installed: npm install -g {agent.package}")
-    key, server_env = server_key(serve)
+    key, server_env, serve = server_key(serve)
+    _sweep_work_dirs()
     signals, proc = _Signals(), None
     try:
         if url is None:
@@ -360,7 +384,7 @@ def launch(args: list[str]) -> int:
         if context < AGENT_CONTEXT:
             print(f"glmserve: warning: {name}'s own prompt and a session's turns need about {AGENT_CONTEXT} tokens; "
                   "give --n-ctx (the server's log says what its KV cache holds)", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix=f"glmserve-{name}-") as work:
+        with tempfile.TemporaryDirectory(prefix=f"glmserve-{name}-{os.getpid()}-") as work:
             changes, lead = agent_setup(name, url, model, key, Path(work), context)
             env = {k: v for k, v in {**os.environ, **changes}.items() if v is not None}
             signals.agent = subprocess.Popen([exe, *lead, *agent_args], env=env)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -290,12 +292,22 @@ def _held(bin_: Path, record: Path, home: Path) -> tuple[subprocess.Popen, int, 
                                 env=_env(bin_ / "claude", home, {"RECORD": str(record), "HOLD": "1"}), cwd=home,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
+    said = launcher.stderr.readline()
+    assert "starting the server on http://127.0.0.1:" in said, said
+    port = int(said.split("http://127.0.0.1:")[1].split()[0])
+    with pytest.raises(OSError, match="Address already in use"):  # the launch holds its port from the start:
+        socket.create_server(("127.0.0.1", port)).close()  # no other local user can answer in its place
     deadline = time.monotonic() + 300
     while not (record / "holding").exists():
         assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
         time.sleep(0.2)
     server = int(next(line for line in _server_log(home).splitlines() if "Started server process" in line)
                  .split("[")[1].split("]")[0])
+    # neither the port nor the key is on the server's command line, and its log is the user's alone
+    command = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+    assert b"--fd" in command and b"--port" not in command and b"--api-key" not in command
+    assert _given(record)["ANTHROPIC_API_KEY"].encode() not in b" ".join(command)
+    assert (home / "state" / f"launch-{port}.log").stat().st_mode & 0o777 == 0o600
     return launcher, int((record / "pid").read_text()), server
 
 
@@ -318,6 +330,9 @@ def test_a_launcher_killed_outright_takes_its_server_with_it(stand_in, tmp_path)
     launcher, agent, server = _held(bin_, record, home)
     launcher.kill()  # SIGKILL: no handler runs
     launcher.wait(timeout=60)
+    [work] = Path(tempfile.gettempdir()).glob(f"glmserve-claude-{launcher.pid}-*")  # with the key, left behind
+    _launch(bin_ / "codex", home, "codex", "--url", "http://127.0.0.1:9", env={"RECORD": str(record)})
+    assert not work.exists()  # removed by the next launch
     deadline = time.monotonic() + 120
     while _alive(server) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -11,6 +11,7 @@ import pytest
 
 from glmserve import cli
 from glmserve.launch import LaunchError, agent_setup, launch, server_key, split_args
+from glmserve.settings.server import ListenSettings
 
 
 def test_the_words_before_and_after_the_double_dash():
@@ -22,7 +23,7 @@ def test_the_words_before_and_after_the_double_dash():
 
 
 def test_each_agent_is_pointed_at_the_server_and_told_its_context(tmp_path):
-    env, lead = agent_setup("claude", "http://h:1", "o/m", "k", tmp_path, 65536)
+    env, lead = agent_setup("claude", "http://h:1", "o/m", "k", tmp_path, 65536, environ={})
     assert lead == ["--settings", str(tmp_path / "claude-settings.json")]
     settings = json.loads((tmp_path / "claude-settings.json").read_text())["env"]
     assert env["ANTHROPIC_BASE_URL"] == settings["ANTHROPIC_BASE_URL"] == "http://h:1"
@@ -48,21 +49,41 @@ def test_each_agent_is_pointed_at_the_server_and_told_its_context(tmp_path):
     assert config["provider"]["glmserve"]["models"]["o/m"]["limit"] == {"context": 202752, "output": 32768}
 
 
-@pytest.mark.parametrize(("serve", "environ", "key"), [
-    (["--api-key", "a,b"], {}, "a"), (["--api-key=a", "--api-key", "b"], {}, "a"),
-    (["--api-key", '["x", "y"]'], {"GLMSERVE_API_KEY": "e"}, "x"), ([], {"GLMSERVE_API_KEY": "e,f"}, "e"),
+@pytest.mark.parametrize(("serve", "environ", "key", "keys"), [
+    (["--api-key", "a,b"], {}, "a", ["a", "b"]), (["--api-key=a", "--n-ctx", "5", "--api-key", "b"], {}, "a", ["a", "b"]),
+    (["--api-key", '["x", "y"]'], {"GLMSERVE_API_KEY": "e"}, "x", ["x", "y"]),
+    ([], {"GLMSERVE_API_KEY": "e,f"}, "e", None),
 ])
-def test_the_agents_key_is_the_first_the_server_takes(monkeypatch, serve, environ, key):
+def test_the_agents_key_is_the_first_the_server_takes_and_no_key_is_on_its_command_line(monkeypatch, serve, environ,
+                                                                                          key, keys):
     monkeypatch.delenv("GLMSERVE_API_KEY", raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    assert server_key(serve) == (key, {})
+    first, env, flags = server_key(serve)
+    assert first == key and flags == [w for w in ["--n-ctx", "5"] if w in serve]
+    # the server reads its keys from GLMSERVE_API_KEY as it read them from --api-key
+    assert (ListenSettings(api_key=env["GLMSERVE_API_KEY"]).api_key if env else None) == keys
 
 
 def test_without_a_key_each_launch_makes_its_own(monkeypatch):
     monkeypatch.delenv("GLMSERVE_API_KEY", raising=False)
-    (first, env), (second, _) = server_key([]), server_key(["--n-ctx", "1"])
+    (first, env, _), (second, _, _) = server_key([]), server_key(["--n-ctx", "1"])
     assert env == {"GLMSERVE_API_KEY": first} and first != second and len(first) >= 32
+
+
+def test_claude_code_limits_set_in_the_users_environment_are_kept(tmp_path):
+    env, _ = agent_setup("claude", "http://h:1", "o/m", "k", tmp_path, 65536,
+                         environ={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "48", "ANTHROPIC_MODEL": "theirs"})
+    settings = json.loads((tmp_path / "claude-settings.json").read_text())["env"]
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == settings["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "48"
+    assert env["ANTHROPIC_MODEL"] == settings["ANTHROPIC_MODEL"] == "o/m"  # what routes to the server is the launch's
+    assert settings["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "65536"
+
+
+def test_a_launched_server_s_address_is_the_launch_s():
+    for flag in ("--port", "--host", "--fd"):
+        with pytest.raises(LaunchError, match=f"{flag}.* cannot apply"):
+            split_args(["--n-ctx", "5", flag, "1"])
 
 
 def test_with_url_only_a_key_may_be_given(monkeypatch, tmp_path):

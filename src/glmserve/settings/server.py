@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from glmserve.models.keep_alive import parse_keep_alive
@@ -19,6 +19,10 @@ class ListenSettings(BaseModel):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    fd: int | None = Field(
+        None, ge=0, description="Serve on this listening socket, a file descriptor inherited from the process that "
+                                "started glmserve (not with --host/--port).",
+    )
     api_key: Annotated[list[str], NoDecode] = Field(
         [], description="Require 'Authorization: Bearer KEY' (Anthropic's: or x-api-key) but on /health, / "
                         "and /ui; repeatable: each key owns its stored objects."
@@ -59,6 +63,12 @@ class ListenSettings(BaseModel):
         if any(not key.strip() for key in value):
             raise ValueError("an API key cannot be empty")
         return value
+
+    @model_validator(mode="after")
+    def _check_fd(self) -> ListenSettings:
+        if self.fd is not None and {"host", "port"} & self.model_fields_set:
+            raise ValueError("--fd serves a socket that is bound already: --host and --port cannot apply to it")
+        return self
 
 
 class StateSettings(BaseModel):
