@@ -100,3 +100,14 @@ def test_an_agent_not_installed_is_named_with_its_npm_package(monkeypatch, capsy
         launch(["claude", "--", "-p", "hi"])
     assert cli.main(["launch", "nobody"]) == 1
     assert "name an agent: glmserve launch {claude,codex,opencode}" in capsys.readouterr().err
+
+
+def test_serve_on_an_inherited_socket_takes_no_host_or_port(capsys):
+    from glmserve.flags import parse_flags
+    from glmserve.settings.serve import DeploySettings
+
+    assert parse_flags(DeploySettings, ["--fd", "3"]).fd == 3
+    with pytest.raises(SystemExit):
+        parse_flags(DeploySettings, ["--fd", "3", "--port", "5"])
+    assert capsys.readouterr().err.strip().endswith(
+        "error: --fd serves a socket that is bound already: --host and --port cannot apply to it")
