@@ -6,6 +6,9 @@ installs without llama.cpp constrain output exactly as the llama_cpp install doe
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -64,3 +67,24 @@ def test_tool_call_grammars_match(monkeypatch, fmt, calls):
         TOOL_FORMATS[fmt].grammar, FUNCTIONS, params, SchemaLimits(), calls=calls, or_text=fmt == "generic"))
     assert vendored == upstream
     assert "get_weather" in vendored
+
+
+def test_a_remote_ref_anywhere_is_refused_even_under_python_O(tmp_path):
+    """The converter fetches an ``https://`` ``$ref`` wherever it finds one (a ``const`` value's
+    too, which ``check_schema`` does not read as a schema), refused only by an ``assert``: under
+    ``python -O`` it would have fetched it (issue 91, 7). Run in ``python -O``, with ``requests``
+    made to fail the run if it is ever asked for."""
+    (tmp_path / "requests.py").write_text("raise SystemExit('the converter imported requests to fetch a $ref')\n")
+    script = (
+        "from glmserve.protocol.errors import APIError\n"
+        "from glmserve.serving.structured.grammar import json_grammar\n"
+        "from glmserve.serving.structured.schema_check import SchemaLimits, check_schema\n"
+        "schema = {'type': 'object', 'properties': {'a': {'const': {'$ref': 'https://example.invalid/s.json'}}}}\n"
+        "check_schema(schema, 'response_format', SchemaLimits())\n"
+        "try:\n"
+        "    json_grammar(schema, 'response_format', SchemaLimits())\n"
+        "except APIError as exc:\n"
+        "    print(exc.status_code, exc.code)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run([sys.executable, "-O", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout.strip()) == (0, "400 unsupported_schema"), run.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 from glmserve.protocol.errors import invalid_request
@@ -106,6 +107,23 @@ def _with_gbnf_patterns(schema: dict) -> dict:
 STRICT_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
 
 
+def _local_refs_only(node: Any, param: str) -> None:
+    """A 400 for any ``$ref`` anywhere in ``node`` (a ``const`` value's included: the converter
+    reads every ``$ref`` it finds) that is not a pointer into the schema itself: the converter
+    would fetch an ``https://`` one, refused only by an ``assert`` that ``python -O`` removes."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if ref is not None and not (isinstance(ref, str) and ref.startswith("#/")):
+                raise invalid_request(f"$ref {str(ref)[:80]!r}: only references into the schema itself ('#/...') "
+                                      "are supported", param, "unsupported_schema")
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 class GrammarBuilder:
     """Rules for several schemas in one grammar; ``build(root)`` gives the GBNF text."""
 
@@ -115,6 +133,7 @@ class GrammarBuilder:
     def schema(self, schema: dict, name: str, param: str) -> str:
         """Add rules for ``schema`` (checked by ``check_schema``); returns the rule name matching
         one JSON value of it. Raises a 400 ``APIError`` naming ``param`` if the converter fails."""
+        _local_refs_only(schema, param)
         try:
             resolved = self._conv.resolve_refs(_with_gbnf_patterns(json.loads(json.dumps(schema))), name)
             return self._conv.visit(resolved, name)
