@@ -89,3 +89,17 @@ def owner(request: Request) -> str:
     ``""`` when the server has no keys. Call after ``require_api_key``."""
     key = _matching_key(request, _tokens(request)) if request.app.state.api_keys else None
     return "" if key is None else hashlib.sha256(key.encode()).hexdigest()
+
+
+def check_keep_alive(app: FastAPI, owner_digest: str, keep_alive: float | None) -> None:
+    """A request's ``keep_alive`` decides when a model shared by every key is unloaded (``0``:
+    at once, a negative value: never), as ``/models/unload`` does: on a server with
+    ``--admin-api-key`` only an admin key may give one (a 403, ``insufficient_permissions``);
+    ``owner_digest``: the request's ``owner``."""
+    admin_keys: tuple[str, ...] = app.state.admin_keys
+    if keep_alive is None or not admin_keys:
+        return
+    if owner_digest not in {hashlib.sha256(key.encode()).hexdigest() for key in admin_keys}:
+        raise APIError(403, "keep_alive decides when a model every key shares is unloaded: it needs an admin key "
+                            "(--admin-api-key) on this server", "invalid_request_error", "keep_alive",
+                       "insufficient_permissions")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 
-from glmserve.server.auth import cache_owner, owner
+from glmserve.server.auth import cache_owner, check_keep_alive, owner
 from glmserve.server.endpoints import ENDPOINTS, Call
 from glmserve.server.sse import respond
 from glmserve.serving.generation.request_scope import CACHE_SALT
@@ -28,7 +28,8 @@ async def lease_for(app: FastAPI, owner_digest: str, body: Any, generation: bool
     ``body.model`` names (the base model, an alias or a LoRA adapter, loading it if needed; the
     body's ``keep_alive``). ``generation``: the model must generate text (not one served for
     embeddings only). Raises ``APIError`` when the model is unknown, cannot be loaded, or is
-    served for embeddings only where it must generate."""
+    served for embeddings only where it must generate, and ``check_keep_alive``'s 403."""
+    check_keep_alive(app, owner_digest, getattr(body, "keep_alive", None))
     CACHE_SALT.set(salt_for(cache_owner(app, owner_digest), getattr(body, "cache_salt", None)))
     return await app.state.model_router.acquire(body.model, getattr(body, "keep_alive", None), generation=generation)
 
@@ -61,6 +62,8 @@ async def respond_with_endpoint(request: Request, path: str, body: Any) -> Respo
 @asynccontextmanager
 async def leased_model(request: Request, model: str | None,
                        keep_alive: float | None = None) -> AsyncIterator[LoadedModel]:
-    """The loaded model serving ``model`` (None: the default model), held inside the block."""
+    """The loaded model serving ``model`` (None: the default model), held inside the block.
+    Raises ``check_keep_alive``'s 403."""
+    check_keep_alive(request.app, owner(request), keep_alive)
     async with await request.app.state.model_router.acquire(model, keep_alive) as lease:
         yield lease.loaded

@@ -21,7 +21,7 @@ from glmserve.models.keep_alive import parse_keep_alive
 from glmserve.runtime.catalog import ConfigError, ModelEntry, read_config, scan_models_dir
 from glmserve.runtime.start import model_settings
 from glmserve.runtime.loaded import LoadedModel
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.runtime.registry import ModelRegistry, ModelSpec
 from glmserve.runtime.router import ModelRouter
@@ -114,6 +114,32 @@ def test_keep_alive_zero_unloads_after_the_reply():
         assert _statuses(http)["b"] == "loaded"
         resp = _ask(http, "b", keep_alive="soon")
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "keep_alive"
+
+
+def test_keep_alive_needs_an_admin_key_where_there_is_one():
+    """A model every key shares is unloaded (``keep_alive: 0``) or pinned (negative) only by an
+    admin key, as ``/models/unload`` is (issue 91, 5): another key's ``keep_alive`` is a 403
+    and leaves the model as it was, on chat, Messages and Responses."""
+    farm = Farm()
+    registry = ModelRegistry([farm.spec(n) for n in ("a", "b")])
+    app = create_app(ModelRouter(registry, "a"), AppOptions(api_key="user", admin_api_key=("admin",)))
+    user, admin = {"Authorization": "Bearer user"}, {"Authorization": "Bearer admin"}
+    with TestClient(app) as http:
+        assert http.post("/v1/chat/completions", headers=user, json={
+            "model": "b", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+        for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/responses", {"input": "hi"})]:
+            refused = http.post(path, headers=user, json={"model": "b", "keep_alive": 0, **body})
+            assert refused.status_code == 403 and "admin key" in refused.text, (path, refused.text)
+            assert _statuses_with(http, user)["b"] == "loaded"
+        assert http.post("/v1/chat/completions", headers=admin, json={
+            "model": "b", "keep_alive": 0, "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+        assert _statuses_with(http, admin)["b"] == "unloaded"
+
+
+def _statuses_with(http, headers) -> dict[str, str]:
+    return {card["id"]: card["status"] for card in http.get("/v1/models", headers=headers).json()["data"]}
 
 
 def test_a_model_served_for_embeddings_only():
