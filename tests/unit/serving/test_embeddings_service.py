@@ -4,7 +4,9 @@ tested end to end on each engine (``tests/e2e/test_embeddings.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import struct
 
 import pytest
@@ -13,7 +15,9 @@ from fastapi.testclient import TestClient
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
 from glmserve.server import create_app
 from glmserve.serving.generation.pipeline import ModelPipeline
-from glmserve.serving.embeddings import encode_base64
+from glmserve.protocol.embeddings import EmbeddingRequest
+from glmserve.protocol.errors import APIError
+from glmserve.serving.embeddings import EmbeddingsService, encode_base64
 from tests.unit.fakes import FakeEngine, one_model
 
 
@@ -54,3 +58,36 @@ def test_engine_failure_is_a_500_and_the_next_request_works():
 def test_base64_is_little_endian_float32(vector):
     raw = base64.b64decode(encode_base64(vector))
     assert list(struct.unpack(f"<{len(vector)}f", raw)) == pytest.approx(vector, rel=1e-6, abs=1e-45)
+
+
+def test_embedding_requests_past_the_engines_capacity_are_a_429():
+    """Embeddings are admitted as generations are (issue 91, 4): ``max_num_seqs + max_queue``
+    requests at once (the fake's 1 + 1), the next gets the 429 with ``Retry-After``, and a place
+    is free again once a request ends, whether it succeeded or failed."""
+    gate = asyncio.Event()
+
+    class Held(FakeEngine):
+        async def embed(self, token_ids):
+            await gate.wait()
+            return await super().embed(token_ids)
+
+    engine = Held(embedding_size=4)
+    engine.model_info = dataclasses.replace(engine.model_info, max_num_seqs=1, max_queue=1)
+    service = EmbeddingsService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
+
+    async def scenario():
+        held = [asyncio.create_task(service.create(EmbeddingRequest(model="fake", input=text))) for text in "ab"]
+        while service.in_flight < 2:
+            await asyncio.sleep(0)
+        with pytest.raises(APIError) as refused:
+            await service.create(EmbeddingRequest(model="fake", input="c"))
+        gate.set()
+        done = await asyncio.gather(*held)
+        with pytest.raises(APIError):  # a failure frees its place too
+            await service.create(EmbeddingRequest(model="fake", input="bad!"))
+        after = await service.create(EmbeddingRequest(model="fake", input="c"))
+        return refused.value, done, after
+
+    refused, done, after = asyncio.run(scenario())
+    assert (refused.status_code, refused.headers) == (429, {"Retry-After": "1"})
+    assert len(done) == 2 and after.data[0].embedding[0] == 1.0 and service.in_flight == 0
