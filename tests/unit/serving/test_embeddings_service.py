@@ -79,8 +79,8 @@ def test_embedding_requests_past_the_engines_capacity_are_a_429():
         held = [asyncio.create_task(service.create(EmbeddingRequest(model="fake", input=text))) for text in "ab"]
         while service.in_flight < 2:
             await asyncio.sleep(0)
-        with pytest.raises(APIError) as refused:
-            await service.create(EmbeddingRequest(model="fake", input="c"))
+        with pytest.raises(APIError) as refused:  # at once (a request admitted would wait for the gate)
+            await asyncio.wait_for(service.create(EmbeddingRequest(model="fake", input="c")), 30)
         gate.set()
         done = await asyncio.gather(*held)
         with pytest.raises(APIError):  # a failure frees its place too
