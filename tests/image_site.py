@@ -42,6 +42,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path
+        REQUESTS.append(path)
         if path == "/ok.png":
             self._send(200, PNG, {"Content-Type": "image/png"})
         elif path == "/big.png":
@@ -66,6 +67,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"hello, not an image", {"Content-Type": "text/plain"})
         else:
             self._send(404, b"nope")
+
+
+REQUESTS: list[str] = []  # every path asked for, by any site
 
 
 @contextmanager

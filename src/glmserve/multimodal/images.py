@@ -3,9 +3,11 @@
 - ``data:`` URLs of any image type Pillow decodes (PNG, JPEG, WebP, GIF: its first frame).
 - ``http``/``https`` URLs, fetched with TLS verification. Unless the host is in the policy's
   ``allowed_domains``, every address the name resolves to must be public (no loopback, private,
-  link-local or metadata addresses), and the address actually connected to is checked again
-  (so a DNS answer that changes between the check and the connection is caught). Redirects are
-  followed by hand, each target checked the same way, up to ``max_redirects``.
+  link-local or metadata addresses), and the connection is made to those checked addresses
+  only (``_PublicAddresses``, the HTTP client's network backend: the name is resolved once,
+  where it is checked, so a DNS answer that changes after the check, DNS rebinding, cannot send
+  a request inside the network). Redirects are followed by hand, each target checked the same
+  way, up to ``max_redirects``.
 - Bytes, pixels and time are bounded by the policy; what does not decode is refused. A
   request's images are bounded in number (before anything is fetched) and in pixels summed
   (read from each image's header, before any is decoded).
@@ -22,6 +24,7 @@ import io
 import socket
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit
 
+import httpcore
 import httpx
 from PIL import Image, UnidentifiedImageError
 
@@ -77,39 +80,66 @@ def parse_data_url(url: str, policy: MediaPolicy) -> bytes:
     return unquote_to_bytes(payload)
 
 
-def _check_host(host: str, port: int, policy: MediaPolicy) -> None:
-    if host in policy.allowed_domains:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ImageError(f"cannot resolve image host {host!r}") from exc
-    for info in infos:
-        if not address_allowed(info[4][0]):
+class _PublicAddresses(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend for image fetches: a host not in ``allowed_domains`` is
+    resolved here, every address it resolves to must be public (``address_allowed``), and the
+    connection goes to those addresses (TLS still names the host): what is checked is what is
+    connected to. Raises ``ImageError`` before any byte is sent otherwise."""
+
+    def __init__(self, allowed_domains: frozenset[str]) -> None:
+        self.allowed_domains = allowed_domains
+        self.inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                          socket_options=None) -> httpcore.AsyncNetworkStream:
+        if host in self.allowed_domains:
+            return await self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ImageError(f"cannot resolve image host {host!r}") from exc
+        addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        if not addresses or not all(address_allowed(address) for address in addresses):
             raise ImageError(f"image host {host!r} resolves to a non-public address; allow it with "
                              "--allowed-media-domains")
+        for address in addresses[:-1]:
+            try:
+                return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+            except httpcore.ConnectError:
+                continue
+        return await self.inner.connect_tcp(addresses[-1], port, timeout, local_address, socket_options)
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options=None):
+        raise ImageError("image URLs are fetched over TCP only")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
 
 
-def _check_url(url: str, policy: MediaPolicy) -> str:
+def _client(policy: MediaPolicy) -> httpx.AsyncClient:
+    """An HTTP client whose connections go through ``_PublicAddresses``; no redirects followed,
+    no proxy from the environment."""
+    transport = httpx.AsyncHTTPTransport(verify=True, trust_env=False)
+    # httpx builds its httpcore pool without a way to name the network backend: the pool is
+    # rebuilt with the transport's own TLS context and the checking backend
+    transport._pool = httpcore.AsyncConnectionPool(ssl_context=transport._pool._ssl_context,
+                                                   network_backend=_PublicAddresses(policy.allowed_domains))
+    return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False, timeout=policy.timeout_s)
+
+
+def _check_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise ImageError(f"image URLs must be http(s) or data URLs, not {parts.scheme or 'relative'!r}")
     if not parts.hostname:
         raise ImageError("image URL has no host")
-    _check_host(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), policy)
-    return parts.hostname
 
 
 async def _fetch(url: str, policy: MediaPolicy) -> bytes:
-    async with httpx.AsyncClient(follow_redirects=False, verify=True, trust_env=False,
-                                 timeout=policy.timeout_s) as client:
+    async with _client(policy) as client:
         for _ in range(policy.max_redirects + 1):
-            host = await asyncio.to_thread(_check_url, url, policy)
+            _check_url(url)
             async with client.stream("GET", url, headers={"Accept": "image/*"}) as resp:
-                peer = resp.extensions.get("network_stream")
-                server = peer.get_extra_info("server_addr") if peer is not None else None
-                if server and host not in policy.allowed_domains and not address_allowed(server[0]):
-                    raise ImageError(f"image host {host!r} connected to a non-public address")
                 if resp.is_redirect:
                     url = urljoin(url, resp.headers.get("location", ""))
                     continue

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 
 import pytest
 from PIL import Image
 
 from glmserve.multimodal import ImageError, MediaPolicy, address_allowed, load_image, load_images
-from tests.image_site import HUGE, encode, image_site
+from tests.image_site import HUGE, REQUESTS, encode, image_site
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +108,25 @@ def test_a_requests_images_are_bounded_in_pixels_in_all_before_any_is_decoded(mo
     assert err.value.index == 2 and decoded == []  # nothing decoded
     assert [i.size for i in asyncio.run(load_images(urls[:2], policy))] == [(500, 1000), (1000, 500)]
     assert decoded == [(500, 1000), (1000, 500)]
+
+
+def test_a_name_that_rebinds_to_a_private_address_is_never_connected_to(site, monkeypatch):
+    """DNS rebinding (issue 91, 7): a name that resolves to a public address when checked and to
+    the server's own network when connected. The address checked is the address connected to,
+    so the image site on 127.0.0.1 never gets the request (it used to get it, and the check of
+    the address connected to came after the request was sent)."""
+    port = int(site.rsplit(":", 1)[1])
+    answers = iter([("93.184.215.14",)] + [("127.0.0.1",)] * 10)  # public once (example.com), then loopback
+    real = socket.getaddrinfo
+
+    def rebinding(host, *args, **kwargs):
+        if host not in ("rebind.test", b"rebind.test"):  # anyio asks with the name encoded
+            return real(host, *args, **kwargs)
+        (address,) = next(answers)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    before = len(REQUESTS)
+    with pytest.raises(ImageError):
+        load(f"http://rebind.test:{port}/ok.png", MediaPolicy(timeout_s=2.0))
+    assert REQUESTS[before:] == []  # no request reached the private address
