@@ -38,8 +38,9 @@ class FreeRows(StepCosts):
         return 0.0
 
 
-def drafter(costs: StepCosts | None = None, pool: NgramPool | None = None, **kwargs) -> NgramDrafter:
-    return NgramDrafter(SpeculativeConfig(**kwargs), costs or FreeRows(), pool)
+def drafter(costs: StepCosts | None = None, pool: NgramPool | None = None, salt: str | None = None,
+            **kwargs) -> NgramDrafter:
+    return NgramDrafter(SpeculativeConfig(**kwargs), costs or FreeRows(), pool, salt)
 
 
 def test_drafts_what_followed_the_latest_earlier_occurrence_of_the_last_ngram():
@@ -172,6 +173,18 @@ def test_the_pool_drafts_a_repeated_generation():
     assert again.propose(tokens[:n], limit=16) == answer[1:17]
     assert pool.draft([9, 9, 9, 9], 4) == []  # an unknown n-gram
     assert pool.draft(tokens[:3], 4) == []  # shorter than n
+
+
+def test_the_pool_drafts_only_from_generations_of_the_same_salt():
+    """Another API key's generation never drafts for a request (issue 91, 7: the pool was a
+    timing side channel across keys); the same key's, and a server's without salts, does."""
+    pool = NgramPool(n=4, size=1 << 12)
+    prompt, answer = [1, 2, 3, 4, 5], [(i * 37) % 101 + 10 for i in range(40)]
+    tokens, n = prompt + answer, len(prompt) + 1
+    drafter(pool=pool, ngram_min=2, ngram_max=3, salt="key-a").finish(tokens, len(prompt))
+    assert drafter(pool=pool, ngram_min=2, ngram_max=3, salt="key-b").propose(tokens[:n], limit=16) == []
+    assert drafter(pool=pool, ngram_min=2, ngram_max=3).propose(tokens[:n], limit=16) == []
+    assert drafter(pool=pool, ngram_min=2, ngram_max=3, salt="key-a").propose(tokens[:n], limit=16) == answer[1:17]
 
 
 def test_pool_slots_are_bounded_and_a_colliding_ngram_replaces_the_slot():

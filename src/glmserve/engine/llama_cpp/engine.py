@@ -268,7 +268,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         stream = OutputStream(loop)
         spec, media = self.speculative, request.multimodal or ()  # images: vision.py's spans
         drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
-                   else NgramDrafter(spec, self._step_costs, self._ngram_pool))
+                   else NgramDrafter(spec, self._step_costs, self._ngram_pool, request.cache_salt))
         state = _SeqState(request, stream, sampler, self.tokenizer.decoder(escaped_tags(request)), stop_ids, drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
                                  salt=request.cache_salt, priority=request.priority, media=media))

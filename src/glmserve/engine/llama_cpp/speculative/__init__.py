@@ -169,16 +169,16 @@ class NgramDrafter:
     the highest expected gain under the engine's measured ``StepCosts`` is sent, and only when
     that gain is at least ``1 + MARGIN``. ``record`` is unused: the drafter learns from the
     tokens themselves. ``finish(tokens, num_prompt)`` gives the pool a finished sequence's
-    generation."""
+    generation. ``salt``: the request's ``cache_salt``, its part of the pool (``NgramPool``)."""
 
-    __slots__ = ("config", "_costs", "_pool", "_maps", "_indexed", "_source", "_source_at", "_rates",
+    __slots__ = ("config", "_costs", "_pool", "_salt", "_maps", "_indexed", "_source", "_source_at", "_rates",
                  "_pending")
 
     def __init__(self, config: SpeculativeConfig, costs: StepCosts | None = None,
-                 pool: NgramPool | None = None) -> None:
+                 pool: NgramPool | None = None, salt: str | None = None) -> None:
         self.config = config
         self._costs = costs if costs is not None else StepCosts()
-        self._pool = pool
+        self._pool, self._salt = pool, salt
         # n -> {n-gram: position after its latest occurrence}; holds the n-grams that end
         # before a sequence's last token, so that a continuation exists
         self._maps: dict[int, dict[tuple[int, ...], int]] = {
@@ -212,7 +212,7 @@ class NgramDrafter:
 
     def finish(self, tokens: list[int], num_prompt: int) -> None:
         if self._pool is not None:
-            self._pool.add(tokens, num_prompt)
+            self._pool.add(tokens, num_prompt, self._salt)
 
     def _observe(self, tokens: list[int]) -> None:
         """Compare each pending proposal with the tokens generated since: one observation per
@@ -245,7 +245,7 @@ class NgramDrafter:
                         break
         self._source, self._source_at = at, len(tokens)
         seq = [] if at is None else tokens[at:at + size]
-        pool = self._pool.draft(tokens, size) if self._pool is not None else []
+        pool = self._pool.draft(tokens, size, self._salt) if self._pool is not None else []
         for key, proposal in (("seq", seq), ("pool", pool)):
             if not proposal:
                 rates[key].miss()

@@ -20,9 +20,12 @@ POOL_SIZE = 1 << 20  # slots: 12 MiB
 
 
 class NgramPool:
-    """``add(tokens, start)`` records the n-grams of ``tokens`` whose next token is at ``start`` or
-    later; ``draft(tokens, limit)`` is the chain of up to ``limit`` tokens the table predicts
-    after ``tokens`` (empty: the last n-gram is unknown). Worker thread only."""
+    """``add(tokens, start, salt)`` records the n-grams of ``tokens`` whose next token is at
+    ``start`` or later; ``draft(tokens, limit, salt)`` is the chain of up to ``limit`` tokens the
+    table predicts after ``tokens`` (empty: the last n-gram is unknown). ``salt``: the requests'
+    ``cache_salt`` (per API key where a server has several), hashed with each n-gram, so a
+    sequence drafts only from generations of its own salt: another key's text never speeds a
+    request up (a timing side channel, as a shared prefix cache would be). Worker thread only."""
 
     __slots__ = ("n", "_size", "_check", "_next")
 
@@ -31,23 +34,23 @@ class NgramPool:
         self._check = array("l", [0]) * size
         self._next = array("i", [-1]) * size
 
-    def _slot(self, key: tuple[int, ...]) -> tuple[int, int]:
-        h = hash(key)
+    def _slot(self, key: tuple[int, ...], salt: str | None) -> tuple[int, int]:
+        h = hash((salt, key))
         return h % self._size, (h >> 32) & 0x7FFFFFFF
 
-    def add(self, tokens: list[int], start: int) -> None:
+    def add(self, tokens: list[int], start: int, salt: str | None = None) -> None:
         n = self.n
         for i in range(max(start, n), len(tokens)):
-            slot, check = self._slot(tuple(tokens[i - n:i]))
+            slot, check = self._slot(tuple(tokens[i - n:i]), salt)
             self._check[slot], self._next[slot] = check, tokens[i]
 
-    def draft(self, tokens: list[int], limit: int) -> list[int]:
+    def draft(self, tokens: list[int], limit: int, salt: str | None = None) -> list[int]:
         n = self.n
         if len(tokens) < n:
             return []
         context, out = tokens[-n:], []
         while len(out) < limit:
-            slot, check = self._slot(tuple(context[-n:]))
+            slot, check = self._slot(tuple(context[-n:]), salt)
             token = self._next[slot]
             if token < 0 or self._check[slot] != check:
                 break
