@@ -511,3 +511,14 @@ def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_wok
         assert [b for b in heartbeats if not b] == []
 
     asyncio.run(scenario())
+
+
+def test_a_line_nested_too_deep_is_an_invalid_line_not_a_500():
+    """A JSONL line of 100,000 nested arrays (issue 91, 7: the parser's RecursionError was a 500):
+    the line's ``invalid_json_line`` error, as for any line that does not parse."""
+    from glmserve.serving.batches.files import parse_lines
+
+    deep = "[" * 100_000 + "]" * 100_000
+    line = '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"x": ' + deep + "}}"
+    requests, errors = parse_lines([line.encode()], "/v1/chat/completions")
+    assert requests == [] and [(e["code"], e["line"]) for e in errors] == [("invalid_json_line", 1)]

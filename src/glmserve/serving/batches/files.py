@@ -72,7 +72,7 @@ def parse_lines(lines: Iterable[bytes], endpoint: str) -> tuple[list[tuple[str, 
             return [], errors
         try:
             item = json.loads(row)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested deeper than the parser goes is no request either
             error("invalid_json_line", "This line is not parseable as valid JSON.", n)
             continue
         if not isinstance(item, dict):
