@@ -12,7 +12,13 @@ A session is named by, first found:
 ``middlewares``), reads the name and sets it as Ray Serve's session id header
 (``x-session-id``, or what ``RAY_SERVE_SESSION_ID_HEADER_KEY`` names), which the proxy passes
 to the router as the request's ``session_id``; a request that already has that header keeps it.
-Bodies over ``MAX_SCANNED_BODY`` bytes are passed on unread (no affinity).
+Bodies over ``MAX_SCANNED_BODY`` bytes are passed on unread (no affinity), and so is what is
+left of a body that stops arriving for ``BODY_TIMEOUT_S`` (the replica's own limits answer it).
+Where the deployment has API keys (their SHA-256 digests in ``GLMSERVE_PROXY_KEY_DIGESTS``,
+which ``glmserve serve --replicas`` sets for the Ray instance it starts; on an existing cluster,
+set it in ``ray start``'s environment on the head node), only a request that bears one of them
+(``Authorization: Bearer``, ``x-api-key``) has its body read here: any other is passed on
+unread, and the replica refuses it before reading its body (``server/key_gate.py``).
 
 ``SessionAffinityRouter`` (the deployment's request router) sends a request with a session id to
 the replica ranked first for it by rendezvous hashing over the running replicas (a replica
@@ -23,8 +29,11 @@ extends.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import hmac
 import json
+import os
 from typing import Any
 
 from ray.serve._private.constants import SERVE_SESSION_ID
@@ -33,6 +42,29 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 
 AFFINITY_HEADER = b"x-session-affinity"
 MAX_SCANNED_BODY = 16 * 1024 * 1024  # bytes buffered in the proxy to find the session's name
+BODY_TIMEOUT_S = 30.0  # a body that stops arriving this long is passed on unscanned
+PROXY_KEYS_ENV = "GLMSERVE_PROXY_KEY_DIGESTS"  # the deployment's keys' SHA-256 digests, comma-separated
+
+
+def key_digests(keys: list[str]) -> str:
+    """``PROXY_KEYS_ENV``'s value for a deployment's ``keys``."""
+    return ",".join(hashlib.sha256(key.encode()).hexdigest() for key in keys)
+
+
+def _bears_a_key(headers: list[tuple[bytes, bytes]], digests: tuple[str, ...]) -> bool:
+    tokens = []
+    for name, value in headers:
+        name = name.lower()
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            tokens.append(value[7:].strip())
+        elif name == b"x-api-key":
+            tokens.append(value.strip())
+    found = False
+    for token in tokens:
+        digest = hashlib.sha256(token).hexdigest()
+        for known in digests:
+            found |= hmac.compare_digest(digest, known)
+    return found
 
 
 def session_name(header: bytes | None, body: bytes) -> str | None:
@@ -60,15 +92,21 @@ class SessionAffinity:
     def __init__(self, app) -> None:
         self.app = app
         self.session_header = SERVE_SESSION_ID.lower().encode()
+        self.digests = tuple(d for d in os.environ.get(PROXY_KEYS_ENV, "").split(",") if d)
 
     async def __call__(self, scope, receive, send) -> None:
         headers = scope.get("headers", []) if scope["type"] == "http" else []
         if scope["type"] != "http" or scope.get("method") != "POST" or any(
-                k.lower() == self.session_header for k, _ in headers):
+                k.lower() == self.session_header for k, _ in headers) or (
+                self.digests and not _bears_a_key(headers, self.digests)):
             return await self.app(scope, receive, send)
         messages, size, complete = [], 0, False
+        waiting: asyncio.Future | None = None  # a receive that outlasted BODY_TIMEOUT_S: the app's
         while not complete and size <= MAX_SCANNED_BODY:
-            message = await receive()
+            waiting = asyncio.ensure_future(receive())
+            if not (await asyncio.wait({waiting}, timeout=BODY_TIMEOUT_S))[0]:
+                break
+            message, waiting = waiting.result(), None
             messages.append(message)
             if message["type"] != "http.request":
                 break
@@ -81,7 +119,13 @@ class SessionAffinity:
                 scope = {**scope, "headers": [*headers, (self.session_header, name.encode("utf-8", "replace"))]}
 
         async def replay():
-            return messages.pop(0) if messages else await receive()
+            nonlocal waiting
+            if messages:
+                return messages.pop(0)
+            if waiting is not None:
+                pending, waiting = waiting, None
+                return await pending
+            return await receive()
 
         await self.app(scope, replay, send)
 

@@ -40,7 +40,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from glmserve.deploy.affinity import SessionAffinityRouter
+from glmserve.deploy.affinity import PROXY_KEYS_ENV, SessionAffinityRouter, key_digests
 from glmserve.engine import create_engine, engine_settings, max_num_seqs_in_force
 from glmserve.engine.admission import queue_limit
 from glmserve.composition import build_app
@@ -198,6 +198,8 @@ def serve_on_ray(settings: DeploySettings) -> None:
         except STARTUP_ERRORS as exc:
             raise DeployError(f"cannot start: {exc}") from exc
         os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+        if settings.api_key or settings.admin_api_key:  # the proxy reads no body without one of them
+            os.environ[PROXY_KEYS_ENV] = key_digests([*settings.api_key, *settings.admin_api_key])
     try:
         ray.init(address=settings.ray_address, logging_level=logging.WARNING, configure_logging=True)
     except (ConnectionError, ValueError, RuntimeError) as exc:

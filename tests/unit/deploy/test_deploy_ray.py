@@ -223,3 +223,53 @@ def test_the_proxy_sets_the_session_id_and_passes_the_body_on(monkeypatch):
     monkeypatch.setattr(affinity, "MAX_SCANNED_BODY", 500)  # too big to scan: passed on whole, unread
     headers, seen = _through_affinity([body[:600], body[600:]])
     assert headers == [] and seen == body
+
+
+def test_the_proxy_reads_no_body_without_one_of_the_deployments_keys(monkeypatch):
+    """Where the deployment has keys (issue 91, 6), a request without one is passed on before
+    any of its body is read (the replica refuses it on its headers); one with a key (bearer or
+    x-api-key) gets its session; a body that stops arriving is passed on unscanned, whole."""
+    import glmserve.deploy.affinity as affinity
+
+    monkeypatch.setenv(affinity.PROXY_KEYS_ENV, affinity.key_digests(["k1", "admin"]))
+    body = json.dumps({"model": "m", "prompt_cache_key": "codex-1"}).encode()
+    order: list[str] = []
+
+    async def app(scope, receive, send):
+        order.append("app")
+        seen = b""
+        while True:
+            message = await receive()
+            seen += message.get("body", b"")
+            if not message.get("more_body"):
+                return scope["headers"], seen
+
+    def run(headers, chunks, delay_s=0.0):
+        async def scenario():
+            messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                        for i, c in enumerate(chunks)]
+
+            async def receive():
+                order.append("receive")
+                if len(messages) < len(chunks):
+                    await asyncio.sleep(delay_s)
+                return messages.pop(0)
+
+            result = {}
+
+            async def inner(scope, receive, send):
+                result["out"] = await app(scope, receive, send)
+
+            await affinity.SessionAffinity(inner)({"type": "http", "method": "POST", "headers": headers}, receive, None)
+            return result["out"]
+        order.clear()
+        return asyncio.run(scenario())
+
+    headers, seen = run([(b"authorization", b"Bearer wrong")], [body])
+    assert order[0] == "app" and seen == body and all(k != b"x-session-id" for k, _ in headers)
+    for given in ([(b"authorization", b"Bearer k1")], [(b"x-api-key", b"admin")]):
+        headers, seen = run(given, [body])
+        assert order[0] == "receive" and (b"x-session-id", b"codex-1") in headers and seen == body
+    monkeypatch.setattr(affinity, "BODY_TIMEOUT_S", 0.05)
+    headers, seen = run([(b"x-api-key", b"k1")], [body[:10], body[10:]], delay_s=0.5)  # the rest comes late
+    assert seen == body and all(k != b"x-session-id" for k, _ in headers)
