@@ -4,7 +4,7 @@ reference and the ``openai`` package's ``types/responses``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import re
 
@@ -47,7 +47,7 @@ class ResponsesRequest(_Lenient):
 
     model: str
     keep_alive: KeepAlive = None
-    input: str | list[dict[str, Any]] = Field(max_length=MAX_INPUT_ITEMS)
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]  # a string: any length
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None

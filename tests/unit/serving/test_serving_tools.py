@@ -176,3 +176,17 @@ def test_a_call_that_cannot_be_read_is_content_with_a_warning_naming_the_request
         call, None, "stop")
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(reply["id"] in w and "launch_rockets" in w for w in warnings), warnings
+
+
+def test_a_responses_string_input_has_no_length_bound_but_an_item_list_does():
+    """``input`` as a string is the prompt's text, any length (a 5,000-character string was a
+    400 "at most 4096 items"); as a list, at most ``MAX_INPUT_ITEMS`` items."""
+    engine = FakeEngine(reply="Fine.", context_length=20_000)
+    client = TestClient(create_app(one_model(ChatService(ModelPipeline(engine, "glm", ChatTemplate(TEMPLATES["glm4"]),
+                                                                       "glm4")))))
+    with client:
+        ok = client.post("/v1/responses", json={"model": "glm", "input": "word " * 1000, "store": False})
+        assert ok.status_code == 200 and ok.json()["output"][-1]["content"][0]["text"] == "Fine."
+        items = [{"type": "message", "role": "user", "content": "hi"}] * 4097
+        refused = client.post("/v1/responses", json={"model": "glm", "input": items, "store": False})
+        assert refused.status_code == 400 and "4096" in refused.json()["error"]["message"]
