@@ -22,7 +22,8 @@ to keep (an upload, conversation items, a batch's lines, a line's result) that s
 fit raises ``StoreFull`` (a 400 ``store_full`` naming the owner's use and the bound), and its
 transaction rolls back, deletions included; a stored response is written, and the bounds kept
 as far as deleting responses goes. Responses are deleted ``PAGE`` ids at a time (SQLite
-allows 32,766 parameters in one statement). A background run still going is never deleted.
+allows 32,766 parameters in one statement). A background run still going is never deleted, so its
+first state is written with ``reserve`` (refused when it does not fit), its later ones with ``trim``.
 Blocking calls, inside the caller's transaction."""
 
 from __future__ import annotations

@@ -47,12 +47,15 @@ class ResponseStore:
         self.quota = Quota(max_bytes, max_bytes_per_key, keys)
 
     def put(self, owner: str, body: dict[str, Any], input_items: list[dict[str, Any]],
-            unless_cancelled: bool = False, update_only: bool = False) -> bool:
+            unless_cancelled: bool = False, update_only: bool = False, refusable: bool = False) -> bool:
         """Insert the response ``body`` (``body["id"]`` its key) or replace the one stored under
         its id (a background run's later states), then keep the bounds (``Quota.trim``);
         ``unless_cancelled``: leave a stored ``cancelled`` response as it is (a run cancelled
         from another replica); ``update_only``: write it only over a stored one (a background
-        run's later state: a response deleted meanwhile stays deleted). Whether it was written."""
+        run's later state: a response deleted meanwhile stays deleted); ``refusable``: a new
+        response is refused when it does not fit (``Quota.reserve``: raises ``StoreFull``), as
+        a background run's first state is, before it runs (a running one is never evicted).
+        Whether it was written."""
         text, items = dumps(body), dumps(input_items)
         now = time.time()
         row = {"owner": owner, "status": body.get("status", ""), "body": text, "input_items": items,
@@ -71,7 +74,10 @@ class ResponseStore:
                                                          **row))
             else:
                 conn.execute(sa.update(RESPONSES).where(mine).values(**row))
-            self.quota.trim(conn, owner, row["size"] - (0 if old is None else int(old.size)), body["id"])
+            if old is None and refusable:
+                self.quota.reserve(conn, owner, row["size"])
+            else:
+                self.quota.trim(conn, owner, row["size"] - (0 if old is None else int(old.size)), body["id"])
         return True
 
     def status(self, owner: str, response_id: str) -> str | None:

@@ -441,3 +441,43 @@ def test_the_migrations_and_stores_run_on_debian_11s_sqlite(tmp_path):
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(root)])},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok 3.34.1", done.stdout + done.stderr
+
+
+def test_a_key_cannot_pass_its_share_with_running_runs_or_a_long_chain(tmp_path):
+    """Issue 91, 3. Background runs still going are never evicted, so a new one that does not
+    fit its key's share is refused before it runs (``StoreFull``; the route's 400), while an
+    ended response is still written (trimmed around). A response whose input items alone (a
+    continued chain's whole history, copied into each response) pass the share is a 400
+    before anything is generated."""
+    from glmserve.protocol.errors import APIError
+    from glmserve.protocol.responses import ResponsesRequest
+    from glmserve.serving.responses.stored import ResponseStorage
+
+    store = _store(tmp_path, 20_000, keys=2)  # a share of 10,000 bytes
+    for i in range(2):
+        assert store.put("a", {"id": f"resp_run{i}", "status": "queued", "background": True, "text": "x" * 4000}, [],
+                         refusable=True)
+    with pytest.raises(StoreFull, match="for this API key"):
+        store.put("a", {"id": "resp_run2", "status": "queued", "background": True, "text": "x" * 4000}, [],
+                  refusable=True)
+    assert store.get("a", "resp_run2") is None and owner_bytes_of(store, "a") <= 10_000
+    assert store.put("a", {"id": "resp_done", "status": "completed", "text": "x" * 4000}, [])  # written, never refused
+
+    storage = ResponseStorage(store)
+    store.put("b", {"id": "resp_b1", "status": "completed", "output": []}, [{"type": "message", "role": "user",
+                                                                             "content": "y" * 6000}])
+
+    class NotCalled:
+        async def create(self, *args, **kwargs):
+            raise AssertionError("generated although the response could not be kept")
+
+    request = ResponsesRequest(model="m", input=[{"type": "message", "role": "user", "content": "z" * 5000}],
+                               previous_response_id="resp_b1")
+    with pytest.raises(APIError) as refused:
+        asyncio.run(storage.create(NotCalled(), request, "b"))
+    assert (refused.value.status_code, refused.value.code) == (400, "store_full")
+
+
+def owner_bytes_of(store: ResponseStore, owner: str) -> int:
+    with store.database.connect() as conn:
+        return owner_bytes(conn, owner)

@@ -28,7 +28,8 @@ from glmserve.serving.responses.conversations import ConversationService
 from glmserve.serving.items import is_stored_id, page, stored_items
 from glmserve.serving.responses.service import ResponsesService
 from glmserve.serving.responses.background import EVENTS_KEPT_S, TERMINAL, BackgroundRuns
-from glmserve.state import ResponseStore, StoredResponse
+from glmserve.state import ResponseStore, StoreFull, StoredResponse
+from glmserve.state.tables import dumps
 from glmserve.state.responses import RUNNING
 
 log = logging.getLogger("glmserve.responses")
@@ -86,8 +87,21 @@ class ResponseStorage:
             before = previous.input_items + previous.body.get("output", [])
         elif req.conversation:
             before = await self.conversations.items(req.conversation, owner)
+        if store:
+            await asyncio.to_thread(self._check_fits, before + new)
         generate = req.model_copy(update={"input": before + new, "store": store})
         return generate, _Keep(self, owner, before + new, new, store, req.conversation)
+
+    def _check_fits(self, items: list[dict]) -> None:
+        """A 400 ``store_full`` when the input items a stored response would keep (a continued
+        response's whole history, copied into each response of a chain) are more than one API
+        key's share of the store: it could never be kept within it."""
+        quota = self.store.quota
+        bound = min((b for b in (quota.share, quota.max_bytes) if b is not None), default=None)
+        if bound is not None and (size := len(dumps(items).encode())) > bound:
+            raise invalid_request(f"this response would keep {size} bytes of input items (those of the responses it "
+                                  f"continues included), more than an API key's share of the store ({bound} bytes): "
+                                  "start a new chain, or send store: false", "input", "store_full")
 
     async def create(self, service: ResponsesService, req: ResponsesRequest, owner: str,
                      priority: int = INTERACTIVE_PRIORITY,
@@ -117,7 +131,10 @@ class ResponseStorage:
             try:
                 created = await anext(events)  # response.created: the response, before generation
                 body = {**created.response, "status": "queued"}
-                await keep.put(body)
+                try:
+                    await keep.put(body)
+                except StoreFull as exc:  # a run would be kept past its key's share: refused before it runs
+                    raise invalid_request(str(exc), None, "store_full") from None
             except BaseException:
                 await events.aclose()
                 raise
@@ -249,9 +266,10 @@ class _Keep:
         background = bool(body.get("background"))
         # a background run's later states are written over its stored one only: a response
         # deleted meanwhile (from another replica too) stays deleted
+        first = background and body.get("status") == "queued"
         return await asyncio.to_thread(self.storage.store.put, self.owner, body, self.items,
-                                       background and body.get("status") != "cancelled",
-                                       background and body.get("status") != "queued")
+                                       background and body.get("status") != "cancelled", background and not first,
+                                       first)
 
     async def __call__(self, body: dict) -> None:
         if not await self.put(body):
