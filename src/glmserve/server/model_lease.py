@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request, Response
 from glmserve.server.auth import cache_owner, check_keep_alive, owner
 from glmserve.server.endpoints import ENDPOINTS, Call
 from glmserve.server.sse import respond
-from glmserve.serving.generation.request_scope import CACHE_SALT
+from glmserve.serving.generation.request_scope import CACHE_SALT, OWNER
 from glmserve.serving.generation.request_scope import cache_salt as salt_for
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ async def lease_for(app: FastAPI, owner_digest: str, body: Any, generation: bool
     served for embeddings only where it must generate, and ``check_keep_alive``'s 403."""
     check_keep_alive(app, owner_digest, getattr(body, "keep_alive", None))
     CACHE_SALT.set(salt_for(cache_owner(app, owner_digest), getattr(body, "cache_salt", None)))
+    OWNER.set(owner_digest)
     return await app.state.model_router.acquire(body.model, getattr(body, "keep_alive", None), generation=generation)
 
 

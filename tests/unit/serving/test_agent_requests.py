@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
-from glmserve.server import create_app
+from glmserve.server import AppOptions, create_app
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.responses.sealed_reasoning import KEY_FILE, ReasoningSeal
@@ -288,3 +288,19 @@ def test_what_openai_refuses_is_refused(tmp_path, extra, param):
     _, client = _client(REPLY, tmp_path)
     resp = client.post("/v1/responses", json={"model": "glm", "input": ASK, **extra})
     assert resp.status_code == 400 and resp.json()["error"]["param"].startswith(param), resp.text
+
+
+def test_sealed_reasoning_opens_only_for_the_key_it_was_made_for(tmp_path):
+    """Issue 91, 7: a token is bound to its API key (sealed inside with the key's owner
+    digest): sent back by another key, it is the 400 of a token this server never made."""
+    engine = FakeEngine(reply=REPLY, context_length=8000, grammar=True)
+    chat = ChatService(ModelPipeline(engine, "glm", ChatTemplate(GLM47), "glm47"))
+    client = TestClient(create_app(one_model(chat, seal=ReasoningSeal(tmp_path)), AppOptions(api_key=["ka", "kb"])))
+    alice, bob = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
+    first = client.post("/v1/responses", headers=alice, json={"model": "glm", "input": ASK, **INCLUDE}).json()
+    reasoning, message = first["output"]
+    history = ASK + [{"type": "reasoning", "id": reasoning["id"], "summary": [],
+                      "encrypted_content": reasoning["encrypted_content"]}, message, {"role": "user", "content": "And?"}]
+    assert client.post("/v1/responses", headers=alice, json={"model": "glm", "input": history}).status_code == 200
+    refused = client.post("/v1/responses", headers=bob, json={"model": "glm", "input": history})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input.1.encrypted_content"

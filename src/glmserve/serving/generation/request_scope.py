@@ -8,8 +8,11 @@ it holds for the task that set it and the tasks it starts, such as a background 
   ``cache_salt`` field (chat completions, completions, responses); with neither it is None and
   every request shares the cache, as on a server of one user.
 
-The routes set it (``server/model_lease.py``; the batch dispatcher for each line), and the chat
-and completion services pass it to the engine. (A request's priority is an argument of the
+- ``OWNER``: the owner digest of the request's API key (``""`` on a server without keys), to
+  which sealed reasoning is bound (``serving/responses/sealed_reasoning.py``).
+
+The routes set them (``server/model_lease.py``; the batch dispatcher for each line), and the chat
+and completion services pass the salt to the engine. (A request's priority is an argument of the
 services' ``create``: ``INTERACTIVE_PRIORITY``, or ``BATCH_PRIORITY`` for batch lines.)"""
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import hashlib
 from contextvars import ContextVar
 
 CACHE_SALT: ContextVar[str | None] = ContextVar("glmserve_cache_salt", default=None)
+OWNER: ContextVar[str] = ContextVar("glmserve_owner", default="")
 
 
 def cache_salt(owner: str | None, client_salt: str | None) -> str | None:
@@ -28,4 +32,4 @@ def cache_salt(owner: str | None, client_salt: str | None) -> str | None:
     return hashlib.sha256(f"{owner or ''}\0{client_salt or ''}".encode()).hexdigest()[:32]
 
 
-__all__ = ["CACHE_SALT", "cache_salt"]
+__all__ = ["CACHE_SALT", "OWNER", "cache_salt"]

@@ -6,7 +6,8 @@ The client cannot read or change it; sent back in a later request's ``input``, i
 the model's own reasoning is replayed to the chat template (GLM's preserved thinking; the prompt
 stays the prefix the previous turn left in the cache). Sealing is Fernet (AES-128-CBC with an
 HMAC-SHA256 over the whole token: ``cryptography``'s authenticated encryption), so a forged,
-truncated or edited token fails to open: a 400.
+truncated or edited token fails to open: a 400. A token is bound to the API key of the request
+it was made for (its owner digest, sealed inside): another key's request cannot open it.
 
 The key is a file under ``--state-dir`` (``encrypted_content.key``, created with mode 0600 the
 first time a reasoning item is sealed, whole: written elsewhere, then linked into place), so a
@@ -27,6 +28,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken
 
 from glmserve.protocol.errors import invalid_request
+from glmserve.serving.generation.request_scope import OWNER
 
 KEY_FILE = "encrypted_content.key"
 
@@ -70,12 +72,18 @@ class ReasoningSeal:
         return self.path.read_bytes().strip()
 
     def seal(self, text: str) -> str:
-        return self._key().encrypt(json.dumps({"reasoning": text}).encode()).decode("ascii")
+        """``text`` sealed for the request's API key (``OWNER``)."""
+        return self._key().encrypt(json.dumps({"reasoning": text, "owner": OWNER.get()}).encode()).decode("ascii")
 
     def open(self, token: str, param: str) -> str:
+        """The text ``token`` seals, for the API key that was given it only (another key's
+        request gets the same 400 as for a forged token: it cannot tell a token it was not
+        given from one that was never made)."""
         try:
             payload = json.loads(self._key().decrypt(token.encode("ascii", "replace")))
-        except (InvalidToken, ValueError) as exc:
+            if payload.get("owner", "") != OWNER.get():
+                raise ValueError("sealed for another API key")
+        except (InvalidToken, ValueError, AttributeError) as exc:
             raise invalid_request("encrypted_content could not be verified: it was not sealed by this server's key "
-                                  "(or was changed)", param) from exc
+                                  "for this API key (or was changed)", param) from exc
         return payload["reasoning"]
