@@ -14,7 +14,7 @@ import base64
 import struct
 
 from glmserve.protocol.embeddings import Embedding, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
-from glmserve.protocol.errors import context_length_exceeded, invalid_request, overloaded, server_error
+from glmserve.protocol.errors import context_length_exceeded, invalid_request, server_error
 from glmserve.engine.base import EngineError
 from glmserve.serving.generation.pipeline import ModelPipeline
 
@@ -37,26 +37,18 @@ class EmbeddingsService:
         self.engine = pipeline.engine
         self.max_inputs = max_inputs
         self.max_tokens = max_tokens
-        self.in_flight = 0  # requests admitted and not done (on the event loop: no lock)
 
     async def create(self, req: EmbeddingRequest) -> EmbeddingResponse:
-        """The request's vectors. Admitted as a generation is: at most ``max_num_seqs +
-        max_queue`` embedding requests at once, else the server's 429 (``Retry-After``), so a
-        client cannot queue work on the engine's thread without bound."""
+        """The request's vectors. Admitted as a generation is (``ModelPipeline.bounded``): at
+        most ``max_num_seqs + max_queue`` embedding requests at once, else the server's 429
+        (``Retry-After``), so a client cannot queue work on the engine's thread without bound."""
         self._check(req)
-        info = self.engine.model_info
-        if self.in_flight >= info.max_num_seqs + info.max_queue:
-            self.pipeline.metrics.rejected.labels(req.model).inc()
-            raise overloaded(f"server is at capacity ({self.in_flight} embedding requests running or waiting); "
-                             "retry shortly", 1)
-        self.in_flight += 1
-        try:
+        async with self.pipeline.bounded("embeddings", req.model):
             inputs = await asyncio.to_thread(self._token_ids, req.input)
-            vectors = await asyncio.gather(*(self.engine.embed(ids) for ids in inputs))
-        except (EngineError, RuntimeError) as exc:  # the engine's failure, not the client's
-            raise server_error(f"embedding failed: {exc}") from exc
-        finally:
-            self.in_flight -= 1
+            try:
+                vectors = await asyncio.gather(*(self.engine.embed(ids) for ids in inputs))
+            except (EngineError, RuntimeError) as exc:  # the engine's failure, not the client's
+                raise server_error(f"embedding failed: {exc}") from exc
         data = [Embedding(index=i, embedding=encode_base64(v) if req.encoding_format == "base64" else v)
                 for i, v in enumerate(vectors)]
         n = sum(len(ids) for ids in inputs)

@@ -75,9 +75,12 @@ def test_embedding_requests_past_the_engines_capacity_are_a_429():
     engine.model_info = dataclasses.replace(engine.model_info, max_num_seqs=1, max_queue=1)
     service = EmbeddingsService(ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE)))
 
+    def slots():  # the embeddings' count (ModelPipeline.bounded)
+        return service.pipeline._gates.get("embeddings")
+
     async def scenario():
         held = [asyncio.create_task(service.create(EmbeddingRequest(model="fake", input=text))) for text in "ab"]
-        while service.in_flight < 2:
+        while slots() is None or slots().in_flight < 2:
             await asyncio.sleep(0)
         with pytest.raises(APIError) as refused:  # at once (a request admitted would wait for the gate)
             await asyncio.wait_for(service.create(EmbeddingRequest(model="fake", input="c")), 30)
@@ -90,4 +93,4 @@ def test_embedding_requests_past_the_engines_capacity_are_a_429():
 
     refused, done, after = asyncio.run(scenario())
     assert (refused.status_code, refused.headers) == (429, {"Retry-After": "1"})
-    assert len(done) == 2 and after.data[0].embedding[0] == 1.0 and service.in_flight == 0
+    assert len(done) == 2 and after.data[0].embedding[0] == 1.0 and slots().in_flight == 0

@@ -238,3 +238,43 @@ def test_a_log_line_written_for_a_request_names_its_id():
     assert any(line.endswith("| trace-9") for line in lines), lines
     assert any("a stream ended with an error" in line and line.endswith("| trace-10") for line in lines), lines
     assert all(line.endswith(("| trace-9", "| trace-10", "|")) for line in lines), lines
+
+
+def test_requests_holding_images_before_admission_are_bounded():
+    """Issue 91, 4: a request with images holds them from before they are fetched until its
+    runs are admitted; at most ``max_num_seqs + max_queue`` such requests at once (1 + 1
+    here), the next is a 429 before anything of it is fetched, and the places come back."""
+    import asyncio
+    import dataclasses
+
+    from glmserve.multimodal import MediaPolicy
+    from tests.image_site import REQUESTS, image_site
+
+    engine = FakeEngine(reply="Hi")
+    engine.model_info = dataclasses.replace(engine.model_info, vision=True, max_num_seqs=1, max_queue=1)
+    pipeline = ModelPipeline(engine, "fake", ChatTemplate(CHATML_TEMPLATE),
+                             media_policy=MediaPolicy(allowed_domains=frozenset({"127.0.0.1"}), timeout_s=30))
+    service = ChatService(pipeline)
+
+    def ask(url: str) -> ChatCompletionRequest:
+        return _req(messages=[{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                                           {"type": "image_url", "image_url": {"url": url}}]}])
+
+    async def scenario(site: str):
+        slow = [asyncio.create_task(service.create(ask(f"{site}/slow"))) for _ in range(2)]
+        for _ in range(3000):  # the two hold their places while their images are fetched (3 s)
+            if "images" in pipeline._gates and pipeline._gates["images"].in_flight == 2:
+                break
+            await asyncio.sleep(0.001)
+        else:
+            pytest.fail("no place was taken for the requests with images")
+        fetched = len(REQUESTS)
+        with pytest.raises(APIError) as refused:
+            await service.create(ask(f"{site}/ok.png"))
+        assert "/ok.png" not in REQUESTS[fetched:]  # refused before its image was fetched
+        await asyncio.gather(*slow, return_exceptions=True)  # they end (the fake has no image processor)
+        return refused.value, pipeline._gates["images"].in_flight
+
+    with image_site() as site:
+        refused, left = asyncio.run(scenario(site))
+    assert (refused.status_code, refused.headers.get("Retry-After"), left) == (429, "1", 0)

@@ -12,8 +12,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, nullcontext
 
+from glmserve.chat import image_urls
 from glmserve.engine.rules import model_text
 from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
@@ -91,11 +92,12 @@ class ChatService:
         check_supported(req)  # before any image is fetched
         check_n(req.n, self.pipeline.max_n)
         bias = logit_bias(req, self.pipeline.engine.tokenizer.n_vocab)
-        images = await self.pipeline.load_images(req)
-        # rendering and tokenizing a long prompt takes a while: not on the event loop
-        runs = await asyncio.to_thread(self._prepare, req, images, bias, max_tokens_ceiling, priority)
-        # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
-        await self.pipeline.admit_all(runs, "response_format" if req.response_format else "tools")
+        async with self.pipeline.bounded("images", req.model) if image_urls(req.messages) else nullcontext():
+            images = await self.pipeline.load_images(req)
+            # rendering and tokenizing a long prompt takes a while: not on the event loop
+            runs = await asyncio.to_thread(self._prepare, req, images, bias, max_tokens_ceiling, priority)
+            # admission compiles the request's grammar (up to ~0.1 s at the limits): not on the event loop
+            await self.pipeline.admit_all(runs, "response_format" if req.response_format else "tools")
         events = self._choice(runs[0], runs) if len(runs) == 1 else self._choices(runs)
         first = runs[0]
         return Reply(events, *(run.outputs for run in runs), id=first.id, created=first.created, model=first.model,

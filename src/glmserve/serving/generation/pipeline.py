@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 from glmserve.chat import ChatTemplate, image_urls
+from glmserve.engine.admission import AdmissionControl
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
 from glmserve.engine.rules import escaped_tags, sequence_text
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
@@ -98,6 +99,7 @@ class ModelPipeline:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
         self.reasoning_budget = reasoning_budget
+        self._gates: dict[str, AdmissionControl] = {}  # what ``bounded`` counts, by kind
         self.end_of_reasoning_ids = engine.tokenizer.encode(THINK_END) if self.reasoning else []
         self.metrics = ServingMetrics(engine, served_model_name)
 
@@ -124,6 +126,29 @@ class ModelPipeline:
         """The LoRA adapters requests may name (``--lora``, and those loaded at run time; each
         is loaded in the engine when a request holds it: ``serving/adapters.py``)."""
         return self.adapter_table.names
+
+    @asynccontextmanager
+    async def bounded(self, kind: str, model: str) -> AsyncIterator[None]:
+        """A place among the requests of ``kind`` that hold memory or the engine's thread
+        before (or without) the engine's own admission: at most ``max_num_seqs + max_queue``
+        at once (``engine/admission.py``, as the engine counts generations), else the 429 with
+        ``Retry-After`` (for the requested ``model``). ``images``: a chat request from before
+        its images are fetched until its runs are admitted (16 images of 20 MiB a request would
+        otherwise be held by every request a client sends at once); ``embeddings``: an
+        embeddings request (``engine.embed`` queues on the engine's thread without a bound)."""
+        if kind not in self._gates:
+            info = self.engine.model_info
+            self._gates[kind] = AdmissionControl(info.max_num_seqs, info.max_queue)
+        gate = self._gates[kind]
+        try:
+            gate.acquire()
+        except EngineOverloaded as exc:
+            self.metrics.rejected.labels(model).inc()
+            raise overloaded(f"{exc} ({kind})", exc.retry_after_s) from exc
+        try:
+            yield
+        finally:
+            gate.release()
 
     async def load_images(self, req: ChatCompletionRequest) -> list:
         """The request's images, fetched and decoded under the media policy, in order. Raises
