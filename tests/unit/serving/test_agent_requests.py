@@ -5,6 +5,8 @@ results on both agent APIs (as OpenAI and Anthropic check them), and strictly ty
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -304,3 +306,22 @@ def test_sealed_reasoning_opens_only_for_the_key_it_was_made_for(tmp_path):
     assert client.post("/v1/responses", headers=alice, json={"model": "glm", "input": history}).status_code == 200
     refused = client.post("/v1/responses", headers=bob, json={"model": "glm", "input": history})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "input.1.encrypted_content"
+
+
+def test_finished_background_runs_keep_a_bounded_number_of_events(monkeypatch):
+    """Issue 91, 7: the events of finished runs (kept for streams that resume) are bounded in
+    all, not only by runs and age: past ``MAX_EVENTS_KEPT`` the oldest finished runs go first;
+    a running run's are never dropped."""
+    from glmserve.protocol.responses import ResponseEvent
+    from glmserve.serving.responses import background
+    from glmserve.serving.responses.run_events import Run
+
+    monkeypatch.setattr(background, "MAX_EVENTS_KEPT", 250)
+    runs = background.BackgroundRuns(None)
+    event = ResponseEvent(type="response.output_text.delta", sequence_number=0, delta="x")
+    for i, finished in enumerate([1.0, 2.0, 3.0, None]):
+        run = Run(owner="o", events=[event] * 100)
+        run.finished_at = None if finished is None else time.monotonic()
+        runs._runs[f"resp_{i}"] = run
+    runs._forget_old_runs()
+    assert list(runs._runs) == ["resp_1", "resp_2", "resp_3"]  # 200 finished events kept, and the running run's

@@ -3,7 +3,8 @@ without the connection, its states stored as they change (``in_progress``, then
 ``completed``/``incomplete``/``failed``, or ``cancelled``: by ``POST .../cancel``, which aborts it
 in the engine; made on another replica, the run finds it within ``CANCEL_CHECK_S`` and stops);
 its events are kept for streams that resume (``follow``) while it runs and for
-``EVENTS_KEPT_S`` after; the server renews its running runs' heartbeat every ``HEARTBEAT_S``
+``EVENTS_KEPT_S`` after (at most ``MAX_RUNS_KEPT`` finished runs' and ``MAX_EVENTS_KEPT`` of
+their events, the oldest run's dropped first); the server renews its running runs' heartbeat every ``HEARTBEAT_S``
 (``heartbeat_forever``), by which other servers tell a run whose server died
 (``stored.LOST_AFTER_S``). ``stored.ResponseStorage`` starts the runs and reads them."""
 
@@ -25,6 +26,7 @@ log = logging.getLogger("glmserve.responses")
 
 EVENTS_KEPT_S = 600.0  # how long a finished background run's events stay for resumed streams
 MAX_RUNS_KEPT = 256  # finished runs whose events are kept, at most
+MAX_EVENTS_KEPT = 100_000  # events of finished runs kept, all together (a token's delta is one)
 CANCEL_CHECK_S = 1.0  # how often a background run looks for a cancel made on another replica
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 HEARTBEAT_S = 10.0  # how often a server renews the heartbeat of the background runs it runs
@@ -117,6 +119,10 @@ class BackgroundRuns:
         finished = [rid for rid, run in self._runs.items() if run.finished_at is not None]
         for rid in finished[:max(0, len(finished) - MAX_RUNS_KEPT)]:
             del self._runs[rid]
+        finished = finished[max(0, len(finished) - MAX_RUNS_KEPT):]
+        kept = sum(len(self._runs[rid].events) for rid in finished)
+        while finished and kept > MAX_EVENTS_KEPT:  # the oldest go first, whatever their age
+            kept -= len(self._runs.pop(finished.pop(0)).events)
         for rid in finished:
             run = self._runs.get(rid)
             if run is not None and now - run.finished_at > EVENTS_KEPT_S:
