@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _LOCK_ID = 0x676C6D73  # "glms": the advisory lock PostgreSQL replicas migrate under
+DB_THREADS = 40  # PostgreSQL connections a server may hold: the threads that may ask for one at once
 
 
 class DatabaseError(Exception):
@@ -71,7 +72,9 @@ def open_database(url: str, private_folder: bool = False) -> Engine:
             database = sa.create_engine(full, connect_args={"timeout": 10})
             sa.event.listen(database, "connect", _sqlite_pragmas)
         else:
-            database = sa.create_engine(full, pool_pre_ping=True, pool_size=4, max_overflow=8)
+            # as many connections as threads may ask for one (asyncio's default executor: at most
+            # 32; the batch work's and the routes' calls): a smaller pool made the rest wait 30 s, then 500
+            database = sa.create_engine(full, pool_pre_ping=True, pool_size=4, max_overflow=DB_THREADS - 4)
         with lock:
             _migrate(database)
     except (sa.exc.SQLAlchemyError, OSError) as exc:
