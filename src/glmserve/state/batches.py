@@ -158,9 +158,12 @@ class BatchStore:
 
     def claim(self, runner: str, n: int, lease_s: float, models: Collection[str] | None = None,
               running: Collection[int] = ()) -> list[ClaimedLine]:
-        """Claim up to ``n`` pending lines of ``in_progress`` batches, oldest batch first: lines
-        nobody holds, or whose claim is older than ``lease_s`` (its runner died), past their
-        back-off; ``models``: only lines asking for one of these (or for no model);
+        """Claim up to ``n`` pending lines of ``in_progress`` batches: lines nobody holds, or
+        whose claim is older than ``lease_s`` (its runner died), past their back-off, shared
+        out among the owners (API keys) that have such lines (``n // owners`` each, at least
+        one, each owner's oldest batch first; what they leave goes to the oldest lines of any),
+        so that one key's 50,000-line batch does not hold back another key's batch until it
+        expires; ``models``: only lines asking for one of these (or for no model);
         ``running``: the lines the runner runs now, never handed back to it. Times are
         the database's (``db_now``); on PostgreSQL the lines picked are locked (``FOR UPDATE
         SKIP LOCKED``), so replicas claiming together take different lines instead of waiting."""
@@ -175,10 +178,17 @@ class BatchStore:
                 wanted.append(lines.id.not_in(list(running)))
             if models is not None:
                 wanted.append(sa.or_(lines.model.is_(None), lines.model.in_(list(models))))
-            pick = sa.select(lines.id).where(*wanted).order_by(lines.id).limit(n)
-            if conn.dialect.name == "postgresql":
-                pick = pick.with_for_update(skip_locked=True)
-            ids = [row.id for row in conn.execute(pick)]
+            owners = [row.owner for row in conn.execute(
+                sa.select(BATCHES.c.owner).where(BATCHES.c.id.in_(sa.select(lines.batch_id).where(*wanted)))
+                .distinct())]
+            if not owners:  # nothing to claim: the one statement of an idle look
+                return []
+            ids: list[int] = []
+            for owner in sorted(owners) if len(owners) > 1 else ():  # each owner's share first
+                ids += self._pick(conn, [*wanted, lines.batch_id.in_(batches.where(BATCHES.c.owner == owner))],
+                                  max(1, n // len(owners)))
+            if len(ids) < n:  # the rest (all of it, for one owner): the oldest lines of any
+                ids += self._pick(conn, [*wanted, lines.id.not_in(ids)] if ids else wanted, n - len(ids))
             if not ids:
                 return []
             conn.execute(sa.update(BATCH_LINES).where(lines.id.in_(ids), lines.done.is_(False), free)
@@ -191,6 +201,15 @@ class BatchStore:
                 .order_by(lines.id))
             return [ClaimedLine(r.id, r.batch_id, r.owner, r.api, r.custom_id, json.loads(r.request),
                                 r.attempts - r.retries - 1) for r in rows]
+
+    @staticmethod
+    def _pick(conn, wanted: list, n: int) -> list[int]:
+        """The ids of up to ``n`` lines matching ``wanted``, oldest first; on PostgreSQL locked,
+        skipping lines another replica's claim holds locked."""
+        pick = sa.select(BATCH_LINES.c.id).where(*wanted).order_by(BATCH_LINES.c.id).limit(n)
+        if conn.dialect.name == "postgresql":
+            pick = pick.with_for_update(skip_locked=True)
+        return [row.id for row in conn.execute(pick)]
 
     def retry_later(self, runner: str, line_id: int, backoff_s: Callable[[int], float]) -> None:
         """Give back ``runner``'s claim on a line that was refused for now (429, 503): it is

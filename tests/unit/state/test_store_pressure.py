@@ -312,6 +312,21 @@ def test_a_claim_never_hands_back_a_line_running_here(tmp_path):
     assert [line.custom_id for line in again] == ["r1"]
 
 
+def test_claims_share_the_lines_out_among_the_keys(tmp_path):
+    """Issue 91, 5: key a's big batch came first, key b's after; each claim gives each key its
+    share (the lines were handed out oldest first, so b's batch waited behind all of a's), and
+    what one key does not use goes to the other."""
+    store = _store(tmp_path, 1 << 30)
+    batches = BatchStore(store.database, store.quota)
+    batches.create("a", "batch_a", "openai", {"status": "in_progress"}, [(f"a{i}", {}) for i in range(50)])
+    batches.create("b", "batch_b", "openai", {"status": "in_progress"}, [(f"b{i}", {}) for i in range(3)])
+    first = batches.claim("me", 4, 30.0)
+    assert sorted(line.custom_id for line in first) == ["a0", "a1", "b0", "b1"]
+    second = batches.claim("me", 4, 30.0)
+    assert sorted(line.custom_id for line in second) == ["a2", "a3", "a4", "b2"]  # b's last line, a the rest
+    assert [line.custom_id for line in batches.claim("me", 3, 30.0)] == ["a5", "a6", "a7"]  # one key left: all its
+
+
 def test_conversation_items_are_never_orphaned_and_a_deleted_background_response_stays_deleted(tmp_path):
     """Items added while their conversation is deleted (another thread) are refused or deleted
     with it; a background run's later state does not bring back a response deleted meanwhile."""
