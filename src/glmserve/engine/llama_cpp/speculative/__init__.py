@@ -43,6 +43,8 @@ skips drafting for a number of steps that doubles with each such draft in a row 
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +180,9 @@ class NgramDrafter:
                  pool: NgramPool | None = None, salt: str | None = None) -> None:
         self.config = config
         self._costs = costs if costs is not None else StepCosts()
-        self._pool, self._salt = pool, salt
+        # the salt as an int: hashed with the n-grams, it places them the same way in every process
+        self._pool = pool
+        self._salt = None if salt is None else int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=7).digest())
         # n -> {n-gram: position after its latest occurrence}; holds the n-grams that end
         # before a sequence's last token, so that a continuation exists
         self._maps: dict[int, dict[tuple[int, ...], int]] = {

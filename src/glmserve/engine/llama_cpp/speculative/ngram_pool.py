@@ -23,7 +23,7 @@ class NgramPool:
     """``add(tokens, start, salt)`` records the n-grams of ``tokens`` whose next token is at
     ``start`` or later; ``draft(tokens, limit, salt)`` is the chain of up to ``limit`` tokens the
     table predicts after ``tokens`` (empty: the last n-gram is unknown). ``salt``: the requests'
-    ``cache_salt`` (per API key where a server has several), hashed with each n-gram, so a
+    ``cache_salt`` (per API key where a server has several) as an int, hashed with each n-gram, so a
     sequence drafts only from generations of its own salt: another key's text never speeds a
     request up (a timing side channel, as a shared prefix cache would be). Worker thread only."""
 
@@ -34,17 +34,17 @@ class NgramPool:
         self._check = array("l", [0]) * size
         self._next = array("i", [-1]) * size
 
-    def _slot(self, key: tuple[int, ...], salt: str | None) -> tuple[int, int]:
-        h = hash((salt, key))
+    def _slot(self, key: tuple[int, ...], salt: int | None) -> tuple[int, int]:
+        h = hash(key) if salt is None else hash((salt, key))  # ints and their tuples hash the same in every process
         return h % self._size, (h >> 32) & 0x7FFFFFFF
 
-    def add(self, tokens: list[int], start: int, salt: str | None = None) -> None:
+    def add(self, tokens: list[int], start: int, salt: int | None = None) -> None:
         n = self.n
         for i in range(max(start, n), len(tokens)):
             slot, check = self._slot(tuple(tokens[i - n:i]), salt)
             self._check[slot], self._next[slot] = check, tokens[i]
 
-    def draft(self, tokens: list[int], limit: int, salt: str | None = None) -> list[int]:
+    def draft(self, tokens: list[int], limit: int, salt: int | None = None) -> list[int]:
         n = self.n
         if len(tokens) < n:
             return []
