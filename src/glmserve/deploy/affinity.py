@@ -39,6 +39,9 @@ from typing import Any
 from ray.serve._private.constants import SERVE_SESSION_ID
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, RunningReplica
+from starlette.datastructures import Headers
+
+from glmserve.server.auth import key_digest, presented_keys
 
 AFFINITY_HEADER = b"x-session-affinity"
 MAX_SCANNED_BODY = 16 * 1024 * 1024  # bytes buffered in the proxy to find the session's name
@@ -48,20 +51,15 @@ PROXY_KEYS_ENV = "GLMSERVE_PROXY_KEY_DIGESTS"  # the deployment's keys' SHA-256 
 
 def key_digests(keys: list[str]) -> str:
     """``PROXY_KEYS_ENV``'s value for a deployment's ``keys``."""
-    return ",".join(hashlib.sha256(key.encode()).hexdigest() for key in keys)
+    return ",".join(key_digest(key) for key in keys)
 
 
 def _bears_a_key(headers: list[tuple[bytes, bytes]], digests: tuple[str, ...]) -> bool:
-    tokens = []
-    for name, value in headers:
-        name = name.lower()
-        if name == b"authorization" and value[:7].lower() == b"bearer ":
-            tokens.append(value[7:].strip())
-        elif name == b"x-api-key":
-            tokens.append(value.strip())
+    """Whether a key the request presents (``server/auth.presented_keys``) is one of ``digests``'s
+    (each compared in constant time)."""
     found = False
-    for token in tokens:
-        digest = hashlib.sha256(token).hexdigest()
+    for key in presented_keys(Headers(raw=headers)):
+        digest = key_digest(key.strip())
         for known in digests:
             found |= hmac.compare_digest(digest, known)
     return found

@@ -11,6 +11,7 @@ import hashlib
 import secrets
 
 from fastapi import FastAPI, Request
+from starlette.datastructures import Headers
 
 from glmserve.protocol.errors import APIError
 
@@ -19,13 +20,28 @@ def _matches(token: str, expected: str) -> bool:
     return secrets.compare_digest(token.strip().encode(), expected.encode())
 
 
-def _bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+def key_digest(key: str) -> str:
+    """The hex SHA-256 digest of an API key: who owns what a key stores, and how a key is named
+    where the key itself must not be (the Ray proxy's ``GLMSERVE_PROXY_KEY_DIGESTS``)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _bearer_of(headers: Headers) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
     return token if scheme.lower() == "bearer" else None
 
 
+def presented_keys(headers: Headers) -> list[str]:
+    """The keys a request presents, in ``headers``: its bearer token, then its ``x-api-key``."""
+    return [t for t in (_bearer_of(headers), headers.get("x-api-key")) if t is not None]
+
+
+def _bearer(request: Request) -> str | None:
+    return _bearer_of(request.headers)
+
+
 def _tokens(request: Request) -> list[str]:
-    return [t for t in (_bearer(request), request.headers.get("x-api-key")) if t is not None]
+    return presented_keys(request.headers)
 
 
 def _matching_key(request: Request, tokens: list[str]) -> str | None:
@@ -88,7 +104,7 @@ def owner(request: Request) -> str:
     """Who owns what this request stores: the hex SHA-256 digest of its matching API key, or
     ``""`` when the server has no keys. Call after ``require_api_key``."""
     key = _matching_key(request, _tokens(request)) if request.app.state.api_keys else None
-    return "" if key is None else hashlib.sha256(key.encode()).hexdigest()
+    return "" if key is None else key_digest(key)
 
 
 def check_keep_alive(app: FastAPI, owner_digest: str, keep_alive: float | None) -> None:
@@ -99,7 +115,7 @@ def check_keep_alive(app: FastAPI, owner_digest: str, keep_alive: float | None) 
     admin_keys: tuple[str, ...] = app.state.admin_keys
     if keep_alive is None or not admin_keys:
         return
-    if owner_digest not in {hashlib.sha256(key.encode()).hexdigest() for key in admin_keys}:
+    if owner_digest not in {key_digest(key) for key in admin_keys}:
         raise APIError(403, "keep_alive decides when a model every key shares is unloaded: it needs an admin key "
                             "(--admin-api-key) on this server", "invalid_request_error", "keep_alive",
                        "insufficient_permissions")
