@@ -289,7 +289,7 @@ def _start(serve: list[str], state_dir: Path, env: dict[str, str]) -> tuple[subp
 def _sweep_work_dirs() -> None:
     """The agents' work folders (``glmserve-AGENT-PID-*``, private, holding Claude Code's settings
     with the key) of launches killed outright (PID gone) removed; a launch removes its own."""
-    for folder in Path(tempfile.gettempdir()).glob("glmserve-*-*-*"):
+    for folder in (f for agent in AGENTS for f in Path(tempfile.gettempdir()).glob(f"glmserve-{agent}-*-*")):
         with contextlib.suppress(OSError):  # a PID alive under another user, a folder gone meanwhile
             pid = folder.name.split("-")[2]
             try:
