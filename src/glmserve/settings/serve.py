@@ -68,6 +68,8 @@ class DeploySettings(ServeSettings):
             for name in ("max_loaded_models", "memory_budget", "keep_alive"):
                 if name in self.model_fields_set:
                     raise ValueError(f"--{name.replace('_', '-')} needs several models (--models-dir or --config)")
+        if self.on_ray and self.fd is not None:
+            raise ValueError("--fd serves one process's socket; Ray Serve's proxy listens on --host/--port itself")
         if self.on_ray and self.allow_runtime_lora_updating:
             raise ValueError("--allow-runtime-lora-updating would load an adapter into one replica only; give "
                              "the adapters with --lora when serving Ray Serve replicas")

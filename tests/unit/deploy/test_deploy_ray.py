@@ -37,6 +37,7 @@ def test_single_server_unless_replicas_asked_for():
     (("--replicas", "2", "--min-replicas", "1", "--max-replicas", "2"), "not both"),
     (("--min-replicas", "3", "--max-replicas", "2"), "larger than"),
     (("--replicas", "0"), "greater than or equal to 1"),
+    (("--replicas", "2", "--fd", "3"), "Ray Serve's proxy listens"),
 ])
 def test_bad_ray_flags(args, message):
     with pytest.raises(ValidationError, match=message):
