@@ -1,13 +1,16 @@
 """A hostile pass against the state routes (files, batches, message batches, conversations,
 stored responses) of a server of two keys: odd, foreign, huge and malformed ids; huge,
 malformed, empty and non-UTF-8 uploads; bad list cursors; cancels and deletes racing each other.
-Every answer is a 2xx or 4xx (never a 5xx), no key reads another's objects, and the server is
-healthy after every case."""
+Every answer is a 2xx or 4xx (never a 5xx), no key reads another's objects, one key's many
+requests do not hold another's back, and the server is healthy after every case."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
+import threading
+import time
 
 import httpx
 import pytest
@@ -145,4 +148,43 @@ def test_racing_cancels_and_deletes_end_one_way(srv):
     assert batch["status"] == "cancelled"
     deleted = [_call(srv, "DELETE", f"/v1/batches/{batch_id}") for _ in range(2)]
     assert [r.status_code for r in deleted] == [200, 404]
+    _healthy(srv)
+
+
+def _waiting(srv: RemoteServer) -> float:
+    text = _call(srv, "GET", "/metrics").text
+    return sum(float(v) for v in re.findall(r"^glmserve:num_requests_waiting(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
+def test_one_key_s_many_requests_do_not_hold_another_key_s_back(srv):
+    """Key A streams 16 requests at once (8 run, 8 wait: the default ``--max-num-seqs``), each
+    longer than the one before, so that slots free one at a time; key B then sends one. B's takes
+    the next free slot, ahead of A's 8 waiting (``engine/admission.py``'s turns): its first token
+    is the 9th first token, where first in, first out would make it the 17th."""
+    first_tokens: list[str] = []
+    lock = threading.Lock()
+
+    def ask(key: str, name: str, max_tokens: int) -> None:
+        stream = srv.client(api_key=key).chat.completions.create(
+            model=DEFAULT_MODEL, messages=[{"role": "user", "content": f"Write about the sea, {name}."}],
+            max_tokens=max_tokens, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        seen = False
+        for chunk in stream:
+            if not seen and chunk.choices and chunk.choices[0].delta.content:
+                seen = True
+                with lock:
+                    first_tokens.append(name)
+        assert seen, name
+
+    with concurrent.futures.ThreadPoolExecutor(17) as pool:
+        futures = [pool.submit(ask, KEY, f"a{i}", 48 + 24 * i) for i in range(16)]
+        deadline = time.monotonic() + 120
+        while _waiting(srv) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _waiting(srv) >= 8, "A's 16 requests were never all admitted"
+        futures.append(pool.submit(ask, OTHER, "b", 8))
+        for future in futures:
+            future.result()
+    # 8: A's running ones; up to 2 more of A's may take a slot freed before B's request is queued
+    assert first_tokens.index("b") <= 10, first_tokens
     _healthy(srv)

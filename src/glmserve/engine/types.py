@@ -88,6 +88,9 @@ class GenerationRequest:
     ``cache_salt``: prefix caching reuses only KV computed for requests of the same salt (vLLM's
     ``cache_salt``): the serving layer sets it per API key when there are several, so that one
     key's ``cached_tokens`` says nothing of another's prompts (None: shared with other None).
+    ``tenant``: whose turn the request is (the API key's owner digest on a server of several
+    keys, else None): admission and the engines' queues share places and slots across tenants
+    (``engine/admission.py``).
     ``shown_special_ids``: special tokens whose text the engine's detokenizer writes into
     ``GenerationOutput.text`` (every other special token gives none): the reasoning and tool-call
     tags the serving layer parses, where the vocabulary marks them special (a GGUF may make
@@ -101,6 +104,7 @@ class GenerationRequest:
     priority: int = 0
     shown_special_ids: frozenset[int] = frozenset()
     cache_salt: str | None = None
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -189,9 +189,9 @@ class StepWorker(Generic[S]):
         return None
 
     def _release(self, stream: OutputStream, request_id: str, reason: FinishReason, error: str | None,
-                 num_prompt: int, num_cached: int, send: bool) -> None:
-        """Give the request's admission place back and, when ``send``, its last output."""
-        self._admission.release()
+                 num_prompt: int, num_cached: int, send: bool, tenant: str | None) -> None:
+        """Give the request's admission place back (its ``tenant``'s) and, when ``send``, its last output."""
+        self._admission.release(tenant)
         if send:
             self._outputs.add(stream, GenerationOutput(request_id, finish_reason=reason, error=error,
                                                        num_prompt_tokens=num_prompt, num_cached_tokens=num_cached))

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request, Response
 from glmserve.server.auth import cache_owner, check_keep_alive, owner
 from glmserve.server.endpoints import ENDPOINTS, Call
 from glmserve.server.sse import respond
-from glmserve.serving.generation.request_scope import CACHE_SALT, OWNER
+from glmserve.serving.generation.request_scope import CACHE_SALT, OWNER, TENANT
 from glmserve.serving.generation.request_scope import cache_salt as salt_for
 
 if TYPE_CHECKING:
@@ -24,13 +24,15 @@ if TYPE_CHECKING:
 async def lease_for(app: FastAPI, owner_digest: str, body: Any, generation: bool = True) -> Lease:
     """A request's setup, one for a route, a batch line and a background run: the engine's cache
     salt set for this task and the tasks it starts (``owner_digest``'s scope and the body's
-    ``cache_salt``: ``serving/generation/request_scope.py``), then a lease on the loaded model
+    ``cache_salt``, and the tenant whose turn it is: ``serving/generation/request_scope.py``), then a lease on the loaded model
     ``body.model`` names (the base model, an alias or a LoRA adapter, loading it if needed; the
     body's ``keep_alive``). ``generation``: the model must generate text (not one served for
     embeddings only). Raises ``APIError`` when the model is unknown, cannot be loaded, or is
     served for embeddings only where it must generate, and ``check_keep_alive``'s 403."""
     check_keep_alive(app, owner_digest, getattr(body, "keep_alive", None))
-    CACHE_SALT.set(salt_for(cache_owner(app, owner_digest), getattr(body, "cache_salt", None)))
+    tenant = cache_owner(app, owner_digest)
+    CACHE_SALT.set(salt_for(tenant, getattr(body, "cache_salt", None)))
+    TENANT.set(tenant)
     OWNER.set(owner_digest)
     return await app.state.model_router.acquire(body.model, getattr(body, "keep_alive", None), generation=generation)
 

@@ -20,7 +20,7 @@ from glmserve.engine.types import INTERACTIVE_PRIORITY
 from glmserve.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from glmserve.engine.types import GenerationRequest, TokenLogprob
 from glmserve.protocol.errors import APIError, ErrorResponse, invalid_request
-from glmserve.serving.generation.request_scope import CACHE_SALT
+from glmserve.serving.generation.request_scope import engine_scope
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.serving.generation.chunks import ChunkStream
 from glmserve.serving.generation.run import Run, usage
@@ -78,7 +78,7 @@ class CompletionService:
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
                     lora=req.model if req.model in self.pipeline.adapters else None, priority=priority,
-                    shown_special_ids=self.pipeline.shown_special_ids, cache_salt=CACHE_SALT.get())
+                    shown_special_ids=self.pipeline.shown_special_ids, **engine_scope())
                 runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
         await self.pipeline.admit_all(runs)
         if not req.echo:

@@ -261,7 +261,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         sampler = SamplerChain(request.sampling, self.tokenizer.vocab, self.tokenizer.n_vocab,
                                self.model_info.context_length, stop_ids)  # a bad grammar is a 400 even when full
         try:
-            self._admission.acquire()
+            self._admission.acquire(request.tenant)
         except BaseException:
             sampler.free()
             raise
@@ -271,7 +271,8 @@ class LlamaCppEngine(StepWorker[Sequence]):
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool, request.cache_salt))
         state = _SeqState(request, stream, sampler, self.tokenizer.decoder(escaped_tags(request)), stop_ids, drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
-                                 salt=request.cache_salt, priority=request.priority, media=media))
+                                 salt=request.cache_salt, tenant=request.tenant, priority=request.priority,
+                                 media=media))
         return RequestStream(request.request_id, stream, self.abort)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
@@ -397,4 +398,5 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if state.drafter is not None and reason != "error":
             state.drafter.finish(seq.tokens, seq.num_prompt)
         self._by_id.pop(seq.request_id, None)
-        self._release(state.stream, seq.request_id, reason, error, seq.num_prompt, max(seq.num_cached, 0), send)
+        self._release(state.stream, seq.request_id, reason, error, seq.num_prompt, max(seq.num_cached, 0), send,
+                      seq.tenant)

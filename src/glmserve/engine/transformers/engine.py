@@ -28,6 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from glmserve.engine import max_num_seqs_in_force
+from glmserve.engine.admission import in_turn
 from glmserve.engine.base import EngineError
 from glmserve.engine.rules import check_request, escaped_tags, finish_reason, stop_token_ids
 from glmserve.engine.stream import OutputStream, RequestStream
@@ -142,7 +143,7 @@ class TransformersEngine(StepWorker[_Seq]):
         # a bad grammar is a 400 even when the engine is full; with ignore_eos the grammar may
         # still end on the model's own end-of-generation tokens
         mask = self._grammars.mask(sp.grammar, stop_ids or self.tokenizer.eog_ids) if sp.grammar else None
-        self._admission.acquire()
+        self._admission.acquire(request.tenant)
         stream = OutputStream(loop)
         seq = _Seq(request, stream, Sampler(sp, self._n_vocab, mask),
                    self.tokenizer.detokenizer(request.prompt_token_ids[-4:], request.shown_special_ids,
@@ -231,6 +232,10 @@ class TransformersEngine(StepWorker[_Seq]):
         return self._loaded.adapters != ()
 
     def _admit(self) -> None:
+        """Prefill waiting requests into free rows, round robin across tenants (``in_turn``)."""
+        if len(self._waiting) > 1 and len(self._batch_seqs) < self.settings.max_num_seqs:
+            order = in_turn(self._waiting, self._batch_seqs, lambda seq: seq.request.tenant)
+            self._waiting = self._waiting if order is None else deque(order)
         while self._waiting and len(self._batch_seqs) < self.settings.max_num_seqs:
             seq = self._waiting.popleft()
             try:
@@ -335,4 +340,4 @@ class TransformersEngine(StepWorker[_Seq]):
             return
         seq.done = True
         self._by_id.pop(seq.request.request_id, None)
-        self._release(seq.stream, seq.request.request_id, reason, error, seq.num_prompt, 0, send)
+        self._release(seq.stream, seq.request.request_id, reason, error, seq.num_prompt, 0, send, seq.request.tenant)

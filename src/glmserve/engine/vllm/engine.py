@@ -171,21 +171,21 @@ class VllmEngine:
             raise EngineError("the vllm engine serves one event loop; this request came from another")
         check_request(request, self.model_info)
         params = self._sampling_params(request.sampling)  # a bad grammar is a 400 even when full
-        self._admission.acquire()
-        request_id, lora = request.request_id, request.lora
+        request_id, lora, tenant = request.request_id, request.lora, request.tenant
+        self._admission.acquire(tenant)
         lora_request = None
         if lora is not None:
             with self._lora_idle:
                 lora_request = self._lora_requests.get(lora)
                 if lora_request is None or lora not in self.model_info.lora_adapters:
-                    self._admission.release()  # never the base model under the adapter's name
+                    self._admission.release(tenant)  # never the base model under the adapter's name
                     raise LoRAAdapterError(f"LoRA adapter {lora!r} is not loaded")
                 self._lora_in_flight[lora] += 1
         self._live.add(request_id)
 
         def release() -> None:  # once, when the request ends (VllmRequestStream)
             self._live.discard(request_id)
-            self._admission.release()
+            self._admission.release(tenant)
             if lora is not None:
                 with self._lora_idle:
                     self._lora_in_flight[lora] -= 1

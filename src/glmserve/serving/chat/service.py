@@ -34,7 +34,7 @@ from glmserve.serving.generation.reply import (
     call_id,
     collect,
 )
-from glmserve.serving.generation.request_scope import CACHE_SALT
+from glmserve.serving.generation.request_scope import engine_scope
 from glmserve.serving.generation.run import Run, tokens
 from glmserve.serving.generation.sampling import (
     check_n,
@@ -129,7 +129,7 @@ class ChatService:
                 multimodal=prompt.multimodal,
                 priority=priority,
                 shown_special_ids=self.pipeline.shown_special_ids,
-                cache_salt=CACHE_SALT.get(),
+                **engine_scope(),
             )
             runs.append(Run(rid, created, request, stop_strings(req), None,
                             output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text,

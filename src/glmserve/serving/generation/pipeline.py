@@ -28,6 +28,7 @@ from glmserve.multimodal import ImageError, MediaPolicy, load_images
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import APIError, invalid_request, overloaded, server_error
 from glmserve.serving.adapters import AdapterTable
+from glmserve.serving.generation.request_scope import TENANT
 from glmserve.serving.generation.metrics import ServingMetrics
 from glmserve.chat.plain_text import PlainText
 from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, single_token_id, special_token_id
@@ -139,16 +140,16 @@ class ModelPipeline:
         if kind not in self._gates:
             info = self.engine.model_info
             self._gates[kind] = AdmissionControl(info.max_num_seqs, info.max_queue)
-        gate = self._gates[kind]
+        gate, tenant = self._gates[kind], TENANT.get()  # a key's share, as the engine's (admission.py)
         try:
-            gate.acquire()
+            gate.acquire(tenant)
         except EngineOverloaded as exc:
             self.metrics.rejected.labels(model).inc()
             raise overloaded(f"{exc} ({kind})", exc.retry_after_s) from exc
         try:
             yield
         finally:
-            gate.release()
+            gate.release(tenant)
 
     async def load_images(self, req: ChatCompletionRequest) -> list:
         """The request's images, fetched and decoded under the media policy, in order. Raises

@@ -8,11 +8,16 @@ it holds for the task that set it and the tasks it starts, such as a background 
   ``cache_salt`` field (chat completions, completions, responses); with neither it is None and
   every request shares the cache, as on a server of one user.
 
+- ``TENANT`` (``GenerationRequest.tenant``): the API key's owner digest on a server of several
+  keys (None on a server of one key or none), among whom admission and the engines' queues
+  share places and turns (``engine/admission.py``). Not the salt: a client chooses its own
+  ``cache_salt``, not its key.
+
 - ``OWNER``: the owner digest of the request's API key (``""`` on a server without keys), to
   which sealed reasoning is bound (``serving/responses/sealed_reasoning.py``).
 
 The routes set them (``server/model_lease.py``; the batch dispatcher for each line), and the chat
-and completion services pass the salt to the engine. (A request's priority is an argument of the
+and completion services pass the salt and the tenant to the engine (``engine_scope``). (A request's priority is an argument of the
 services' ``create``: ``INTERACTIVE_PRIORITY``, or ``BATCH_PRIORITY`` for batch lines.)"""
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from contextvars import ContextVar
 
 CACHE_SALT: ContextVar[str | None] = ContextVar("glmserve_cache_salt", default=None)
 OWNER: ContextVar[str] = ContextVar("glmserve_owner", default="")
+TENANT: ContextVar[str | None] = ContextVar("glmserve_tenant", default=None)
+
+
+def engine_scope() -> dict[str, str | None]:
+    """This task's ``GenerationRequest`` fields from who sent it: ``cache_salt`` and ``tenant``."""
+    return {"cache_salt": CACHE_SALT.get(), "tenant": TENANT.get()}
 
 
 def cache_salt(owner: str | None, client_salt: str | None) -> str | None:
@@ -32,4 +43,4 @@ def cache_salt(owner: str | None, client_salt: str | None) -> str | None:
     return hashlib.sha256(f"{owner or ''}\0{client_salt or ''}".encode()).hexdigest()[:32]
 
 
-__all__ = ["CACHE_SALT", "OWNER", "cache_salt"]
+__all__ = ["CACHE_SALT", "OWNER", "TENANT", "cache_salt", "engine_scope"]

@@ -16,62 +16,63 @@ Two models of llama.cpp's KV cache (``kv_layout``), over ``max_num_seqs`` slots 
   Accounting is conservative: cells shared by ``seq_cp`` are counted once per slot, so the real
   cache is never fuller than the count.
 
-A slot that finished keeps its tokens' KV as a cache until the cells are needed, so a new request
-whose prompt starts with those tokens (the same system prompt, the earlier turns of a chat)
-reuses them instead of recomputing; a prefix held by another slot is copied (``seq_cp``: in a
-unified cache the cells are shared, not duplicated; across split streams llama.cpp copies the
-whole stream, and the copy's cells past the prefix are then dropped, so a copy is made only when
-it saves ``SPLIT_COPY_MIN_TOKENS`` of prefill). A request whose prompt shares a longer prefix with
-a running sequence that is still prefilling it waits until that prefix is computed, and then
-reuses it (N agents sending one long system prompt at once compute it once).
+A finished slot keeps its tokens' KV as a cache until the cells are needed, so a new request whose
+prompt starts with those tokens (the same system prompt, a chat's earlier turns) reuses them; a
+prefix held by another slot is copied (``seq_cp``: a unified cache shares the cells; across split
+streams llama.cpp copies the whole stream and the cells past the prefix are then dropped, so a copy
+is made only when it saves ``SPLIT_COPY_MIN_TOKENS`` of prefill). A request whose prompt shares a
+longer prefix with a running sequence that is still prefilling it waits until that prefix is
+computed, and then reuses it (N agents sending one long system prompt at once compute it once).
 
-Host prompt cache (``HostPromptCache``, split layout; llama-server's ``--cache-ram``): before a
-free slot's cells are reclaimed for another request, the slot's state is saved to host memory
-(``KVOp("save")``); a request whose prompt shares a longer prefix with a saved state than with
-any slot gets that state loaded into its slot (``KVOp("load")``) instead of recomputing it.
+Host prompt cache (``HostPromptCache``, split layout; llama-server's ``--cache-ram``): before a free
+slot's cells are reclaimed for another request, the slot's state is saved to host memory
+(``KVOp("save")``); a request whose prompt shares a longer prefix with a saved state than with any
+slot gets that state loaded into its slot (``KVOp("load")``) instead of recomputing it.
 
-Per step: every running sequence gets its next token (decode) or its next prompt chunk
-(chunked prefill), within ``max_num_batched_tokens``; then waiting requests are admitted in
-arrival order while a slot, the budget and KV cells for their whole remaining prompt are free.
-A chunk never ends inside a prompt's image (``Sequence.whole``): it runs past the budget by the
-rest of the image, which the engine decodes apart from the batch.
+Per step: every running sequence gets its next token (decode) or its next prompt chunk (chunked
+prefill), within ``max_num_batched_tokens``; then waiting requests are admitted in arrival order,
+round robin across tenants when several wait (``engine/admission.py``'s ``in_turn``), while a slot,
+the budget and KV cells for their whole remaining prompt are free. A chunk never ends inside a
+prompt's image (``Sequence.whole``): it runs past the budget by the rest of the image, which the
+engine decodes apart from the batch.
 (Unified layout) When a running sequence needs a cell and none is free, idle caches are evicted
-first, then the newest running sequence is preempted: its cells are freed and it waits at the head of the
-queue, to be recomputed from its tokens (prompt + what it generated) later.
+first, then the newest running sequence is preempted: its cells are freed and it waits at the
+queue's head, to be recomputed from its tokens (prompt + what it generated) later.
 
 Priority (``Sequence.priority``, lower first; batch lines run at ``BATCH_PRIORITY``): only the
-sequences of the lowest value with work are scheduled; the others keep their slots and cells but
-are paused, and a waiting sequence of the lowest value that finds every slot taken gets the slot
-of the newest paused one (preempted: it waits again and is recomputed later). A value keeps the
-engine for ``priority_hold_s`` after its last sequence ran (``held_s``: nothing of a higher value
-runs until then), so that back-to-back interactive requests (an agent's turns) do not each meet a
-batch step, or the recomputation of a preempted batch sequence, on arrival. An interactive request
-that comes after a longer pause still waits for the step in progress, which is kept short: a step of
-background work (a value above 0) computes at most ``BACKGROUND_PROMPT_TOKENS`` prompt tokens
-(``benchmarks/batch_priority.py``). Batch work fills the engine's slots otherwise.
+lowest value with work is scheduled; the others keep their slots and cells, paused, and a waiting
+sequence of that value that finds every slot taken gets the newest paused one's slot (preempted: it
+waits again and is recomputed later). A value keeps the engine for ``priority_hold_s`` after its
+last sequence ran (``held_s``: nothing of a higher value runs until then), so that back-to-back
+interactive requests (an agent's turns) do not each meet a batch step, or the recomputation of a
+preempted batch sequence, on arrival. An interactive request that comes after a longer pause still
+waits for the step in progress, which is kept short: a step of background work (a value above 0)
+computes at most ``BACKGROUND_PROMPT_TOKENS`` prompt tokens (``benchmarks/batch_priority.py``).
+Batch work fills the engine's slots otherwise.
 
-Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes
-sequences of one group only (``SchedulerOutput.group``; None is the base model). When several
-groups have work, steps take turns among them, round robin. A cached prefix is reused only
-within its group (the same tokens under another adapter have other KV values) and its cache
-salt (``Sequence.salt``: the prompts of one API key are not matched against another's).
-"""
+Groups (LoRA adapters): llama.cpp applies adapters to a whole context, so one step decodes sequences
+of one group only (``SchedulerOutput.group``; None is the base model). When several groups have
+work, steps take turns among them, round robin. A cached prefix is reused only within its group (the
+same tokens under another adapter have other KV values) and its cache salt (``Sequence.salt``: the
+prompts of one API key are not matched against another's)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Literal
 
+from glmserve.engine.admission import in_turn
 from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache, common_prefix
 from glmserve.engine.llama_cpp.kv.sequence import Chunk, KVOp, SchedulerOutput, SeqStatus, Sequence, Slot
 
 KVLayout = Literal["split", "unified"]
 
-# Split layout: llama.cpp copies a whole stream (n_ctx cells, every layer) to share a prefix;
-# for SmolLM2-135M at n_ctx 4096 (90 MiB) that is about 20 ms here, the prefill time of a few
-# dozen tokens. A copy is made only when it saves at least this many tokens of prefill.
+# Split layout: llama.cpp copies a whole stream (n_ctx cells, every layer) to share a prefix; for
+# SmolLM2-135M at n_ctx 4096 (90 MiB) about 20 ms here, a few dozen tokens' prefill: a copy is made
+# only when it saves at least this many tokens of prefill.
 SPLIT_COPY_MIN_TOKENS = 64
 # Host prompt cache (split layout): a slot's cells are saved to host memory before they are
 # reclaimed when at least this many of them would be lost (a save copies the whole sequence:
@@ -79,12 +80,11 @@ SPLIT_COPY_MIN_TOKENS = 64
 HOST_SAVE_MIN_TOKENS = 128
 # ...and a saved state is loaded when it gives at least this many more tokens than any slot.
 HOST_RESTORE_MIN_TOKENS = 64
-# Priority: seconds a priority value keeps the engine after its last sequence ran (module
-# docstring); about the pause between an agent's turns, tool runs included
-PRIORITY_HOLD_S = 1.0
+PRIORITY_HOLD_S = 1.0  # seconds a priority value keeps the engine after it ran (an agent's pause)
 # ...and a step of background work (a priority value above 0) computes at most this many prompt
 # tokens (decodes are not limited), so that a request that arrives waits for a short step
 BACKGROUND_PROMPT_TOKENS = 64
+_tenant, _priority = attrgetter("tenant"), attrgetter("priority")  # in_turn's keys
 
 
 class Scheduler:
@@ -169,8 +169,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self._step += 1
-        # cells decoded by earlier steps: only these can be reused or copied in this step
-        self._committed = [slot.n_kv for slot in self.slots]
+        if len(self.waiting) > 1 and (order := in_turn(self.waiting, self.running, _tenant, _priority)) is not None:
+            self.waiting = deque(order)
+        self._committed = [slot.n_kv for slot in self.slots]  # decoded by earlier steps: reusable now
         top = self._top_priority()
         out = SchedulerOutput(group=self._pick_group(top))
         self._preempt_for(top, out)

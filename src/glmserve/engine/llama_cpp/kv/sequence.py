@@ -51,6 +51,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     group: str | None = None  # LoRA adapter name; None: the base model
     salt: str | None = None  # its KV is reused only for sequences of the same salt (GenerationRequest.cache_salt)
+    tenant: str | None = None  # whose turn it is (GenerationRequest.tenant; engine/admission.py)
     priority: int = 0  # lower first (GenerationRequest.priority)
     media: tuple[MediaSpan, ...] = ()
 
