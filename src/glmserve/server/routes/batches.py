@@ -25,7 +25,7 @@ def _service(request: Request) -> BatchService:
     return request.app.state.batches
 
 
-@router.post("/v1/files", responses=error_responses(400, 413))
+@router.post("/v1/files", responses=error_responses(400, 413, 429))
 async def upload_file(request: Request, file: UploadFile = File(...),  # noqa: B008 (FastAPI's form fields)
                       purpose: str = Form(...)) -> JSONResponse:  # noqa: B008
     # the spooled upload is read, checked and stored in a worker thread (serving/batches/file_service.py)
@@ -57,7 +57,7 @@ async def file_content(file_id: str, request: Request) -> Response:
                              headers={"content-length": str(file["bytes"])})
 
 
-@router.post("/v1/batches", responses=error_responses(400, 404))
+@router.post("/v1/batches", responses=error_responses(400, 404, 429))
 async def create_batch(body: BatchCreateRequest, request: Request) -> JSONResponse:
     return JSONResponse(await _service(request).create(owner(request), body.input_file_id, body.endpoint,
                                                        body.completion_window, body.metadata, ENDPOINTS))

@@ -31,7 +31,7 @@ class FileService:
             raise invalid_request(f"purpose {purpose!r} is not served here: only 'batch' files are", "purpose")
         require(self.store)
         return await call(self, "_store_upload", owner, purpose, filename[:255] or "upload.jsonl", content,
-                          bulk_work=True)
+                          bulk_work=True, owner=owner)
 
     def _store_upload(self, owner: str, purpose: str, filename: str, content: bytes | BinaryIO) -> dict:
         """Blocking: ``upload``'s store, a UTF-8-checked piece at a time (``batch_files``)."""

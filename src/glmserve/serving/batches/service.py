@@ -65,7 +65,7 @@ class BatchService:
         if completion_window != "24h":
             raise invalid_request("completion_window must be '24h'", "completion_window")
         await self.file_service.file(owner, input_file_id)
-        lines, errors = await bulk(self._parse_file, input_file_id, endpoint)  # ~0.1 s per 8 MiB: off the loop
+        lines, errors = await bulk(self._parse_file, input_file_id, endpoint, owner=owner)  # ~0.1 s / 8 MiB
         now = time.time()
         body = {"id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": endpoint, "errors": None,
                 "input_file_id": input_file_id, "completion_window": completion_window,
