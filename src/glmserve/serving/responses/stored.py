@@ -116,8 +116,9 @@ class ResponseStorage:
         if not keep.needed:
             return result
         if isinstance(result, Response):
-            await keep(result.model_dump())
-            return result
+            body = result.model_dump()
+            await keep(body)
+            return result if body["store"] == result.store else result.model_copy(update={"store": body["store"]})
         return _Storing(result, keep)
 
     async def start(self, service: ResponsesService, req: ResponsesRequest, owner: str,
@@ -272,11 +273,19 @@ class _Keep:
                                        first)
 
     async def __call__(self, body: dict) -> None:
-        if not await self.put(body):
-            return
-        if self.conversation is not None and body.get("status") in ("completed", "incomplete"):
-            await self.storage.conversations.append(self.conversation, self.owner,
-                                                    self.new + body.get("output", []))
+        """Keep the final ``body``. A store that fails (the database unreachable or full, the
+        key's share) does not throw the finished answer away: it is logged, and ``body`` is
+        answered with ``store`` false (it cannot be read back or continued), as a response the
+        client did not ask to store."""
+        try:
+            if not await self.put(body):
+                return
+            if self.conversation is not None and body.get("status") in ("completed", "incomplete"):
+                await self.storage.conversations.append(self.conversation, self.owner,
+                                                        self.new + body.get("output", []))
+        except Exception:  # noqa: BLE001 (any failure of the store: the answer is still given)
+            log.exception("storing response %s failed: it is answered with store false", body.get("id"))
+            body["store"] = False
 
 
 class _Storing:
