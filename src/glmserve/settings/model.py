@@ -9,6 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from glmserve.chat.normalize import NONE as NORMALIZE_NONE
+from glmserve.chat.normalize import RULES as NORMALIZE_RULES
+from glmserve.chat.normalize import PromptNormalizer
 from glmserve.chat.template import RESERVED_TEMPLATE_VARIABLES
 from glmserve.engine.llama_cpp.settings import LlamaCppSettings
 from glmserve.engine.settings import PER_MODEL
@@ -26,6 +29,8 @@ GENERATION_DEFAULTS = frozenset({"temperature", "top_p", "top_k", "min_p", "repe
 # --tool-call-parser's choices: the registered formats (serving/generation/tool_formats.py, whose
 # parsers toolcalls.PARSERS names), auto (from the chat template) and none
 TOOL_CALL_PARSERS = ("auto", "none", *PARSERS)
+# --prompt-normalize's choices: the rules (chat/normalize.py) and none
+PROMPT_NORMALIZE = (*NORMALIZE_RULES, NORMALIZE_NONE)
 
 
 class AnswerSettings(BaseModel):
@@ -59,10 +64,21 @@ class AnswerSettings(BaseModel):
     reasoning_budget: int = Field(
         -1, ge=-1, description="Reasoning tokens before glmserve ends the reasoning, for requests that set no "
                                "budget (-1: no limit; 0: no reasoning).", json_schema_extra=PER_MODEL)
+    prompt_normalize: list[Literal[PROMPT_NORMALIZE]] = Field(
+        list(NORMALIZE_RULES), description="What is removed from prompts before they are rendered, so that prefix "
+        "caches serve new sessions (repeatable; none: nothing): claude-code-attribution, Claude Code's "
+        "x-anthropic-billing-header line, which changes every session.", json_schema_extra=PER_MODEL,
+    )
     tool_call_parser: Literal[TOOL_CALL_PARSERS] = Field(
         "auto", description="Tool-call format; auto: from the chat template (generic when it has none); none: no "
                             "tool calling.", json_schema_extra=PER_MODEL,
     )
+
+    @field_validator("prompt_normalize")
+    @classmethod
+    def _check_prompt_normalize(cls, value: list[str]) -> list[str]:
+        PromptNormalizer(value)  # none alone, or rules
+        return value
 
     @field_validator("default_chat_template_kwargs")
     @classmethod

@@ -113,6 +113,7 @@ class ChatService:
             processor=self.pipeline.engine.multimodal if self.pipeline.engine.model_info.vision else None,
             template_kwargs=template_kwargs(req, self.pipeline.default_template_kwargs),
             max_tokens_ceiling=max_tokens_ceiling, plain=self.pipeline.plain_text,
+            normalize=self.pipeline.normalize,
         )
         parse_calls = self.pipeline.tool_parser and (plan.offered or PARSERS[self.pipeline.tool_parser].always_active)
         calls = self.pipeline.tool_parser if parse_calls else None

@@ -30,6 +30,8 @@ from glmserve.protocol.errors import APIError, invalid_request, overloaded, serv
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.request_scope import TENANT
 from glmserve.serving.generation.metrics import ServingMetrics
+from glmserve.chat.normalize import RULES as NORMALIZE_RULES
+from glmserve.chat.normalize import PromptNormalizer
 from glmserve.chat.plain_text import PlainText
 from glmserve.serving.generation.prompt import build_prompt, end_of_turn_token_ids, single_token_id, special_token_id
 from glmserve.serving.generation.reasoning_budget import budgeted
@@ -52,7 +54,8 @@ class ModelPipeline:
                  schema_limits: SchemaLimits | None = None, max_n: int = 1,
                  default_template_kwargs: dict[str, Any] | None = None,
                  generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = (),
-                 reasoning_budget: int | None = None, adapter_table: AdapterTable | None = None) -> None:
+                 reasoning_budget: int | None = None, adapter_table: AdapterTable | None = None,
+                 prompt_normalize: tuple[str, ...] = tuple(NORMALIZE_RULES)) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
@@ -64,7 +67,8 @@ class ModelPipeline:
         ended, for requests that set none (``--reasoning-budget``; None: no limit). Raises
         ``ValueError`` for a budget on a template that does not write ``<think>``;
         ``adapter_table``: the model's LoRA adapters, attached to ``engine`` by the caller
-        (default: an empty table attached here). Requests pick the base model by
+        (default: an empty table attached here); ``prompt_normalize``: the ``--prompt-normalize``
+        rules (``chat/normalize.py``; raises ``ValueError`` for an unknown one). Requests pick the base model by
         ``served_model_name`` or an alias, or a LoRA adapter by its name."""
         self.engine = engine
         self.name = served_model_name
@@ -96,6 +100,7 @@ class ModelPipeline:
         self.shown_special_ids = frozenset(self.shown_tags)
         # special tokens' texts and tags in a request's messages and tools are tokenized as text
         self.plain_text = PlainText(engine.tokenizer.special_texts() | set(tag_texts(tool_parser, self.reasoning)))
+        self.normalize = PromptNormalizer(prompt_normalize)
         if reasoning_budget is not None and not self.reasoning:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
@@ -109,7 +114,8 @@ class ModelPipeline:
                       tool_parser: str | None, aliases: tuple[str, ...] = (),
                       adapter_table: AdapterTable | None = None) -> ModelPipeline:
         """The pipeline of a model started with ``settings`` (its image limits, schema bounds,
-        ``--max-n``, template variables, sampling defaults and reasoning budget); the other
+        ``--max-n``, template variables, sampling defaults, reasoning budget and prompt
+        normalization); the other
         arguments as ``__init__``'s. Raises ``ValueError`` as ``__init__`` does."""
         media = MediaPolicy(allowed_domains=frozenset(settings.allowed_media_domains),
                             max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
@@ -120,7 +126,8 @@ class ModelPipeline:
                               settings.max_grammar_bytes)
         return cls(engine, served_model_name, template, tool_parser, media, limits, settings.max_n,
                    settings.default_chat_template_kwargs, settings.override_generation_config, aliases,
-                   None if settings.reasoning_budget < 0 else settings.reasoning_budget, adapter_table)
+                   None if settings.reasoning_budget < 0 else settings.reasoning_budget, adapter_table,
+                   tuple(settings.prompt_normalize))
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -170,6 +177,7 @@ class ModelPipeline:
         plan = plan_tools(req, self.tool_parser, self.engine.model_info.grammar, self.schema_limits)
         return build_prompt(req, self.template, self.engine.tokenizer, self.context_length, None, plan=plan,
                             tool_format=self.tool_parser, check_fit=False, plain=self.plain_text,
+                            normalize=self.normalize,
                             template_kwargs=template_kwargs(req, self.default_template_kwargs)).token_ids
 
     async def admit_all(self, runs: list[Run], grammar_param: str | None = None) -> None:

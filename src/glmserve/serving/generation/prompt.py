@@ -16,6 +16,7 @@ from glmserve.engine.base import Tokenizer
 from glmserve.protocol.chat import ChatCompletionRequest
 from glmserve.protocol.errors import PromptTooLong, context_length_exceeded, invalid_request
 from glmserve.chat.plain_text import PlainText
+from glmserve.chat.normalize import PromptNormalizer
 from glmserve.serving.generation.tool_formats import render_prompt
 from glmserve.serving.generation.tools import ToolPlan
 from glmserve.toolcalls.reasoning import THINK_END, prompt_state
@@ -75,6 +76,7 @@ def build_prompt(
     template_kwargs: dict[str, Any] | None = None,
     max_tokens_ceiling: bool = False,
     plain: PlainText | None = None,
+    normalize: PromptNormalizer | None = None,
 ) -> Prompt:
     """Render and tokenize ``req.messages``; resolve ``max_tokens`` (None: what is left of the
     context). ``plan``'s offered tools go where ``tool_format`` (a ``TOOL_FORMATS`` name) puts
@@ -86,13 +88,16 @@ def build_prompt(
     prefill the model continues) reach the template. ``template_kwargs``: extra
     template variables (``enable_thinking``...); ``max_tokens_ceiling``: lower a ``max_tokens``
     that does not fit to what the prompt leaves instead of refusing it; ``plain``: the texts the
-    messages and tools hold as ordinary text (``chat/plain_text.py``; images aside). Raises ``APIError`` 400 for
+    messages and tools hold as ordinary text (``chat/plain_text.py``; images aside); ``normalize``: what
+    is removed from the messages first (``chat/normalize.py``, ``--prompt-normalize``). Raises ``APIError`` 400 for
     content the model cannot take, a template that rejects the conversation, or a
     prompt/``max_tokens`` that does not fit."""
     try:
         messages = to_template_messages(req.messages, vision=processor is not None)
     except UnsupportedContentError as exc:
         raise invalid_request(str(exc), exc.param) from exc
+    if normalize is not None:
+        messages = normalize(messages)
     plan = plan or ToolPlan()
     kwargs = {**(template_kwargs or {}), "add_generation_prompt": req.add_generation_prompt,
               "continue_final_message": req.continue_final_message}

@@ -4,10 +4,9 @@ request: ``to_chat_request``. Raises a 400 naming the block or field it cannot m
 Request mapping:
 
 - ``system`` (a string or text blocks, joined by newlines) is the first system message; a
-  ``system`` turn inside ``messages`` stays a system message where it stands. Claude Code's
-  ``x-anthropic-billing-header: ...`` line (a system block whose hash changes with every
-  request) is dropped: it means nothing to the model and, first in the prompt, would defeat the
-  prefix cache (vLLM-MLX, SGLang and Ollama drop it too).
+  ``system`` turn inside ``messages`` stays a system message where it stands. (Claude Code's
+  ``x-anthropic-billing-header: ...`` block, first, is then the system message's first line,
+  which ``--prompt-normalize`` removes before the prompt is rendered: ``chat/normalize.py``.)
 - user ``text`` and ``image`` blocks (``base64`` or ``url`` sources, through the media policy)
   become content parts; each ``tool_result`` becomes a ``tool`` message (its text; ``is_error``
   prefixes ``Error: ``), in block order. Images in a ``tool_result`` (Claude Code reading an
@@ -39,7 +38,6 @@ Request mapping:
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from glmserve.protocol.anthropic import CountTokensRequest, MessagesRequest
@@ -75,17 +73,6 @@ def _text_only(block: Any, param: str) -> str:
     if _kind(block, param) != "text":
         raise invalid_request(f"only text blocks are accepted here, not {block['type']!r}", f"{param}.type")
     return _text(block, param)
-
-
-BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:[^\n]*(\n|$)")
-
-
-def _system(system: str | list, param: str) -> str:
-    """The top-level ``system`` as one text, without Claude Code's billing header."""
-    if isinstance(system, list):
-        system = [b for b in system if not (isinstance(b, dict) and isinstance(b.get("text"), str)
-                                            and BILLING_HEADER.match(b["text"]))]
-    return BILLING_HEADER.sub("", _texts(system, param))
 
 
 def _image_part(block: dict, param: str) -> dict:
@@ -221,7 +208,7 @@ def to_chat_messages(req: CountTokensRequest, vision: bool = False) -> list[dict
     """``system`` and ``messages`` as chat messages. Raises 400 naming the block it cannot map,
     or a ``tool_use`` / ``tool_result`` without its other half."""
     _check_tool_pairs(req)
-    system = _system(req.system, "system") if req.system else ""
+    system = _texts(req.system, "system") if req.system else ""  # its blocks joined by newlines
     out = [{"role": "system", "content": system}] if system else []
     for i, msg in enumerate(req.messages):
         param = f"messages.{i}.content"
