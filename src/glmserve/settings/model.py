@@ -65,9 +65,8 @@ class AnswerSettings(BaseModel):
         -1, ge=-1, description="Reasoning tokens before glmserve ends the reasoning, for requests that set no "
                                "budget (-1: no limit; 0: no reasoning).", json_schema_extra=PER_MODEL)
     prompt_normalize: list[Literal[PROMPT_NORMALIZE]] = Field(
-        list(NORMALIZE_RULES), description="What is removed from prompts before they are rendered, so that prefix "
-        "caches serve new sessions (repeatable; none: nothing): claude-code-attribution, Claude Code's "
-        "x-anthropic-billing-header line, which changes every session.", json_schema_extra=PER_MODEL,
+        list(NORMALIZE_RULES), description="Per-session lines removed from prompts so prefix caches serve new sessions "
+        "(repeatable; none: keep all).", json_schema_extra=PER_MODEL,
     )
     tool_call_parser: Literal[TOOL_CALL_PARSERS] = Field(
         "auto", description="Tool-call format; auto: from the chat template (generic when it has none); none: no "

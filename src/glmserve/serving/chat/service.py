@@ -136,7 +136,8 @@ class ChatService:
                             output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text,
                                           plan.grammar is not None),
                             plan.forced_prefix, plan.max_calls, req.model, index=i,
-                            reasoning_budget=None if budget is None else (budget, prompt_state(prompt.text))))
+                            reasoning_budget=None if budget is None else (budget, prompt_state(prompt.text)),
+                            messages=prompt.messages))
         return runs
 
     def _reasoning_budget(self, req: ChatCompletionRequest, grammar: str | None) -> int | None:

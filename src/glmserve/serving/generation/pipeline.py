@@ -14,6 +14,7 @@ strings, reasoning budget, metrics), the same for chat, completions, messages an
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -30,6 +31,7 @@ from glmserve.protocol.errors import APIError, invalid_request, overloaded, serv
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.request_scope import TENANT
 from glmserve.serving.generation.metrics import ServingMetrics
+from glmserve.chat.cache_report import prefill_start
 from glmserve.chat.normalize import RULES as NORMALIZE_RULES
 from glmserve.chat.normalize import PromptNormalizer
 from glmserve.chat.plain_text import PlainText
@@ -43,6 +45,8 @@ from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.model import ModelSettings
 from glmserve.toolcalls import PARSERS, has_reasoning, tag_texts
 from glmserve.toolcalls.reasoning import THINK_END
+
+prompt_log = logging.getLogger("glmserve.prompt")  # chat/normalize.py's removals, chat/cache_report.py's reports
 
 
 class ModelPipeline:
@@ -234,6 +238,10 @@ class ModelPipeline:
                 async for out in outputs:
                     if out.token_ids and run.first_token_at is None:
                         run.first_token_at = time.perf_counter()
+                        if prompt_log.isEnabledFor(logging.DEBUG):  # the miss report (chat/cache_report.py)
+                            prompt_log.debug("%s: %s", run.request.request_id, prefill_start(
+                                self.engine.tokenizer.decode, run.request.prompt_token_ids, out.num_cached_tokens,
+                                run.messages))
                     run.completion_tokens += len(out.token_ids)
                     run.cached_tokens = out.num_cached_tokens
                     run.engine_prompt_tokens = out.num_prompt_tokens or run.engine_prompt_tokens

@@ -36,6 +36,7 @@ class Prompt:
     token_ids: list[int]
     max_tokens: int  # tokens the reply may use, resolved against the context window
     multimodal: Any = None  # the engine's inputs for the images, if any
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rendered (the miss report's)
 
 
 def special_token_id(tokenizer: Tokenizer, text: str) -> int | None:
@@ -123,10 +124,11 @@ def build_prompt(
         raise invalid_request(str(exc), "messages") from exc
     n_prompt = len(token_ids)
     if not check_fit:
-        return Prompt(text, token_ids, max_tokens or 0, multimodal)
+        return Prompt(text, token_ids, max_tokens or 0, multimodal, messages)
     if max_tokens_ceiling and max_tokens is not None:
         max_tokens = min(max_tokens, max(1, context_length - n_prompt))  # the prompt alone is checked below
-    return Prompt(text, token_ids, fit_max_tokens(n_prompt, max_tokens, context_length, "messages"), multimodal)
+    return Prompt(text, token_ids, fit_max_tokens(n_prompt, max_tokens, context_length, "messages"), multimodal,
+                  messages)
 
 
 def _reasoning_closed(template: ChatTemplate, messages: list[dict[str, Any]], plan: ToolPlan,

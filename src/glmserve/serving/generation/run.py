@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from glmserve.engine.types import GenerationOutput, GenerationRequest
 from glmserve.protocol.chat import PromptTokensDetails, Usage
@@ -34,6 +35,7 @@ class Run:
     stop_reason: str | None = None  # the stop string that ended the run, if one did
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the template's (chat; the miss report's)
 
     @property
     def prompt_tokens(self) -> int:

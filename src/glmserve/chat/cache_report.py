@@ -1,0 +1,79 @@
+"""Where a prompt's prefill started (the miss report): the first prompt token the engine did not
+read from its prefix cache, the message that token falls in, and the prompt's text from there.
+The pipeline logs it at debug for every request (``glmserve.prompt``), so an operator sees why a
+session's prompt was computed again: ``prefill from token 12 of 20222 in messages[0] (system):
+'0d5; cc_entrypoint=sdk-cli;...'`` names a per-session line (``--prompt-normalize``).
+
+A token is placed in a message by the messages' texts: each message's first characters are
+found in the prompt's text in order, and a token belongs to the last message whose text starts
+at or before it (so what a template writes after a message's text, such as the tools after the
+system message, counts as that message's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ANCHOR_CHARS = 24  # a message's text is found in the prompt by its first characters
+SHOWN_CHARS = 48  # the prompt's text shown from the first computed token
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillStart:
+    """``token``: the index of the first prompt token computed (``cached``; equal to the prompt's
+    length when all of it was read); ``message``: the index of the message whose text holds it,
+    or None when it is in what the template writes between two messages' texts (a role marker,
+    the tools), after the text of ``after`` (None: before the first message's); ``roles``: the
+    messages' roles, for the log; ``text``: the prompt's text from that token, at most
+    ``SHOWN_CHARS`` characters."""
+
+    token: int
+    prompt_tokens: int
+    message: int | None
+    after: int | None
+    roles: tuple[str, ...]
+    text: str
+
+    def _name(self, i: int) -> str:
+        return f"messages[{i}] ({self.roles[i]})"
+
+    def __str__(self) -> str:
+        if self.message is not None:
+            where = f" in {self._name(self.message)}"
+        elif self.roles:
+            where = " before messages[0]" if self.after is None else f" after {self._name(self.after)}"
+        else:
+            where = ""
+        return f"prefill from token {self.token} of {self.prompt_tokens}{where}: {self.text!r}"
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content.strip() if isinstance(content, str) else ""
+
+
+def prefill_start(decode: Callable[[list[int]], str], token_ids: Sequence[int], cached: int,
+                  messages: Sequence[dict[str, Any]] = ()) -> PrefillStart:
+    """Where the prefill of ``token_ids`` started after ``cached`` tokens were read from the cache
+    (``decode``: the tokenizer's, special tokens written out; ``messages``: the template messages
+    the prompt was rendered from). Decodes the prompt twice: for a log line, not per token."""
+    ids = list(token_ids)
+    start = min(max(cached, 0), len(ids))
+    whole, offset = decode(ids), len(decode(ids[:start]))
+    message = after = None
+    position = 0
+    for i, m in enumerate(messages):
+        text = _text(m)
+        found = whole.find(text[:ANCHOR_CHARS], position) if text else -1
+        if found < 0 or found > offset:
+            if found > offset:
+                break
+            continue
+        end = found + len(text) if whole.startswith(text, found) else found + ANCHOR_CHARS
+        position = end
+        message, after = (i, None) if offset < end else (None, i)
+    roles = tuple(str(m.get("role")) for m in messages)
+    return PrefillStart(start, len(ids), message, after, roles, whole[offset:offset + SHOWN_CHARS])
