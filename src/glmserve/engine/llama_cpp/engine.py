@@ -271,8 +271,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool, request.cache_salt))
         state = _SeqState(request, stream, sampler, self.tokenizer.decoder(escaped_tags(request)), stop_ids, drafter)
         self._inbox.put(Sequence(request.request_id, list(request.prompt_token_ids), payload=state, group=request.lora,
-                                 salt=request.cache_salt, tenant=request.tenant, priority=request.priority,
-                                 media=media))
+                                 salt=request.cache_salt, tenant=request.tenant, priority=request.priority, media=media))
         return RequestStream(request.request_id, stream, self.abort)
 
     async def embed(self, token_ids: list[int]) -> list[float]:
@@ -398,5 +397,4 @@ class LlamaCppEngine(StepWorker[Sequence]):
         if state.drafter is not None and reason != "error":
             state.drafter.finish(seq.tokens, seq.num_prompt)
         self._by_id.pop(seq.request_id, None)
-        self._release(state.stream, seq.request_id, reason, error, seq.num_prompt, max(seq.num_cached, 0), send,
-                      seq.tenant)
+        self._release(state.stream, seq.request_id, reason, error, seq.num_prompt, max(seq.num_cached, 0), send, seq.tenant)
