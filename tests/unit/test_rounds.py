@@ -125,8 +125,9 @@ def R(tok_s: float) -> list:  # noqa: N802 (one round's summaries)
 
 
 def test_cpu_seconds_resolves_a_few_milliseconds():
-    """A child that spends 3 ms of CPU (its own clock) between two reads is measured as 3-9 ms:
-    ``/proc``'s 10 ms ticks would read 0 or 10."""
+    """A child that spends 3 ms of CPU (its own clock) between two reads is measured as at least
+    3 ms each time, and as 3-9 ms at best of five (a busy machine adds its own time to some
+    reads): ``/proc``'s 10 ms ticks would read 0 or 10."""
     rounds = _rounds()
     burn = ("import sys, time\nfor line in sys.stdin:\n    t = time.process_time()\n"
             "    while time.process_time() - t < 0.003: pass\n    print('done', flush=True)")
@@ -136,13 +137,13 @@ def test_cpu_seconds_resolves_a_few_milliseconds():
         child.stdin.flush()
         assert child.stdout.readline() == "done\n"
         spent = []
-        for _ in range(3):
+        for _ in range(5):
             before = rounds.cpu_seconds(child.pid)
             child.stdin.write("go\n")
             child.stdin.flush()
             assert child.stdout.readline() == "done\n"
             spent.append(rounds.cpu_seconds(child.pid) - before)
-        assert all(0.003 <= s < 0.009 for s in spent), spent
+        assert min(spent) >= 0.003 and min(spent) < 0.009, spent
     finally:
         child.stdin.close()
         child.wait(timeout=60)
