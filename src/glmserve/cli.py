@@ -42,7 +42,7 @@ def bench(args: list[str]) -> int:
     except BenchError as exc:
         return _fail(str(exc))
     except ImportError as exc:
-        return _fail(f"{exc.name} is needed for --plot (pip install 'glmserve[bench]')")
+        return _fail(f"{exc.name} is needed for --plot (pip install '.[bench]')")
 
 
 def chat(args: list[str]) -> int:
@@ -133,7 +133,8 @@ def serve(args: list[str]) -> int:
         try:
             from glmserve.deploy.ray import DeployError, serve_on_ray
         except ImportError as exc:
-            return _fail(f"{exc.name} is needed for Ray Serve replicas (pip install 'glmserve[ray]')")
+            return _fail(f"{exc.name} is needed for Ray Serve replicas (pip install '.[ray]' in the glmserve "
+                         "checkout)")
         logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
         try:
             serve_on_ray(settings)

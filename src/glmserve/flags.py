@@ -42,7 +42,7 @@ SERVE_GROUPS: tuple[tuple[str, type[BaseModel] | None], ...] = (
 )
 ENGINE_GROUP = ("The engine's flags; each one's help starts with the engines that read it, and a flag the chosen "
                 "engine does not read stops start-up.")
-SCALE_OUT_GROUP = "Ray Serve replicas beyond one process (pip install 'glmserve[ray]')."
+SCALE_OUT_GROUP = "Ray Serve replicas beyond one process (pip install '.[ray]' in the glmserve checkout)."
 
 
 def serve_group_fields() -> list[tuple[str, str, list[str]]]:

@@ -216,4 +216,4 @@ def test_missing_extra_is_a_one_line_hint(tmp_path):
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert "torch" in lines[0] and "pip install 'glmserve[transformers]'" in lines[0]
+    assert "torch" in lines[0] and "pip install '.[transformers]'" in lines[0]

@@ -1,5 +1,5 @@
 """The server without llama-cpp-python (the ``llama-cpp`` extra), as ``pip install
-'glmserve[vllm]'`` or ``'glmserve[transformers]'`` leaves it: ``llama_cpp`` is made unimportable
+'.[vllm]'`` or ``'.[transformers]'`` leaves it: ``llama_cpp`` is made unimportable
 by a ``sitecustomize`` on the server's PYTHONPATH (in the server process and in the processes it
 spawns, such as vLLM's engine core). The transformers and vllm engines start and serve
 ``tool_choice: required`` and a ``json_schema`` response format (grammars are built by the
@@ -49,7 +49,7 @@ def test_default_engine_stops_with_the_install_hint(blocked_env):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "engine 'llama_cpp' needs llama_cpp, which is not installed" in out.stderr
-    assert "glmserve[llama-cpp]" in out.stderr
+    assert ".[llama-cpp]" in out.stderr
 
 
 def _check_constrained_outputs(server: RemoteServer) -> None:

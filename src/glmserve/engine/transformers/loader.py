@@ -139,7 +139,7 @@ def add_adapter(model: Any, name: str, path: str | Path) -> Any:
     try:
         from peft import PeftModel
     except ImportError as exc:
-        raise EngineError("LoRA adapters need PEFT (pip install 'glmserve[transformers]')") from exc
+        raise EngineError("LoRA adapters need PEFT (pip install '.[transformers]')") from exc
     if not (Path(path) / "adapter_config.json").is_file():
         raise LoRAAdapterError(f"LoRA adapter {name!r}: {path} is not a PEFT adapter folder (no adapter_config.json)")
     try:
