@@ -4,10 +4,10 @@ The pipeline logs it at debug for every request (``glmserve.prompt``), so an ope
 session's prompt was computed again: ``prefill from token 12 of 20222 in messages[0] (system):
 '0d5; cc_entrypoint=sdk-cli;...'`` names a per-session line (``--prompt-normalize``).
 
-A token is placed in a message by the messages' texts: each message's first characters are
-found in the prompt's text in order, and a token belongs to the last message whose text starts
-at or before it (so what a template writes after a message's text, such as the tools after the
-system message, counts as that message's)."""
+A token is placed by the messages' texts: each message's first characters are found in the
+prompt's text in order; a token inside a message's text is in that message, and one in what the
+template writes between two texts (a role marker, the tools after the system message) is after
+the message before it."""
 
 from __future__ import annotations
 

@@ -55,8 +55,8 @@ class AdmissionControl:
         is free or the tenant holds its share."""
         if not self.try_acquire(tenant):
             if tenant is not None and self._count < self.capacity:
-                raise EngineOverloaded(f"this API key holds its share of the server ({self._held[tenant]} of "
-                                       f"{self.capacity} places) while other keys wait; retry shortly")
+                raise EngineOverloaded(f"this API key holds its share of the server's places ({self._held[tenant]} of "
+                                       f"{self.capacity}; the rest are kept for other keys); retry shortly")
             raise EngineOverloaded(f"server is at capacity ({self.max_num_seqs} running, {self.max_queue} "
                                    "waiting); retry shortly")
 

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 async def lease_for(app: FastAPI, owner_digest: str, body: Any, generation: bool = True) -> Lease:
     """A request's setup, one for a route, a batch line and a background run: the engine's cache
     salt set for this task and the tasks it starts (``owner_digest``'s scope and the body's
-    ``cache_salt``, and the tenant whose turn it is: ``serving/generation/request_scope.py``), then a lease on the loaded model
-    ``body.model`` names (the base model, an alias or a LoRA adapter, loading it if needed; the
+    ``cache_salt``), and the tenant whose turn it is (``serving/generation/request_scope.py``),
+    then a lease on the loaded model ``body.model`` names (the base model, an alias or a LoRA adapter, loading it if needed; the
     body's ``keep_alive``). ``generation``: the model must generate text (not one served for
     embeddings only). Raises ``APIError`` when the model is unknown, cannot be loaded, or is
     served for embeddings only where it must generate, and ``check_keep_alive``'s 403."""

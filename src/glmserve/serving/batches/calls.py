@@ -1,7 +1,7 @@
 """How the batch services reach the state database: ``call`` runs a store's method in a
 worker thread (``bulk``: on a bulk worker at a lower CPU priority, for seconds of parsing or
-writing, a key's jobs bounded), with a stateless server's 404 and a full store's 400 (``store_full``); ``not_found``,
-OpenAI's 404 for an id it does not have."""
+writing, a key's jobs bounded), with a stateless server's 404 and a full store's 400
+(``store_full``); ``not_found``, OpenAI's 404 for an id it does not have."""
 
 from __future__ import annotations
 

@@ -72,8 +72,8 @@ class ModelPipeline:
         ``ValueError`` for a budget on a template that does not write ``<think>``;
         ``adapter_table``: the model's LoRA adapters, attached to ``engine`` by the caller
         (default: an empty table attached here); ``prompt_normalize``: the ``--prompt-normalize``
-        rules (``chat/normalize.py``; raises ``ValueError`` for an unknown one). Requests pick the base model by
-        ``served_model_name`` or an alias, or a LoRA adapter by its name."""
+        rules (``chat/normalize.py``; raises ``ValueError`` for an unknown one). Requests pick
+        the base model by ``served_model_name`` or an alias, or a LoRA adapter by its name."""
         self.engine = engine
         self.name = served_model_name
         self.aliases = frozenset(aliases)
@@ -119,8 +119,7 @@ class ModelPipeline:
                       adapter_table: AdapterTable | None = None) -> ModelPipeline:
         """The pipeline of a model started with ``settings`` (its image limits, schema bounds,
         ``--max-n``, template variables, sampling defaults, reasoning budget and prompt
-        normalization); the other
-        arguments as ``__init__``'s. Raises ``ValueError`` as ``__init__`` does."""
+        normalization); the other arguments as ``__init__``'s. Raises ``ValueError`` as ``__init__`` does."""
         media = MediaPolicy(allowed_domains=frozenset(settings.allowed_media_domains),
                             max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
                             max_images=settings.max_images_per_request,

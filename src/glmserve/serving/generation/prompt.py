@@ -89,9 +89,9 @@ def build_prompt(
     prefill the model continues) reach the template. ``template_kwargs``: extra
     template variables (``enable_thinking``...); ``max_tokens_ceiling``: lower a ``max_tokens``
     that does not fit to what the prompt leaves instead of refusing it; ``plain``: the texts the
-    messages and tools hold as ordinary text (``chat/plain_text.py``; images aside); ``normalize``: what
-    is removed from the messages first (``chat/normalize.py``, ``--prompt-normalize``). Raises ``APIError`` 400 for
-    content the model cannot take, a template that rejects the conversation, or a
+    messages and tools hold as ordinary text (``chat/plain_text.py``; images aside);
+    ``normalize``: what is removed from the messages first (``chat/normalize.py``,
+    ``--prompt-normalize``). Raises ``APIError`` 400 for content the model cannot take, a template that rejects the conversation, or a
     prompt/``max_tokens`` that does not fit."""
     try:
         messages = to_template_messages(req.messages, vision=processor is not None)
