@@ -59,10 +59,12 @@ def prefill_start(decode: Callable[[list[int]], str], token_ids: Sequence[int], 
                   messages: Sequence[dict[str, Any]] = ()) -> PrefillStart:
     """Where the prefill of ``token_ids`` started after ``cached`` tokens were read from the cache
     (``decode``: the tokenizer's, special tokens written out; ``messages``: the template messages
-    the prompt was rendered from). Decodes the prompt twice: for a log line, not per token."""
+    the prompt was rendered from). Decodes the prompt once, in two parts at ``cached`` (a
+    character split there shows as U+FFFD): for a log line, not per token."""
     ids = list(token_ids)
     start = min(max(cached, 0), len(ids))
-    whole, offset = decode(ids), len(decode(ids[:start]))
+    head = decode(ids[:start])
+    whole, offset = head + decode(ids[start:]), len(head)
     message = after = None
     position = 0
     for i, m in enumerate(messages):
