@@ -548,6 +548,60 @@ def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 4
 
 
 @cached
+def tiny_glm_looper(out: Path, messages: list[dict], unit: str, answer: str, loop_tokens: int,
+                    cuts: tuple[int, ...], steps: int = 600) -> Path:
+    """``tiny_glm_thinker``'s model on GLM-4.7's template (its generation prompt opens the
+    reasoning), trained here (a minute or so on a CPU) to reason in a loop: greedy decoding of
+    ``messages``' prompt writes ``unit`` again and again, at least ``loop_tokens`` tokens, with
+    no end of its own; and, where the prompt is that prompt, the loop's first ``cut`` tokens
+    (each of ``cuts``) and ``</think>``, to write ``answer`` and ``<|user|>`` (the loss there on
+    the answer only, so that nothing teaches it to end the loop itself). A reasoning model
+    caught in a loop, whose answer is known once something ends its reasoning. Raises
+    ``RuntimeError`` if it did not learn both."""
+    import transformers
+
+    from tests.unit.glm_tokenizer import glm_tokenizer
+
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4.7.jinja").read_text())
+    stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+    config = transformers.Glm4Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=1024, eos_token_id=stop, pad_token_id=stop[0])
+    torch.manual_seed(0)
+    model = transformers.Glm4ForCausalLM(config)
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                              add_special_tokens=False)
+    period = reply_ids(tokenizer, unit)
+    loop = period * (loop_tokens // len(period) + 2)
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    reply = reply_ids(tokenizer, answer) + [tokenizer.convert_tokens_to_ids("<|user|>")]
+    examples = [(prompt, loop), *((prompt + loop[:cut] + end, reply) for cut in cuts)]
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        total = 0.0
+        for context, target in examples:
+            loss = model(input_ids=torch.tensor([context + target]),
+                         labels=torch.tensor([[-100] * len(context) + target])).loss
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        if total < 1e-3 * len(examples):
+            break
+    model.eval()
+    for context, target in examples:
+        with torch.no_grad():
+            written = model.generate(torch.tensor([context]), max_new_tokens=len(target),
+                                     do_sample=False)[0, len(context):]
+        if written.tolist() != target:
+            raise RuntimeError(f"the tiny GLM did not learn its loop or answer: {tokenizer.decode(written)!r}")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@cached
 def tiny_glm_trained(out: Path, architecture: str, template: str,
                      replies: list[tuple[list[dict], dict, str, str]], steps: int = 800,
                      tags: str | None = None, context: int = 2048, lr: float = 3e-3) -> Path:

@@ -64,6 +64,9 @@ class AnswerSettings(BaseModel):
     reasoning_budget: int = Field(
         -1, ge=-1, description="Reasoning tokens before glmserve ends the reasoning, for requests that set no "
                                "budget (-1: no limit; 0: no reasoning).", json_schema_extra=PER_MODEL)
+    loop_guard: Literal["off", "reasoning", "all"] = Field(
+        "reasoning", description="A reply that loops (tokens repeated): its reasoning is ended, its answer stopped; "
+        "reasoning: on reasoning models; all: any.", json_schema_extra=PER_MODEL)
     prompt_normalize: list[Literal[PROMPT_NORMALIZE]] = Field(
         list(NORMALIZE_RULES), description="Per-session lines removed from prompts so prefix caches serve new sessions "
         "(repeatable; none: keep all).", json_schema_extra=PER_MODEL,

@@ -31,9 +31,10 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city",
 
 
 def _client(reply: str, template: str = GLM47, parser: str | None = "glm47",
-            context_length: int = 8000) -> tuple[FakeEngine, TestClient]:
+            context_length: int = 8000, loop_guard: str = "reasoning") -> tuple[FakeEngine, TestClient]:
     engine = FakeEngine(reply=reply, context_length=context_length, grammar=True)
-    return engine, TestClient(create_app(one_model(ModelPipeline(engine, "glm", ChatTemplate(template), parser))))
+    return engine, TestClient(create_app(one_model(ModelPipeline(engine, "glm", ChatTemplate(template), parser,
+                                                                 loop_guard=loop_guard))))
 
 
 def _sse(client: TestClient, path: str, body: dict) -> list[dict]:
@@ -203,7 +204,8 @@ def test_reasoning_effort_reaches_templates_that_read_it():
 def test_reasoning_effort_is_a_thinking_budget_on_a_template_without_levels(effort, budget):
     """GLM-4.7's template does not read ``reasoning_effort``: the level bounds the reasoning
     (``EFFORT_BUDGETS``, documented in docs/guides/reasoning.md), on every API."""
-    engine, client = _client(_thinker("x" * 9000), context_length=10000)
+    # (the loop guard off: the fake's reasoning, one letter 9000 times, is a loop)
+    engine, client = _client(_thinker("x" * 9000), context_length=10000, loop_guard="off")
     bodies = [("/v1/chat/completions", {"messages": ASK, "reasoning_effort": effort, "max_tokens": 9500}),
               ("/v1/responses", {"input": "Hi", "reasoning": {"effort": effort}, "max_output_tokens": 9500})]
     for path, body in bodies:
@@ -262,7 +264,7 @@ def test_budget_zero_and_a_budget_max_tokens_cuts():
 
 
 def test_anthropic_budget_tokens_rules_and_the_server_default():
-    engine, client = _client(_thinker("w" * 1100))
+    engine, client = _client(_thinker("w" * 1100), loop_guard="off")  # (one letter 1100 times: a loop)
     body = {"model": "glm", "max_tokens": 4000, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 1024}}
     reply = client.post("/v1/messages", json=body).json()
     assert [b["type"] for b in reply["content"]] == ["thinking", "text"]

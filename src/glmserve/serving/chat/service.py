@@ -119,6 +119,8 @@ class ChatService:
         calls = self.pipeline.tool_parser if parse_calls else None
         sampling = to_sampling_params(req, prompt.max_tokens, self.pipeline.stop_token_ids, plan.grammar, bias)
         budget = self._reasoning_budget(req, plan.grammar)
+        # a reply a grammar writes from its first token has no reasoning to end
+        state = prompt_state(prompt.text) if self.pipeline.reasoning and not plan.grammar else "answer"
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         runs = []
         for i in range(req.n):
@@ -136,7 +138,7 @@ class ChatService:
                             output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text,
                                           plan.grammar is not None),
                             plan.forced_prefix, plan.max_calls, req.model, index=i,
-                            reasoning_budget=None if budget is None else (budget, prompt_state(prompt.text)),
+                            reasoning_budget=budget, reasoning_state=state,
                             messages=prompt.messages))
         return runs
 

@@ -23,6 +23,7 @@ from typing import Any
 from glmserve.chat import ChatTemplate, image_urls
 from glmserve.engine.admission import AdmissionControl
 from glmserve.engine.base import Engine, EngineOverloaded, GrammarError
+from glmserve.engine.loops import Loop
 from glmserve.engine.rules import escaped_tags, sequence_text
 from glmserve.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 from glmserve.multimodal import ImageError, MediaPolicy, load_images
@@ -46,6 +47,7 @@ from glmserve.settings.model import ModelSettings
 from glmserve.toolcalls import PARSERS, has_reasoning, tag_texts
 from glmserve.toolcalls.reasoning import THINK_END
 
+loop_log = logging.getLogger("glmserve.loop_guard")  # reasoning_budget.py's loop guard
 prompt_log = logging.getLogger("glmserve.prompt")  # chat/normalize.py's removals, chat/cache_report.py's reports
 
 
@@ -59,7 +61,7 @@ class ModelPipeline:
                  default_template_kwargs: dict[str, Any] | None = None,
                  generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = (),
                  reasoning_budget: int | None = None, adapter_table: AdapterTable | None = None,
-                 prompt_normalize: tuple[str, ...] = tuple(NORMALIZE_RULES)) -> None:
+                 prompt_normalize: tuple[str, ...] = tuple(NORMALIZE_RULES), loop_guard: str = "reasoning") -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
@@ -72,7 +74,9 @@ class ModelPipeline:
         ``ValueError`` for a budget on a template that does not write ``<think>``;
         ``adapter_table``: the model's LoRA adapters, attached to ``engine`` by the caller
         (default: an empty table attached here); ``prompt_normalize``: the ``--prompt-normalize``
-        rules (``chat/normalize.py``; raises ``ValueError`` for an unknown one). Requests pick
+        rules (``chat/normalize.py``; raises ``ValueError`` for an unknown one); ``loop_guard``:
+        ``--loop-guard`` (off, reasoning: on a template that writes reasoning, all: on any;
+        ``reasoning_budget.py``). Requests pick
         the base model by ``served_model_name`` or an alias, or a LoRA adapter by its name."""
         self.engine = engine
         self.name = served_model_name
@@ -109,6 +113,7 @@ class ModelPipeline:
             raise ValueError("--reasoning-budget needs a chat template that writes <think> reasoning; this "
                              "model's does not")
         self.reasoning_budget = reasoning_budget
+        self.loop_guard = loop_guard == "all" or (loop_guard == "reasoning" and self.reasoning)
         self._gates: dict[str, AdmissionControl] = {}  # what ``bounded`` counts, by kind
         self.end_of_reasoning_ids = engine.tokenizer.encode(THINK_END) if self.reasoning else []
         self.metrics = ServingMetrics(engine, served_model_name)
@@ -130,7 +135,7 @@ class ModelPipeline:
         return cls(engine, served_model_name, template, tool_parser, media, limits, settings.max_n,
                    settings.default_chat_template_kwargs, settings.override_generation_config, aliases,
                    None if settings.reasoning_budget < 0 else settings.reasoning_budget, adapter_table,
-                   tuple(settings.prompt_normalize))
+                   tuple(settings.prompt_normalize), settings.loop_guard)
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -201,6 +206,13 @@ class ModelPipeline:
                 await run.outputs.aclose()
             raise
 
+    def _looped(self, run: Run, where: str, found: Loop) -> None:
+        """The loop guard found ``found`` in ``run``'s reasoning (ended) or answer (stopped)."""
+        self.metrics.loops.labels(run.model, where).inc()
+        loop_log.warning("%s: a period of %d tokens written %.1f times in a row (%d tokens) in the %s: %s",
+                         run.request.request_id, found.period, found.repeats, found.span, where,
+                         "the reasoning is ended" if where == "reasoning" else "stopped (finish_reason length)")
+
     def admit(self, model: str, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
               grammar_param: str | None = None) -> AsyncIterator[GenerationOutput]:
         """Hand ``request`` (for the requested ``model``) to the engine, from any thread;
@@ -226,12 +238,14 @@ class ModelPipeline:
         pending: list[TokenLogprob] = []
         reason = "abort"  # unless the loop below ends otherwise (the client left)
         stream = run.outputs
-        if run.reasoning_budget is not None:
+        if run.reasoning_budget is not None or self.loop_guard:
             loop = asyncio.get_running_loop()
             escaped = {i: self.shown_tags[i] for i in escaped_tags(run.request)}
-            stream = budgeted(stream, run.request, *run.reasoning_budget, self.end_of_reasoning_ids,
-                              lambda ids: sequence_text(ids, self.engine.tokenizer.decode, escaped),
-                              lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop))
+            stream = budgeted(stream, run.request, run.reasoning_budget, run.reasoning_state,
+                              self.end_of_reasoning_ids, lambda ids: sequence_text(ids, self.engine.tokenizer.decode,
+                                                                                   escaped),
+                              lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop),
+                              (lambda where, found: self._looped(run, where, found)) if self.loop_guard else None)
         try:
             async with aclosing(stream) as outputs:
                 async for out in outputs:

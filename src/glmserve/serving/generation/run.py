@@ -28,7 +28,8 @@ class Run:
     max_calls: int | None = None
     model: str = ""  # the requested model id: the base model or a LoRA adapter
     index: int = 0  # the choice this run answers
-    reasoning_budget: tuple[int, str] | None = None  # (tokens, the prompt's reasoning state) when one applies
+    reasoning_budget: int | None = None  # reasoning tokens before the reasoning is ended, when a budget applies
+    reasoning_state: str = "answer"  # where the prompt leaves the model (toolcalls.reasoning.prompt_state)
     completion_tokens: int = 0
     engine_prompt_tokens: int = 0  # the prompt size the engine reported (0 until it reports)
     cached_tokens: int = 0
