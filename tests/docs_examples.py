@@ -7,7 +7,9 @@ against the default model on a CPU; every other one is run by ``tests/e2e/test_d
 Each ``glmserve`` command (``serve``, ``chat``, ``bench``, ``pull``, ``models``, ``launch``) of a
 shell block, a systemd unit or a Dockerfile is parsed with that command's flag parser, and each
 YAML block (a ``--config`` file, a Ray Serve config) is read as the server reads it
-(``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader. Every code
+(``tests/e2e/test_docs.py``), so a renamed or removed flag fails a test, not a reader; each
+``python benchmarks/NAME.py`` command, in a block or inline, is parsed by that script's own
+argument parser. Every code
 block the site shows must be a fenced one (an indented block would escape all this).
 """
 
@@ -94,6 +96,33 @@ def cli_commands() -> list[tuple[str, str, list[str]]]:
                     commands.append((example.id, words[at + 1], _without_redirections(rest)))
                     break
     return commands
+
+
+BENCHMARK = re.compile(r"\bpython3? benchmarks/(\w+)\.py\b([^\n]*)")
+INLINE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
+
+
+def benchmark_commands() -> list[tuple[str, str, list[str]]]:
+    """Each ``python benchmarks/NAME.py ...`` command of a page: in a shell block (continuation
+    lines joined, as ``cli_commands``) or in an inline code span (a span may wrap across lines;
+    ``[--flag]``, an optional flag, is read as the flag): (where, NAME, its words)."""
+    commands = []
+    for example in examples():
+        if example.language in {"sh", "bash"}:
+            for line in example.code.replace("\\\n", " ").splitlines():
+                commands += [(example.id, name, _words(rest)) for name, rest in BENCHMARK.findall(line)]
+    for path in pages():
+        text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text())
+        for span in INLINE.finditer(text):
+            where = f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, span.start()) + 1}"
+            code = " ".join(span.group(1).split())
+            commands += [(where, name, [w.strip("[]") for w in _words(rest)]) for name, rest in BENCHMARK.findall(code)]
+    return commands
+
+
+def _words(rest: str) -> list[str]:
+    words = shlex.split(rest, comments=True)
+    return _without_redirections(list(itertools.takewhile(lambda w: w not in {"|", "&&", ";"}, words)))
 
 
 def _without_redirections(words: list[str]) -> list[str]:

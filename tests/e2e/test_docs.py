@@ -6,6 +6,7 @@ glmserve reads it; the README is short and its links resolve."""
 
 from __future__ import annotations
 
+import argparse
 import html
 import os
 import re
@@ -24,7 +25,8 @@ from glmserve.runtime.catalog import read_config
 from glmserve.runtime.start import model_settings
 from glmserve.settings.serve import DeploySettings, ServeSettings
 from scripts.docs_hooks import settings_class
-from tests.docs_examples import ROOT, cli_commands, examples, pages, yaml_blocks
+from tests.benchmark_scripts import load
+from tests.docs_examples import ROOT, benchmark_commands, cli_commands, examples, pages, yaml_blocks
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +147,37 @@ def test_every_glmserve_command_in_the_docs_parses(where, command, flags, capsys
         pytest.fail(f"{where}: glmserve {command} {' '.join(flags)}: {capsys.readouterr().err}")
     if command != "bench":  # and every flag is one the chosen engine reads, as start-up checks
         check_engine_settings(settings)
+
+
+class _Parsed(Exception):
+    """A benchmark's arguments parsed: its run stops here."""
+
+
+@pytest.mark.parametrize("where,script,words", benchmark_commands(),
+                         ids=[f"{w}:{s}" for w, s, _ in benchmark_commands()])
+def test_every_benchmark_command_in_the_docs_parses(where, script, words, monkeypatch, capsys):
+    """Each ``python benchmarks/NAME.py ...`` of the docs is parsed by the script's own parser
+    (its ``main`` run with those words until ``parse_args`` returns): an odd ``--rounds``, a
+    renamed flag or a bad value fails here, not for a reader."""
+    parse = argparse.ArgumentParser.parse_args
+
+    def parsed(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parsed)
+    monkeypatch.setattr(sys, "argv", [f"benchmarks/{script}.py", *words])
+    try:
+        load(script).main()
+    except _Parsed:
+        return
+    except SystemExit:
+        pytest.fail(f"{where}: python benchmarks/{script}.py {' '.join(words)}: {capsys.readouterr().err}")
+    pytest.fail(f"{where}: benchmarks/{script}.py ran without parsing its arguments")
+
+
+def test_the_docs_show_benchmark_commands():
+    assert len({script for _, script, _ in benchmark_commands()}) >= 15
 
 
 def test_every_code_block_the_site_shows_is_a_fenced_example(site):
