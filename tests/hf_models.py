@@ -547,36 +547,28 @@ def tiny_glm_thinker(out: Path, messages: list[dict], reply: str, steps: int = 4
     return out
 
 
-@cached
-def tiny_glm_looper(out: Path, messages: list[dict], unit: str, answer: str, loop_tokens: int,
-                    cuts: tuple[int, ...], steps: int = 600) -> Path:
-    """``tiny_glm_thinker``'s model on GLM-4.7's template (its generation prompt opens the
-    reasoning), trained here (a minute or so on a CPU) to reason in a loop: greedy decoding of
-    ``messages``' prompt writes ``unit`` again and again, at least ``loop_tokens`` tokens, with
-    no end of its own; and, where the prompt is that prompt, the loop's first ``cut`` tokens
-    (each of ``cuts``) and ``</think>``, to write ``answer`` and ``<|user|>`` (the loss there on
-    the answer only, so that nothing teaches it to end the loop itself). A reasoning model
-    caught in a loop, whose answer is known once something ends its reasoning. Raises
-    ``RuntimeError`` if it did not learn both."""
+def _tiny_glm47(tags: str | None = None):
+    """A tiny random ``Glm4ForCausalLM`` and a GLM tokenizer with GLM-4.7's template (as
+    ``tiny_glm_thinker``'s; ``tags``: GLM-4.5's tag tokens, as ``glm_tokenizer`` takes them)."""
     import transformers
 
     from tests.unit.glm_tokenizer import glm_tokenizer
 
-    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4.7.jinja").read_text())
+    tokenizer = glm_tokenizer((FIXTURES / "glm" / "glm-4.7.jinja").read_text(), tags)
     stop = [tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
     config = transformers.Glm4Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                      max_position_embeddings=1024, eos_token_id=stop, pad_token_id=stop[0])
     torch.manual_seed(0)
-    model = transformers.Glm4ForCausalLM(config)
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                              add_special_tokens=False)
-    period = reply_ids(tokenizer, unit)
-    loop = period * (loop_tokens // len(period) + 2)
-    end = tokenizer.encode("</think>", add_special_tokens=False)
-    reply = reply_ids(tokenizer, answer) + [tokenizer.convert_tokens_to_ids("<|user|>")]
-    examples = [(prompt, loop), *((prompt + loop[:cut] + end, reply) for cut in cuts)]
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    return transformers.Glm4ForCausalLM(config), tokenizer
+
+
+def _train_tokens(model, examples: list[tuple[list[int], list[int]]], steps: int, what: str,
+                  lr: float = 3e-3) -> None:
+    """Train ``model`` (Adam at ``lr``, loss on each target only) until greedy decoding of each
+    ``(context, target)`` token pair writes the target. Raises ``RuntimeError`` if it does not
+    after ``steps`` steps (``what``: the model, for the message)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
         optimizer.zero_grad()
@@ -595,7 +587,55 @@ def tiny_glm_looper(out: Path, messages: list[dict], unit: str, answer: str, loo
             written = model.generate(torch.tensor([context]), max_new_tokens=len(target),
                                      do_sample=False)[0, len(context):]
         if written.tolist() != target:
-            raise RuntimeError(f"the tiny GLM did not learn its loop or answer: {tokenizer.decode(written)!r}")
+            raise RuntimeError(f"the tiny GLM did not learn {what}: {written.tolist()}")
+
+
+def _chat_prompt(tokenizer, messages: list[dict], **kwargs) -> list[int]:
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                          **kwargs), add_special_tokens=False)
+
+
+@cached
+def tiny_glm_looper(out: Path, messages: list[dict], unit: str, answer: str, loop_tokens: int,
+                    cuts: tuple[int, ...], steps: int = 600) -> Path:
+    """``tiny_glm_thinker``'s model on GLM-4.7's template (its generation prompt opens the
+    reasoning), trained here (seconds on a CPU) to reason in a loop: greedy decoding of
+    ``messages``' prompt writes ``unit`` again and again, at least ``loop_tokens`` tokens, with
+    no end of its own; and, where the prompt is that prompt, the loop's first ``cut`` tokens
+    (each of ``cuts``) and ``</think>``, to write ``answer`` and ``<|user|>`` (the loss there on
+    the answer only, so that nothing teaches it to end the loop itself). A reasoning model
+    caught in a loop, whose answer is known once something ends its reasoning. Raises
+    ``RuntimeError`` if it did not learn both."""
+    model, tokenizer = _tiny_glm47()
+    prompt = _chat_prompt(tokenizer, messages)
+    period = reply_ids(tokenizer, unit)
+    loop = period * (loop_tokens // len(period) + 2)
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    reply = reply_ids(tokenizer, answer) + [tokenizer.convert_tokens_to_ids("<|user|>")]
+    _train_tokens(model, [(prompt, loop), *((prompt + loop[:cut] + end, reply) for cut in cuts)], steps,
+                  "its loop or answer")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@cached
+def tiny_glm_healer(out: Path, messages: list[dict], tools: list[dict], broken: str, fixed: tuple[str, str],
+                    steps: int = 600) -> Path:
+    """``tiny_glm_thinker``'s model on GLM-4.7's template, trained here (seconds on a CPU) to
+    answer ``messages`` (with ``tools`` offered) with ``broken`` (a call whose arguments fail
+    its schema, say ``{}`` for a required argument) and ``<|observation|>``; and, where the
+    prompt runs on to ``fixed[0]`` (the same call up to a value the schema needs), to write
+    ``fixed[1]`` and ``<|observation|>`` (the loss there on that part only): a model that
+    writes a broken call, and writes it whole once a grammar keeps it from closing the call
+    early. Its tokenizer holds GLM's tags as special tokens, as GLM's own does. Raises
+    ``RuntimeError`` if it did not learn both."""
+    model, tokenizer = _tiny_glm47("special")
+    prompt = _chat_prompt(tokenizer, messages, tools=tools)
+    observation = [tokenizer.convert_tokens_to_ids("<|observation|>")]
+    _train_tokens(model, [(prompt, reply_ids(tokenizer, broken) + observation),
+                          (prompt + reply_ids(tokenizer, fixed[0]), reply_ids(tokenizer, fixed[1]) + observation)],
+                  steps, "its broken call or its fixed one")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

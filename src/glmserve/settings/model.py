@@ -67,6 +67,9 @@ class AnswerSettings(BaseModel):
     loop_guard: Literal["off", "reasoning", "all"] = Field(
         "reasoning", description="A reply that loops (tokens repeated): its reasoning is ended, its answer stopped; "
         "reasoning: on reasoning models; all: any.", json_schema_extra=PER_MODEL)
+    heal_calls: Literal["on", "off"] = Field(
+        "on", description="A tool call whose arguments fail its schema is decoded once more under that tool's grammar.",
+        json_schema_extra=PER_MODEL)
     prompt_normalize: list[Literal[PROMPT_NORMALIZE]] = Field(
         list(NORMALIZE_RULES), description="Per-session lines removed from prompts so prefix caches serve new sessions "
         "(repeatable; none: keep all).", json_schema_extra=PER_MODEL,

@@ -18,6 +18,7 @@ from glmserve.chat import image_urls
 from glmserve.engine.rules import model_text
 from glmserve.engine.types import INTERACTIVE_PRIORITY, GenerationRequest
 from glmserve.protocol.chat import ChatCompletion, ChatCompletionRequest
+from glmserve.serving.chat.heal import healer_for
 from glmserve.serving.chat.render import chunks, completion
 from glmserve.serving.generation.chunks import ChunkStream, StreamItem
 from glmserve.serving.generation.merge import merged
@@ -139,7 +140,7 @@ class ChatService:
                                           plan.grammar is not None),
                             plan.forced_prefix, plan.max_calls, req.model, index=i,
                             reasoning_budget=budget, reasoning_state=state,
-                            messages=prompt.messages))
+                            messages=prompt.messages, functions=plan.functions if parse_calls else []))
         return runs
 
     def _reasoning_budget(self, req: ChatCompletionRequest, grammar: str | None) -> int | None:
@@ -158,6 +159,7 @@ class ChatService:
         with ``last`` (the request's runs, when this is its only choice) also the ``Done``."""
         parser, made_calls, choice = run.parser, False, run.index
         request, logprobs = run.request, run.wants_logprobs
+        healer = healer_for(self.pipeline, run) if parser else None
         if parser and run.forced_prefix:
             parser.feed(run.forced_prefix)  # the name line the prompt already holds
         # tags' look-alikes, escaped by the engine, as the model wrote them (model_text)
@@ -169,6 +171,8 @@ class ChatService:
                     yield TextDelta("content", model_text(request, text), 0, choice)
             else:
                 events = parser.feed(text) + (parser.finish(truncated=finish == "length") if finish else [])
+                if healer:  # calls held until checked against their schemas
+                    events = healer.feed(events) + (await healer.finish(len(parser.unread)) if finish else [])
                 for e in events:
                     if e.kind != "tool_call":
                         if e.text:

@@ -7,7 +7,8 @@ Per requested model (the base model or a LoRA adapter: label ``model_name``):
 ``generation_tokens_total``, ``prefix_cache_queries_total`` / ``prefix_cache_hits_total``
 (prompt tokens looked up / found in the cache), and the histograms
 ``time_to_first_token_seconds``, ``time_per_output_token_seconds``,
-``e2e_request_latency_seconds``; glmserve's own ``loops_stopped_total{where}`` (``--loop-guard``). Read from the engine at each scrape:
+``e2e_request_latency_seconds``; glmserve's own ``loops_stopped_total{where}`` (``--loop-guard``) and ``calls_healed_total{result}``
+(``--heal-calls``). Read from the engine at each scrape:
 ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (0..1; engines that
 do not know it leave it out), and with speculative decoding vLLM's counters
 ``spec_decode_num_drafts_total``, ``spec_decode_num_draft_tokens_total``,
@@ -96,6 +97,8 @@ class ServingMetrics:
                                   registry=r)
         self.loops = Counter("glmserve:loops_stopped", "Loops the loop guard stopped (--loop-guard), by where: "
                              "reasoning (ended) or answer (stopped).", label + ["where"], registry=r)
+        self.healed = Counter("glmserve:calls_healed", "Tool calls whose arguments failed their schema, decoded "
+                              "again (--heal-calls), by result: healed or failed.", label + ["result"], registry=r)
         self.ttft = Histogram("glmserve:time_to_first_token_seconds", "Time to the first generated token.", label,
                               buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("glmserve:time_per_output_token_seconds", "Mean time per generated token after the "

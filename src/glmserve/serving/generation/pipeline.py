@@ -61,7 +61,8 @@ class ModelPipeline:
                  default_template_kwargs: dict[str, Any] | None = None,
                  generation_defaults: dict[str, float] | None = None, aliases: tuple[str, ...] = (),
                  reasoning_budget: int | None = None, adapter_table: AdapterTable | None = None,
-                 prompt_normalize: tuple[str, ...] = tuple(NORMALIZE_RULES), loop_guard: str = "reasoning") -> None:
+                 prompt_normalize: tuple[str, ...] = tuple(NORMALIZE_RULES), loop_guard: str = "reasoning",
+                 heal_calls: bool = True) -> None:
         """``tool_parser``: the model's tool-call format (a ``toolcalls.PARSERS`` name) or None;
         ``media_policy``: how ``image_url`` parts may be fetched (default: ``MediaPolicy()``);
         ``schema_limits``: bounds on client JSON schemas (default: ``SchemaLimits()``);
@@ -76,7 +77,7 @@ class ModelPipeline:
         (default: an empty table attached here); ``prompt_normalize``: the ``--prompt-normalize``
         rules (``chat/normalize.py``; raises ``ValueError`` for an unknown one); ``loop_guard``:
         ``--loop-guard`` (off, reasoning: on a template that writes reasoning, all: on any;
-        ``reasoning_budget.py``). Requests pick
+        ``reasoning_budget.py``); ``heal_calls``: ``--heal-calls`` (``serving/chat/heal.py``). Requests pick
         the base model by ``served_model_name`` or an alias, or a LoRA adapter by its name."""
         self.engine = engine
         self.name = served_model_name
@@ -114,6 +115,7 @@ class ModelPipeline:
                              "model's does not")
         self.reasoning_budget = reasoning_budget
         self.loop_guard = loop_guard == "all" or (loop_guard == "reasoning" and self.reasoning)
+        self.heal_calls = heal_calls
         self._gates: dict[str, AdmissionControl] = {}  # what ``bounded`` counts, by kind
         self.end_of_reasoning_ids = engine.tokenizer.encode(THINK_END) if self.reasoning else []
         self.metrics = ServingMetrics(engine, served_model_name)
@@ -135,7 +137,7 @@ class ModelPipeline:
         return cls(engine, served_model_name, template, tool_parser, media, limits, settings.max_n,
                    settings.default_chat_template_kwargs, settings.override_generation_config, aliases,
                    None if settings.reasoning_budget < 0 else settings.reasoning_budget, adapter_table,
-                   tuple(settings.prompt_normalize), settings.loop_guard)
+                   tuple(settings.prompt_normalize), settings.loop_guard, settings.heal_calls == "on")
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -256,6 +258,7 @@ class ModelPipeline:
                                 self.engine.tokenizer.decode, run.request.prompt_token_ids, out.num_cached_tokens,
                                 run.messages))
                     run.completion_tokens += len(out.token_ids)
+                    run.token_ids += out.token_ids
                     run.cached_tokens = out.num_cached_tokens
                     run.engine_prompt_tokens = out.num_prompt_tokens or run.engine_prompt_tokens
                     if out.logprobs:

@@ -37,6 +37,8 @@ class Run:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)  # the template's (chat; the miss report's)
+    functions: list[dict[str, Any]] = field(default_factory=list)  # the tools' function objects (chat)
+    token_ids: list[int] = field(default_factory=list)  # the tokens generated so far
 
     @property
     def prompt_tokens(self) -> int:
