@@ -5,7 +5,8 @@ LoRA adapter per request (equal to the merged weights; batched equal to alone),
 overload 429s, start-up errors, and batch lines at vLLM's lower priority (``--scheduling-policy
 priority``, which the module's server runs with), a client gone mid-generation aborts its request
 (tests/e2e/test_disconnect.py's tests, on this module's server), and vLLM's own ngram
-speculation (``--speculative ngram``: the same greedy answers as this module's server)."""
+speculation (``--speculative ngram`` on the merged weights' server: the same greedy answers as
+the adapter's on this module's server)."""
 
 from __future__ import annotations
 
@@ -70,9 +71,10 @@ def _ask(client: openai.OpenAI, prompt: str, model: str = NAME, **kwargs):
                                           **kwargs)
 
 
-def _answers(url: str, model: str) -> list[str]:
+def _answers(url: str, model: str, more: list[str] = ()) -> list[str]:
+    """Greedy answers (24 tokens) to ``PROMPTS[:4]`` and then ``more``."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
-    return [_ask(client, p, model, max_tokens=24).choices[0].message.content for p in PROMPTS[:4]]
+    return [_ask(client, p, model, max_tokens=24).choices[0].message.content for p in [*PROMPTS[:4], *more]]
 
 
 def test_capital_of_france(client):
@@ -164,16 +166,31 @@ def test_json_schema_response_format_validates(client):
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
 
 
-def test_adapter_output_differs_from_base_and_equals_merged_weights(srv, folders):
-    base, tuned = _answers(srv.url, NAME), _answers(srv.url, "tuned")
+def test_adapter_output_differs_from_base_and_equals_merged_weights_with_or_without_speculation(srv, folders):
+    """The adapter's greedy answers differ from the base model's and equal those of its weights
+    merged, served with ``--speculative ngram`` (vLLM's ngram speculative_config): so speculation
+    left greedy answers as they were, on prompts that copy their input (drafts) and on others;
+    its drafts reach ``/metrics``, and a request vLLM's speculation cannot serve
+    (``logit_bias``) is a 400. (``--speculative draft`` and ``mtp`` map onto vLLM's
+    ``draft_model`` and ``mtp`` the same way: ``tests/unit/engine/test_vllm_args.py``; ``mtp`` is
+    served end to end in ``test_mtp.py``.) One server for both: each vLLM start costs a minute."""
+    copying = test_speculative.PROMPTS[:4]
+    base, tuned = _answers(srv.url, NAME), _answers(srv.url, "tuned", copying)
     assert all(base) and all(tuned)
-    assert tuned != base
-    merged = vllm_server(folders["merged"], "--served-model-name", "merged", "--n-ctx", "2048")
+    assert tuned[:len(base)] != base
+    merged = vllm_server(folders["merged"], "--served-model-name", "merged", "--n-ctx", "2048",
+                         "--speculative", "ngram", "--spec-draft-max", "4")
     try:
-        assert _answers(merged.url, "merged") == tuned
+        assert _answers(merged.url, "merged", copying) == tuned
+        counters = test_speculative._spec_counters(merged)
+        assert "speculative decoding: vLLM's {'method': 'ngram'" in merged.log()
+        with pytest.raises(openai.BadRequestError, match="logit_bias"):
+            _ask(merged.client(), copying[0], "merged", max_tokens=4, logit_bias={"42": 5})
         _check_generic_tool_calls(merged.client())
     finally:
         merged.stop()
+    assert counters["spec_decode_num_drafts"] > 0
+    assert 0 < counters["spec_decode_num_accepted_tokens"] <= counters["spec_decode_num_draft_tokens"]
 
 
 def _check_generic_tool_calls(client):
@@ -359,30 +376,3 @@ def test_client_gone_mid_generation_aborts(srv, check):
     check(srv)
 
 
-def test_vllm_maps_speculative_to_its_own(srv, smollm2_hf):
-    """``--engine vllm --speculative ngram``: vLLM's ngram speculative_config; greedy answers equal
-    those of this module's server (the same template, no speculation), its drafts reach
-    ``/metrics``, and a request vLLM's speculation cannot serve (``logit_bias``) is a 400.
-    (``--speculative draft`` and ``mtp`` map onto vLLM's ``draft_model`` and ``mtp`` the same
-    way: ``tests/unit/engine/test_vllm_args.py``; ``mtp`` is served end to end in ``test_mtp.py``.)"""
-    prompts = test_speculative.PROMPTS[:4] + test_speculative.PROMPTS[10:12]
-
-    def answers(client: openai.OpenAI) -> list[str]:
-        return [client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": p}], temperature=0,
-                                               max_tokens=40).choices[0].message.content for p in prompts]
-
-    server = vllm_server(smollm2_hf, "--served-model-name", NAME, "--max-num-seqs", "2", "--n-ctx", "1024",
-                         "--chat-template", str(FIXTURES / "templates" / "chatml-hermes-tools.jinja"),
-                         "--speculative", "ngram", "--spec-draft-max", "4")
-    try:
-        client = server.client()
-        assert answers(client) == answers(srv.client())
-        counters = test_speculative._spec_counters(server)
-        assert "speculative decoding: vLLM's {'method': 'ngram'" in server.log()
-        with pytest.raises(openai.BadRequestError, match="logit_bias"):
-            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompts[0]}],
-                                           max_tokens=4, logit_bias={"42": 5})
-    finally:
-        server.stop()
-    assert counters["spec_decode_num_drafts"] > 0
-    assert 0 < counters["spec_decode_num_accepted_tokens"] <= counters["spec_decode_num_draft_tokens"]
