@@ -564,10 +564,11 @@ def _tiny_glm47(tags: str | None = None):
 
 
 def _train_tokens(model, examples: list[tuple[list[int], list[int]]], steps: int, what: str,
-                  lr: float = 3e-3) -> None:
-    """Train ``model`` (Adam at ``lr``, loss on each target only) until greedy decoding of each
-    ``(context, target)`` token pair writes the target. Raises ``RuntimeError`` if it does not
-    after ``steps`` steps (``what``: the model, for the message)."""
+                  lr: float = 3e-3, decode=None) -> None:
+    """Train ``model`` (Adam at ``lr``, whole sequences, loss on each target only) until greedy
+    decoding of each ``(context, target)`` token pair writes the target. Raises
+    ``RuntimeError`` if it does not after ``steps`` steps (``what``: what it was to learn, and
+    ``decode``, ids -> text, for the message)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
@@ -587,7 +588,8 @@ def _train_tokens(model, examples: list[tuple[list[int], list[int]]], steps: int
             written = model.generate(torch.tensor([context]), max_new_tokens=len(target),
                                      do_sample=False)[0, len(context):]
         if written.tolist() != target:
-            raise RuntimeError(f"the tiny GLM did not learn {what}: {written.tolist()}")
+            raise RuntimeError(f"the tiny GLM did not learn {what}: "
+                               f"{decode(written) if decode else written.tolist()!r}")
 
 
 def _chat_prompt(tokenizer, messages: list[dict], **kwargs) -> list[int]:
@@ -683,31 +685,10 @@ def _train_replies(model, tokenizer, replies: list[tuple[list[dict], dict, str, 
     """Train ``model`` (Adam at ``lr``, whole sequences, loss on the replies) until greedy decoding of each
     ``(messages, template_kwargs, reply, end)`` prompt writes ``reply`` and ``end``. Raises
     ``RuntimeError`` if it does not after ``steps`` steps."""
-    examples = []
-    for messages, kwargs, reply, end in replies:
-        prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                                **kwargs), add_special_tokens=False)
-        examples.append((prompt, reply_ids(tokenizer, reply) + [tokenizer.convert_tokens_to_ids(end)]))
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        total = 0.0
-        optimizer.zero_grad()
-        for prompt, target in examples:
-            loss = model(input_ids=torch.tensor([prompt + target]),
-                         labels=torch.tensor([[-100] * len(prompt) + target])).loss
-            loss.backward()
-            total += loss.item()
-        optimizer.step()
-        if total < 1e-3 * len(examples):
-            break
-    model.eval()
-    for prompt, target in examples:
-        with torch.no_grad():
-            written = model.generate(torch.tensor([prompt]), max_new_tokens=len(target),
-                                     do_sample=False)[0, len(prompt):]
-        if written.tolist() != target:
-            raise RuntimeError(f"the tiny GLM did not learn its reply: {tokenizer.decode(written)!r}")
+    examples = [(_chat_prompt(tokenizer, messages, **kwargs),
+                 reply_ids(tokenizer, reply) + [tokenizer.convert_tokens_to_ids(end)])
+                for messages, kwargs, reply, end in replies]
+    _train_tokens(model, examples, steps, "its reply", lr, tokenizer.decode)
 
 
 @cached

@@ -70,3 +70,6 @@ def test_off_and_models_without_reasoning_leave_loops_alone_and_all_guards_them(
         _, _, client = _client(STUCK, CHATML, None, loop_guard=guard)
         reply = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK}).json()["choices"][0]
         assert (reply["message"]["content"], reply["finish_reason"]) == (content, finish), guard
+    exact = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK, "ignore_eos": True,
+                                                      "max_tokens": len(STUCK)}).json()["choices"][0]
+    assert exact["message"]["content"] == STUCK  # ignore_eos: max_tokens tokens, whatever they are

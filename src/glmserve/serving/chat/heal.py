@@ -4,8 +4,9 @@ then under load) is decoded once more from its call-start tag under a grammar th
 that function's calls with arguments its schema accepts (the format's ``CallGrammar``,
 ``serving/structured/grammar.py``, as ``tool_choice`` naming the function builds it). The retry's
 prompt is the request's prompt and the reply's tokens before the call, so the engines' prefix
-caches hold all but the call. One retry: where it fails too (no call, an error, no room left in
-``max_tokens``), the call goes out as the model wrote it. Each is counted in ``/metrics``
+caches hold all but the call. One retry per call, for ``MAX_RETRIES`` calls of a reply at most:
+where it fails too (no call, an error, a full engine, no room left in ``max_tokens``), the call
+goes out as the model wrote it. Each is counted in ``/metrics``
 (``glmserve:calls_healed_total{result}``) and logged (logger ``glmserve.chat``).
 
 Where: formats whose calls open with a tag the vocabulary holds as one token (GLM-4.5 to 5.x's
@@ -39,6 +40,7 @@ from glmserve.toolcalls import PARSERS, DeltaEvent
 
 log = logging.getLogger("glmserve.chat")
 WINDOW = 4096  # characters of a call's arguments held for the check, at most
+MAX_RETRIES = 8  # failing calls of one reply decoded again, at most (the rest are sent as written)
 CALL_START = "<tool_call>"
 FORMATS = ("glm47", "glm45", "hermes")  # calls that open with CALL_START
 
@@ -53,6 +55,7 @@ class CallHealer:
         self.held: dict[int, list[DeltaEvent]] = {}
         self.sizes: dict[int, int] = {}
         self.released: set[int] = set()
+        self.retries = 0
 
     def feed(self, events: list[DeltaEvent]) -> list[DeltaEvent]:
         out = []
@@ -79,7 +82,8 @@ class CallHealer:
             if name not in self.functions or _valid(self.functions[name][1], arguments):
                 out += events
                 continue
-            healed = None if unread else await self._retry(index, name, n_calls)
+            self.retries += 1
+            healed = None if unread or self.retries > MAX_RETRIES else await self._retry(index, name, n_calls)
             self.pipeline.metrics.healed.labels(self.run.model, "healed" if healed else "failed").inc()
             log.warning("%s: call %d to %s: arguments %s fail its schema; %s", self.run.request.request_id, index,
                         name, arguments[:200], f"healed: {healed[:200]}" if healed else "sent as written")

@@ -240,14 +240,16 @@ class ModelPipeline:
         pending: list[TokenLogprob] = []
         reason = "abort"  # unless the loop below ends otherwise (the client left)
         stream = run.outputs
-        if run.reasoning_budget is not None or self.loop_guard:
+        # ignore_eos asks for max_tokens tokens whatever they are (a benchmark's): no loop guard
+        guard = self.loop_guard and not run.request.sampling.ignore_eos
+        if run.reasoning_budget is not None or guard:
             loop = asyncio.get_running_loop()
             escaped = {i: self.shown_tags[i] for i in escaped_tags(run.request)}
             stream = budgeted(stream, run.request, run.reasoning_budget, run.reasoning_state,
                               self.end_of_reasoning_ids, lambda ids: sequence_text(ids, self.engine.tokenizer.decode,
                                                                                    escaped),
                               lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop),
-                              (lambda where, found: self._looped(run, where, found)) if self.loop_guard else None)
+                              (lambda where, found: self._looped(run, where, found)) if guard else None)
         try:
             async with aclosing(stream) as outputs:
                 async for out in outputs:
