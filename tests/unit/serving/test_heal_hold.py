@@ -48,3 +48,15 @@ def test_a_long_call_is_streamed_on_and_a_failing_call_without_a_retry_goes_out_
     assert healer.feed(broken) == []
     assert asyncio.run(healer.finish(1)) == broken  # a call the parser could not read: no retry
     assert 'glmserve:calls_healed_total{model_name="glm",result="failed"} 1.0' in pipeline.metrics.render().decode()
+
+
+def test_a_client_s_regular_expression_is_not_run_by_the_check():
+    """A client's ``pattern`` (``^(a+)+$`` backtracks for hours on 40 a's and a "!") is left to
+    the retry's grammar: the check passes a value the pattern refuses, and checks the rest."""
+    from glmserve.serving.chat.heal import _valid
+
+    evil = {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string", "pattern": "^(a+)+$"}, "pattern": {"type": "integer"}}, "required": ["s"]}}
+    assert _valid(evil, '{"s": "' + "a" * 40 + '!"}')
+    assert not _valid(evil, "{}") and not _valid(evil, '{"s": 3}')
+    assert not _valid(evil, '{"s": "a", "pattern": "x"}')  # a property named pattern is still checked

@@ -137,9 +137,22 @@ def healer_for(pipeline: ModelPipeline, run: Run) -> CallHealer | None:
 
 
 def _valid(fn: dict[str, Any], arguments: str) -> bool:
-    """Whether ``arguments`` (JSON text) is an object its function's ``parameters`` accept."""
+    """Whether ``arguments`` (JSON text) is an object its function's ``parameters`` accept, the
+    schema's regular expressions left out (``pattern``, ``patternProperties``: a client's regex
+    run by Python's ``re`` on the event loop could backtrack for minutes; the retry's grammar
+    enforces them)."""
     try:
         value = json.loads(arguments)
     except ValueError:
         return False
-    return isinstance(value, dict) and jsonschema.Draft202012Validator(fn.get("parameters") or {}).is_valid(value)
+    schema = _without_patterns(fn.get("parameters") or {})
+    return isinstance(value, dict) and jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def _without_patterns(schema: Any) -> Any:
+    """``schema`` with every ``pattern`` (a string: the keyword, not a property of that name) and
+    ``patternProperties`` removed."""
+    if isinstance(schema, dict):
+        return {k: _without_patterns(v) for k, v in schema.items()
+                if not (k == "pattern" and isinstance(v, str)) and k != "patternProperties"}
+    return [_without_patterns(v) for v in schema] if isinstance(schema, list) else schema
