@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import re
 import subprocess
@@ -19,7 +20,7 @@ import yaml
 
 from glmserve.cli import models_parser, pull_parser
 from glmserve.flags import parse_flags
-from glmserve.launch import AGENTS, LaunchError, split_args
+from glmserve.launch import AGENTS, LaunchError, agent_setup, split_args
 from glmserve.engine import check_engine_settings
 from glmserve.runtime.catalog import read_config
 from glmserve.runtime.start import model_settings
@@ -216,6 +217,9 @@ def test_every_config_file_in_the_docs_is_read_as_the_server_reads_it(block, tmp
         assert [entry.name for entry in entries] == [item["name"] for item in data["models"]]
         for entry in entries:
             model_settings(ServeSettings(), entry)
+    elif "scrape_configs" in data:  # Prometheus: the route, with a key (every route but /health needs one)
+        for job in data["scrape_configs"]:
+            assert job["metrics_path"] == "/metrics" and job["authorization"]["credentials_file"]
     else:  # a Ray Serve config: each application's args as the serve run builder takes them
         for app in data["applications"]:
             assert app["import_path"] == "glmserve.deploy.ray:build"
@@ -258,3 +262,32 @@ def test_the_troubleshooting_statuses_and_codes_are_the_servers():
         assert int(status) in declared | {502}, status
         for code in re.findall(r"`([a-z_]+)`", codes):
             assert f'"{code}"' in source, code
+
+
+COMMENT_LINE = re.compile(r"\s#.*$")
+
+
+def _recipe_env(code: str) -> dict[str, str]:
+    """The variables a shell block's ``export`` lines set (continuation lines joined)."""
+    joined = code.replace("\\\n", " ")
+    lines = [COMMENT_LINE.sub("", line) for line in joined.splitlines() if line.startswith("export ")]
+    return dict(re.findall(r"(\w+)=(\S+)", " ".join(lines)))
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/guides/coding-agents.md"])
+def test_the_by_hand_claude_code_recipe_sets_what_launch_sets(page, tmp_path):
+    # the interactive session's block (its last line: claude), on the served model at a 64k context
+    blocks = [e for e in examples() if e.page == page and e.code.strip().splitlines()[-1:] == ["claude"]]
+    assert len(blocks) == 1, page
+    env, _ = agent_setup("claude", "http://127.0.0.1:8000", "glm-4.7-flash", "unused", tmp_path, 65536, environ={})
+    assert _recipe_env(blocks[0].code) == {name: value for name, value in env.items() if value is not None}
+
+
+def test_the_opencode_json_for_a_running_server_is_what_launch_gives_opencode(tmp_path):
+    blocks = [e for e in examples() if e.page == "docs/guides/coding-agents.md" and e.language == "json"]
+    assert len(blocks) == 1
+    env, _ = agent_setup("opencode", "http://127.0.0.1:8000", "glm-4.7-flash", "unused", tmp_path, 65536, environ={})
+    given = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    # launch alone keeps the user's other providers out; the page says so
+    assert given.pop("enabled_providers") == ["glmserve"] and given.pop("disabled_providers") == []
+    assert json.loads(blocks[0].code) == given
