@@ -65,7 +65,7 @@ def serve_group_fields() -> list[tuple[str, str, list[str]]]:
 # how a default reads where its value alone says too little (None, computed, a size in bytes)
 DEFAULT_SHOWN: dict[str, str] = {
     "model": "the embedded SmolLM2-135M-Instruct",
-    "served_model_name": "the model file's name without .gguf",
+    "served_model_name": "a GGUF file's name without .gguf, a folder's name, a Hub model's ORG/NAME",
     "api_key": "none: no key needed",
     "admin_api_key": "none: every --api-key key is an admin",
     "database_url": "none: SQLite in --state-dir",
@@ -100,7 +100,7 @@ METAVARS: dict[str, str] = {
     "state_dir": "DIR", "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "admin_api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
     "served_model_name": "NAME", "allowed_origins": "ORIGIN", "allowed_media_domains": "HOST",
     "default_chat_template_kwargs": "JSON", "override_generation_config": "JSON", "engine_arg": "KEY=VALUE",
-    "keep_alive": "DURATION", "store_ttl": "DURATION", "database_url": "URL", "memory_budget": "BYTES", "url": "URL", "json_file": "FILE", "plot": "FILE",
+    "keep_alive": "DURATION", "tensor_split": "SHARE,SHARE,...", "store_ttl": "DURATION", "database_url": "URL", "memory_budget": "BYTES", "url": "URL", "json_file": "FILE", "plot": "FILE",
 }
 
 
@@ -155,7 +155,8 @@ def _metavar(cls: type[BaseSettings], name: str, field: FieldInfo) -> str | None
     if "Literal" in annotation and choices:
         literal = next((a for a in choices if "Literal" in str(a)), field.annotation)
         values = getattr(literal, "__args__", choices)
-        return "{" + ",".join(map(str, values)) + "}"
+        number = ["N"] if any(a is int for a in choices) else []  # int | Literal[...]: N or a word
+        return "{" + ",".join([*number, *map(str, values)]) + "}"
     if "float" in annotation:
         return "NUMBER"
     if "int" in annotation:
