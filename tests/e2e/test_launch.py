@@ -345,7 +345,10 @@ def test_a_ctrl_c_is_the_agents_and_does_not_reach_the_server(stand_in, tmp_path
     home = tmp_path / "home"
     home.mkdir()
     launcher, agent, server = _held(bin_, record, home)
-    os.killpg(launcher.pid, signal.SIGINT)  # the terminal's Ctrl-C: to its foreground process group
+    # the terminal's Ctrl-C goes to its foreground process group: the launcher's and the agent's,
+    # never the server's own
+    assert os.getpgid(agent) == os.getpgid(launcher.pid) != os.getpgid(server)
+    os.killpg(launcher.pid, signal.SIGINT)
     assert launcher.wait(timeout=120) == 3  # the agent's own exit, a second after the Ctrl-C
     assert (record / "after-ctrl-c").read_text() == "200"  # the server still served then
     assert not _alive(agent) and not _alive(server)

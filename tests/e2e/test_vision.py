@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.conftest import RemoteServer
-from tests.image_site import PNG, encode, image_site
+from tests.image_site import PNG, REQUESTS, encode, image_site
 
 pytest.importorskip("torch")
 
@@ -130,9 +130,11 @@ def test_a_requests_images_are_bounded_in_number_and_in_pixels_in_all(vision_ser
 
     from PIL import Image
 
+    before = len(REQUESTS)
     with pytest.raises(openai.BadRequestError) as err:  # refused before any is fetched
-        _ask(vision_server, DATA_URL, DATA_URL, DATA_URL, f"{site}/slow")
+        _ask(vision_server, f"{site}/ok.png", f"{site}/ok.png", f"{site}/ok.png", f"{site}/slow")
     assert err.value.status_code == 400 and err.value.body["param"] == "messages.0.content.3"
+    assert REQUESTS[before:] == []  # the image site (in this process) got no request
     assert "4 images, more than 3 per request (--max-images-per-request)" in err.value.body["message"]
     buf = io.BytesIO()
     Image.new("RGB", (1000, 1000), (0, 0, 0)).save(buf, format="PNG")  # 1 Mpx in a few KB: each one allowed

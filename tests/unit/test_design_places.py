@@ -11,12 +11,15 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from glmserve.chat import CHATML_TEMPLATE, ChatTemplate
-from glmserve.runtime.catalog import OWN_FIELDS
+from glmserve.engine import ENGINES, engine_settings
+from glmserve.flags import _cli_source
+from glmserve.runtime.catalog import OWN_FIELDS, ConfigEntry
+from glmserve.runtime.start import model_settings
 from glmserve.server import create_app
 from glmserve.server.endpoints import ENDPOINTS
 from glmserve.serving.generation.pipeline import ModelPipeline
 from glmserve.settings.model import ModelSettings
-from glmserve.settings.serve import DeploySettings
+from glmserve.settings.serve import DeploySettings, ServeSettings
 from tests.unit.fakes import FakeEngine, one_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,11 +58,29 @@ def test_each_endpoint_row_is_a_route_taking_its_request_model():
             assert create(path).status_code == 404, path
 
 
+# what a setting needs beside it to be valid (a speculative decoding setting needs --speculative)
+COMPANIONS = {**dict.fromkeys(["spec_ngram_min", "spec_ngram_max", "spec_ngram_cost", "spec_draft_max"],
+                              {"speculative": "ngram"}),
+              **dict.fromkeys(["draft_model", "n_gpu_layers_draft"], {"speculative": "draft", "draft_model": "d.gguf"})}
+
+
 def test_a_per_model_setting_is_a_flag_and_a_config_key():
-    flags = set(DeploySettings.model_fields)
+    """Each ``ModelSettings`` field is a ``glmserve serve`` flag (the parser's own option list),
+    and a ``--config`` entry that gives it, alone, is read and served with it: for an engine's
+    field, on an engine that reads it."""
+    options = set(_cli_source(ServeSettings).root_parser._option_string_actions)  # what glmserve serve parses
+    given = ModelSettings().model_dump(mode="json")
     for name in ModelSettings.model_fields:
-        assert name in flags, name
-    assert set(OWN_FIELDS) <= set(ModelSettings.model_fields) | flags
+        flag = "--" + name.replace("_", "-")
+        assert flag in options, name
+        if name in {"model", "served_model_name"}:  # an entry's own keys: model, and name (its id)
+            continue
+        engine = next((e for e in ENGINES if name in engine_settings(e)), "llama_cpp")
+        fields = {"name": "m", "model": "x.gguf", "engine": engine, name: given[name], **COMPANIONS.get(name, {})}
+        entry = ConfigEntry.model_validate(fields).entry()
+        served = model_settings(ServeSettings(), entry)
+        assert name in served.model_fields_set and served.model_dump(mode="json")[name] == fields[name], name
+    assert set(OWN_FIELDS) <= set(ModelSettings.model_fields)
 
 
 def test_each_model_concept_is_defined_where_the_table_says():

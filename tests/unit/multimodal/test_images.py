@@ -90,9 +90,13 @@ def _data_url(size: tuple[int, int]) -> str:
 
 def test_a_requests_images_are_bounded_in_number_before_any_is_fetched(site):
     policy = MediaPolicy(allowed_domains=frozenset({"127.0.0.1"}), max_images=2, timeout_s=30.0)
+    before = len(REQUESTS)
     with pytest.raises(ImageError, match=r"^3 images, more than 2 per request \(--max-images-per-request\)$") as err:
-        asyncio.run(load_images([_data_url((8, 6)), _data_url((8, 6)), f"{site}/slow"], policy))
+        asyncio.run(load_images([f"{site}/ok.png", f"{site}/ok.png", f"{site}/slow"], policy))
     assert err.value.index == 2
+    assert REQUESTS[before:] == []  # the image site got no request: none was fetched
+    assert [i.size for i in asyncio.run(load_images([f"{site}/ok.png"], policy))] == [(8, 6)]
+    assert len(REQUESTS) == before + 1  # (the log sees a fetch)
     assert [i.size for i in asyncio.run(load_images([_data_url((8, 6)), _data_url((4, 4))], policy))] == [(8, 6), (4, 4)]
 
 

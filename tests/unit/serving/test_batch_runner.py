@@ -448,8 +448,9 @@ def test_batch_lines_reach_the_engine_at_batch_priority_and_routes_at_interactiv
 def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_woken(tmp_path):
     """With no batch unfinished, a runner leaves the database alone between looks (``idle_poll_s``),
     not every ``poll_s``: every SQL statement is counted (SQLAlchemy's ``before_cursor_execute``),
-    none runs while it is idle, its look skips the query for expired batches, and it calls no
-    heartbeat with nothing to renew. A batch created through its own service wakes it at once,
+    none runs while it is idle, a look is three statements (a claim, one query for the batches
+    to end, expired or done, and whether any is left), and it calls no heartbeat with nothing to
+    renew. A batch created through its own service wakes it at once,
     and one that another server creates on the same database (no wake here) is found at a later
     look."""
     service, calls = _service(tmp_path), Counter()
@@ -488,6 +489,7 @@ def test_an_idle_runner_looks_at_the_database_only_every_idle_poll_s_or_when_wok
                 await asyncio.sleep(0.03)
             assert statements[mark:] == []  # idle: no statement at all
             assert len(first_look) <= 3, first_look  # a look: a claim, the batches to end, whether any is left
+            assert sum("expires_at <=" in s for s in first_look) == 1, first_look  # expired ones in the same query
             assert [b for b in heartbeats if not b] == []  # no heartbeat round trip with nothing to renew
             batch = await _batch(service, ["m", "m"])  # the service wakes its runner
             await _until(lambda: _status_is(service, batch["id"], "completed"))
