@@ -26,6 +26,23 @@ def pytest_report_header(config) -> str:
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
+FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time, for the summary
+
+
+def pytest_runtest_logreport(report) -> None:
+    FILE_SECONDS[report.nodeid.split("::")[0]] = FILE_SECONDS.get(report.nodeid.split("::")[0], 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The ten slowest test files (their tests' setup, call and teardown, module fixtures
+    included), after ``--durations``' slowest tests: where the suite's time goes."""
+    slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:10]
+    if slowest:
+        terminalreporter.write_sep("=", "slowest 10 test files")
+        for path, seconds in slowest:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
 def vllm_server(model: Path, *args: str, env: dict[str, str] | None = None) -> RemoteServer:
     """``glmserve serve --engine vllm`` on ``model`` (a Hugging Face folder), skipped without vLLM;
     ``env``: more environment variables for the server. Its ``stop()`` does not wait for the
