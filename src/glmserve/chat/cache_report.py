@@ -35,6 +35,20 @@ class PrefillStart:
     roles: tuple[str, ...]
     text: str
 
+    @classmethod
+    def at(cls, token: int, prompt_tokens: int) -> PrefillStart:
+        """The start of a prompt given as text or tokens (no messages to place it in), not decoded."""
+        return cls(min(max(token, 0), prompt_tokens), prompt_tokens, None, None, (), "")
+
+    def report(self) -> dict[str, Any]:
+        """The usage extension's fields (``protocol.usage.PrefillReport``): the token, and the
+        message (index and role) holding it or the message it comes after; no text."""
+        if not self.roles:
+            return {"token": self.token}
+        if self.message is not None:
+            return {"token": self.token, "message": self.message, "role": self.roles[self.message]}
+        return {"token": self.token, "after": self.after}
+
     def _name(self, i: int) -> str:
         return f"messages[{i}] ({self.roles[i]})"
 

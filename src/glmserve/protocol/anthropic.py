@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from glmserve.protocol.chat import KeepAlive, ReasoningEffort, StopString, _Lenient
 from glmserve.protocol.errors import APIError, ErrorInfo
+from glmserve.protocol.usage import WithPrefillReport
 
 # bounds on the lists a request holds (each item is rendered into the prompt); the body itself is
 # bounded by --max-request-bytes. Claude Code's compaction request was seen with 6361 blocks in one
@@ -106,10 +107,11 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
 
 
-class Usage(BaseModel):
+class Usage(WithPrefillReport):
     """Token counts as Anthropic gives them: the prompt is ``input_tokens`` (not served from the
     prefix cache) plus ``cache_read_input_tokens`` (served from it); glmserve writes no separate
-    cache, so ``cache_creation_input_tokens`` is 0."""
+    cache, so ``cache_creation_input_tokens`` is 0. ``prefill_start``: where the prefill started
+    (glmserve's extension, ``protocol/usage.py``)."""
 
     input_tokens: int
     output_tokens: int

@@ -17,6 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer,
                       model_validator)
 
+from glmserve.protocol.usage import WithPrefillReport
+
 MAX_STOP_SEQUENCES = 4  # OpenAI: "Up to 4 sequences where the API will stop generating"
 # glmserve's bound: a stop string is matched against held-back text after every token
 MAX_STOP_LENGTH = 512
@@ -204,7 +206,10 @@ class ChatCompletionRequest(SamplingRequest):
 # ---- response ----------------------------------------------------------------------------
 
 
-class PromptTokensDetails(BaseModel):
+class PromptTokensDetails(WithPrefillReport):
+    """``cached_tokens``: prompt tokens read from the prefix cache; ``prefill_start``: where the
+    prefill started (glmserve's extension, ``protocol/usage.py``)."""
+
     cached_tokens: int = 0
 
 

@@ -11,6 +11,7 @@ import re
 from pydantic import BaseModel, Field, field_validator
 
 from glmserve.protocol.chat import KeepAlive, Metadata, ReasoningEffort, _Lenient
+from glmserve.protocol.usage import WithPrefillReport
 
 MAX_INPUT_ITEMS = 4096
 # the ``include`` values served: reasoning.encrypted_content, and those of hosted tools (left out
@@ -111,7 +112,10 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-class InputTokensDetails(BaseModel):
+class InputTokensDetails(WithPrefillReport):
+    """``cached_tokens``: prompt tokens read from the prefix cache; ``prefill_start``: where the
+    prefill started (glmserve's extension, ``protocol/usage.py``)."""
+
     cached_tokens: int = 0
 
 

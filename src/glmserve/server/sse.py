@@ -249,6 +249,27 @@ async def respond(result: Awaitable[BaseModel | AsyncIterator[StreamItem] | None
     if result is None or isinstance(result, BaseModel):
         if release is not None:
             release()
-        # None: the client went away; nobody reads this
-        return Response(status_code=499) if result is None else JSONResponse(dialect.dump(result))
+        if result is None:  # the client went away; nobody reads this
+            return Response(status_code=499)
+        body = dialect.dump(result)
+        return JSONResponse(body, headers=prefill_header(body))
     return event_stream(result, request.app.state.shutdown_timeout, dialect, release)
+
+
+PREFILL_HEADER = "x-glmserve-prefill-start"
+
+
+def prefill_header(body: Any) -> dict[str, str] | None:
+    """The miss report of a whole reply's usage (``protocol/usage.py``'s ``prefill_start``, in
+    ``usage`` or one of its details objects) as a response header, its fields as ``key=value``
+    pairs (``token=12; message=0; role=system``; ``after=null``: before the first message); None
+    when the body has none. A stream's
+    headers are sent before its prompt is read: there the report is in the usage event only."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    report = usage.get("prefill_start") or next(
+        (v["prefill_start"] for v in usage.values() if isinstance(v, dict) and v.get("prefill_start")), None)
+    if not report:
+        return None
+    return {PREFILL_HEADER: "; ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in report.items())}

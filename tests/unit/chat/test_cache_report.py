@@ -5,6 +5,7 @@ is kept (``--prompt-normalize none``) and the new question when it is removed.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 
 import pytest
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from glmserve.chat import ChatTemplate
 from glmserve.chat.cache_report import prefill_start
 from glmserve.server import create_app
+from glmserve.server.sse import PREFILL_HEADER
 from glmserve.serving.chat.service import ChatService
 from glmserve.serving.generation.pipeline import ModelPipeline
 from tests.unit.chat.test_normalize import REST, SESSION_1, SESSION_2
@@ -59,20 +61,69 @@ class _CachingEngine(FakeEngine):
             yield dataclasses.replace(out, num_cached_tokens=min(max(shared, default=0), n - 1))
 
 
-def _reports(normalize: tuple[str, ...], caplog) -> list[str]:
-    service = ChatService(ModelPipeline(_CachingEngine(reply="4", context_length=4000), "glm",
-                                        ChatTemplate(TEMPLATES["glm45"]), "glm45", prompt_normalize=normalize))
+def _service(normalize: tuple[str, ...] = ("claude-code-attribution",)) -> ChatService:
+    return ChatService(ModelPipeline(_CachingEngine(reply="4", context_length=4000), "glm",
+                                     ChatTemplate(TEMPLATES["glm45"]), "glm45", prompt_normalize=normalize))
+
+
+def _reports(normalize: tuple[str, ...], caplog) -> tuple[list[str], list[dict], list[str | None]]:
+    """Two Claude Code sessions' first requests: the debug log's reports, the usage's
+    ``prefill_start`` and the response header of each."""
     caplog.clear()
-    with caplog.at_level(logging.DEBUG, "glmserve.prompt"), TestClient(create_app(one_model(service))) as http:
+    usages, headers = [], []
+    with caplog.at_level(logging.DEBUG, "glmserve.prompt"), TestClient(create_app(one_model(_service(normalize)))) as http:
         for line, question in ((SESSION_1, "What is two plus two?"), (SESSION_2, "List the files here.")):
-            assert http.post("/v1/messages", json={"model": "glm", "max_tokens": 4, "system": [
+            reply = http.post("/v1/messages", json={"model": "glm", "max_tokens": 4, "system": [
                 {"type": "text", "text": line}, {"type": "text", "text": REST}],
-                "messages": [{"role": "user", "content": question}]}).is_success
-    return [r.getMessage() for r in caplog.records if "prefill from token" in r.getMessage()]
+                "messages": [{"role": "user", "content": question}]})
+            assert reply.is_success
+            usages.append(reply.json()["usage"])
+            headers.append(reply.headers.get(PREFILL_HEADER))
+    return [r.getMessage() for r in caplog.records if "prefill from token" in r.getMessage()], usages, headers
 
 
 def test_the_report_names_the_attribution_line_when_it_is_kept_and_the_question_when_not(caplog):
-    kept = _reports(("none",), caplog)
+    kept, usages, headers = _reports(("none",), caplog)
     assert len(kept) == 2 and "in messages[0] (system): 'aad; cc_entrypoint=sdk-cli;" in kept[1], kept
-    removed = _reports(("claude-code-attribution",), caplog)
+    cached = usages[1]["cache_read_input_tokens"]
+    assert 0 < cached < 60  # the line's first characters only
+    assert usages[1]["prefill_start"] == {"token": cached, "message": 0, "role": "system"}
+    assert headers[1] == f"token={cached}; message=0; role=system"
+    removed, usages, headers = _reports(("claude-code-attribution",), caplog)
     assert len(removed) == 2 and "in messages[1] (user): 'List the files here." in removed[1], removed
+    cached = usages[1]["cache_read_input_tokens"]
+    assert cached > len(REST) // 2  # the whole system prompt (one character a token here)
+    assert usages[1]["prefill_start"] == {"token": cached, "message": 1, "role": "user"}
+    assert headers[1] == f"token={cached}; message=1; role=user"
+
+
+def test_every_api_gives_the_report_in_its_usage_whole_and_streamed():
+    """Chat completions (``prompt_tokens_details``), Responses (``input_tokens_details``) and
+    Messages (``usage``), whole and in the stream's usage; completions give the token alone."""
+    system = {"role": "system", "content": "Be brief. " * 20}
+    with TestClient(create_app(one_model(_service()))) as http:
+        def chat(question: str, **extra) -> dict:
+            body = {"model": "glm", "max_tokens": 2, "messages": [system, {"role": "user", "content": question}]}
+            return http.post("/v1/chat/completions", json={**body, **extra})
+
+        chat("First question?")
+        whole = chat("Second question?")
+        report = whole.json()["usage"]["prompt_tokens_details"]["prefill_start"]
+        assert report["message"] == 1 and report["role"] == "user" and report["token"] > 100
+        assert whole.headers[PREFILL_HEADER] == f"token={report['token']}; message=1; role=user"
+        streamed = chat("A streamed question?", stream=True, stream_options={"include_usage": True})
+        assert PREFILL_HEADER not in streamed.headers  # sent before the prompt was read
+        last = json.loads([line for line in streamed.text.splitlines() if line.startswith("data: {")][-1][6:])
+        assert last["usage"]["prompt_tokens_details"]["prefill_start"]["role"] == "user", last
+        response = http.post("/v1/responses", json={"model": "glm", "max_output_tokens": 2,
+                                                    "instructions": system["content"], "input": "Third question?"})
+        assert response.json()["usage"]["input_tokens_details"]["prefill_start"]["role"] == "user"
+        messages = http.post("/v1/messages", json={"model": "glm", "max_tokens": 2, "stream": True,
+                                                   "system": system["content"],
+                                                   "messages": [{"role": "user", "content": "Fourth?"}]})
+        deltas = [json.loads(line[6:]) for line in messages.text.splitlines() if line.startswith("data: ")]
+        assert [d["usage"]["prefill_start"]["role"] for d in deltas if d["type"] == "message_delta"] == ["user"]
+        completion = http.post("/v1/completions", json={"model": "glm", "prompt": "Be brief. Be brief.",
+                                                        "max_tokens": 2}).json()
+        assert completion["usage"]["prompt_tokens_details"]["prefill_start"] == {
+            "token": completion["usage"]["prompt_tokens_details"]["cached_tokens"]}

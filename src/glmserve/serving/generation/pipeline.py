@@ -32,7 +32,7 @@ from glmserve.protocol.errors import APIError, invalid_request, overloaded, serv
 from glmserve.serving.adapters import AdapterTable
 from glmserve.serving.generation.request_scope import TENANT
 from glmserve.serving.generation.metrics import ServingMetrics
-from glmserve.chat.cache_report import prefill_start
+from glmserve.chat.cache_report import PrefillStart, prefill_start
 from glmserve.chat.normalize import RULES as NORMALIZE_RULES
 from glmserve.chat.normalize import PromptNormalizer
 from glmserve.chat.plain_text import PlainText
@@ -215,6 +215,19 @@ class ModelPipeline:
                          run.request.request_id, found.period, found.repeats, found.span, where,
                          "the reasoning is ended" if where == "reasoning" else "stopped (finish_reason length)")
 
+    async def _report_prefill(self, run: Run) -> None:
+        """``run.prefill_start``, where its prompt's prefill started (the miss report,
+        ``chat/cache_report.py``), for its usage; logged at debug on ``glmserve.prompt``. Placing
+        the token in a message decodes the prompt (off the event loop): done for a chat prompt or
+        for the log, else the token alone."""
+        ids, cached = run.request.prompt_token_ids, run.cached_tokens
+        if not (run.messages or prompt_log.isEnabledFor(logging.DEBUG)):
+            run.prefill_start = PrefillStart.at(cached, len(ids))
+            return
+        run.prefill_start = await asyncio.to_thread(prefill_start, self.engine.tokenizer.decode, ids, cached,
+                                                    run.messages)
+        prompt_log.debug("%s: %s", run.request.request_id, run.prefill_start)
+
     def admit(self, model: str, request: GenerationRequest, loop: asyncio.AbstractEventLoop,
               grammar_param: str | None = None) -> AsyncIterator[GenerationOutput]:
         """Hand ``request`` (for the requested ``model``) to the engine, from any thread;
@@ -255,10 +268,6 @@ class ModelPipeline:
                 async for out in outputs:
                     if out.token_ids and run.first_token_at is None:
                         run.first_token_at = time.perf_counter()
-                        if prompt_log.isEnabledFor(logging.DEBUG):  # the miss report (chat/cache_report.py)
-                            prompt_log.debug("%s: %s", run.request.request_id, prefill_start(
-                                self.engine.tokenizer.decode, run.request.prompt_token_ids, out.num_cached_tokens,
-                                run.messages))
                     run.completion_tokens += len(out.token_ids)
                     run.token_ids += out.token_ids
                     run.cached_tokens = out.num_cached_tokens
@@ -273,10 +282,12 @@ class ModelPipeline:
                     text, stopped = matcher.feed(out.text)
                     if stopped:
                         reason, run.stop_reason = "stop", matcher.matched
+                        await self._report_prefill(run)
                         yield text, "stop", pending
                         return
                     if out.finished:
                         reason = "length" if out.finish_reason == "length" else out.finish_reason or "stop"
+                        await self._report_prefill(run)
                         yield text + matcher.flush(), "length" if out.finish_reason == "length" else "stop", pending
                         return
                     if text:

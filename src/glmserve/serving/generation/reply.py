@@ -29,7 +29,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from glmserve.chat.cache_report import PrefillStart
 from glmserve.engine.types import TokenLogprob
+from glmserve.protocol.usage import PrefillReport
 from glmserve.serving.generation.chunks import ChunkStream
 
 
@@ -72,11 +74,18 @@ class Finish(NamedTuple):
 
 class Tokens(NamedTuple):
     """A request's token counts: ``prompt`` (each prompt once, as OpenAI counts ``n``),
-    ``completion`` (every choice), ``cached`` (prompt tokens read from the prefix cache)."""
+    ``completion`` (every choice), ``cached`` (prompt tokens read from the prefix cache), and
+    ``prefill``: where its one prompt's prefill started (None: several prompts, or not known)."""
 
     prompt: int
     completion: int
     cached: int = 0
+    prefill: PrefillStart | None = None
+
+
+def prefill_report(prefill: PrefillStart | None) -> PrefillReport | None:
+    """The usage extension (``protocol/usage.py``) of ``prefill``."""
+    return None if prefill is None else PrefillReport(**prefill.report())
 
 
 class Done(NamedTuple):

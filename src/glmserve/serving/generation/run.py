@@ -10,7 +10,8 @@ from typing import Any
 
 from glmserve.engine.types import GenerationOutput, GenerationRequest
 from glmserve.protocol.chat import PromptTokensDetails, Usage
-from glmserve.serving.generation.reply import Tokens
+from glmserve.chat.cache_report import PrefillStart
+from glmserve.serving.generation.reply import Tokens, prefill_report
 from glmserve.toolcalls import ToolCallParser
 
 
@@ -39,6 +40,7 @@ class Run:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the template's (chat; the miss report's)
     functions: list[dict[str, Any]] = field(default_factory=list)  # the tools' function objects (chat)
     token_ids: list[int] = field(default_factory=list)  # the tokens generated so far
+    prefill_start: PrefillStart | None = None  # where the prompt's prefill started, once the run ended
 
     @property
     def prompt_tokens(self) -> int:
@@ -56,14 +58,15 @@ def tokens(runs: list[Run], prompts: int = 1) -> Tokens:
     order): each prompt counted once, as OpenAI counts it for ``n``."""
     heads = runs[::len(runs) // prompts]
     return Tokens(sum(r.prompt_tokens for r in heads), sum(r.completion_tokens for r in runs),
-                  sum(r.cached_tokens for r in heads))
+                  sum(r.cached_tokens for r in heads), heads[0].prefill_start if prompts == 1 else None)
 
 
 def chat_usage(counts: Tokens) -> Usage:
     """OpenAI's ``usage`` object of ``counts``."""
     return Usage(prompt_tokens=counts.prompt, completion_tokens=counts.completion,
                  total_tokens=counts.prompt + counts.completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached))
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.cached,
+                                                           prefill_start=prefill_report(counts.prefill)))
 
 
 def usage(runs: list[Run], prompts: int = 1) -> Usage:

@@ -27,7 +27,7 @@ from glmserve.protocol.anthropic import Message, MessageStreamEvent, Usage, stre
 from glmserve.protocol.errors import APIError
 from glmserve.serving.generation.blocks import BlockWriter
 from glmserve.serving.generation.chunks import MARK, FilledJSON
-from glmserve.serving.generation.reply import CallStart, Finish, Reply, TextDelta, Tokens, Whole
+from glmserve.serving.generation.reply import CallStart, Finish, Reply, TextDelta, Tokens, Whole, prefill_report
 
 # a block kind -> its type, its empty start, and its delta's type and field
 _BLOCKS = {"content": ("text", {"type": "text", "text": ""}, "text_delta", "text"),
@@ -42,7 +42,7 @@ def message_id() -> str:
 
 def usage(tokens: Tokens) -> Usage:
     return Usage(input_tokens=tokens.prompt - tokens.cached, cache_read_input_tokens=tokens.cached,
-                 output_tokens=tokens.completion)
+                 output_tokens=tokens.completion, prefill_start=prefill_report(tokens.prefill))
 
 
 def stop(finish: Finish) -> tuple[str, str | None]:

@@ -39,7 +39,7 @@ from glmserve.protocol.responses import (
 )
 from glmserve.serving.generation.blocks import BlockWriter
 from glmserve.serving.generation.chunks import MARK, NumberedJSON
-from glmserve.serving.generation.reply import CallStart, Finish, Reply, TextDelta, Tokens, Whole
+from glmserve.serving.generation.reply import CallStart, Finish, Reply, TextDelta, Tokens, Whole, prefill_report
 
 Sealer = Callable[[str], str]  # reasoning text -> encrypted_content (ReasoningSeal.seal)
 # a block kind -> its item's type, its delta event and that event's fields before and after the delta
@@ -56,7 +56,8 @@ def item_id(kind: str) -> str:
 
 def usage(tokens: Tokens) -> ResponseUsage:
     return ResponseUsage(input_tokens=tokens.prompt,
-                         input_tokens_details=InputTokensDetails(cached_tokens=tokens.cached),
+                         input_tokens_details=InputTokensDetails(cached_tokens=tokens.cached,
+                                                                 prefill_start=prefill_report(tokens.prefill)),
                          output_tokens=tokens.completion, output_tokens_details=OutputTokensDetails(),
                          total_tokens=tokens.prompt + tokens.completion)
 
