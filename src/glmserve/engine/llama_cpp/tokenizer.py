@@ -25,6 +25,7 @@ class LlamaCppTokenizer:
         # fixed per token: computed once, so the per-token path makes no llama.cpp call for them
         self.eog_ids = frozenset(i for i in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, i))
         self._pieces: dict[int, bytes] = {}
+        self._written: dict[int, bytes] = {}  # decode's pieces (special tokens written out), at most n_vocab
         self._tag_texts: dict[frozenset[int], tuple[str, ...]] = {}
         self._special_texts: frozenset[str] | None = None
 
@@ -79,7 +80,9 @@ class LlamaCppTokenizer:
         return IncrementalDecoder(tag_escaper(texts))
 
     def decode(self, token_ids: list[int]) -> str:
-        return b"".join(self._piece(t, special=True) for t in token_ids).decode("utf-8", errors="replace")
+        written = self._written  # cached per token: a whole prompt (the miss report's) without a call per token
+        pieces = [written[t] if t in written else written.setdefault(t, self._piece(t, special=True)) for t in token_ids]
+        return b"".join(pieces).decode("utf-8", errors="replace")
 
     def _piece(self, token_id: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
