@@ -263,8 +263,8 @@ def prefill_header(body: Any) -> dict[str, str] | None:
     """The miss report of a whole reply's usage (``protocol/usage.py``'s ``prefill_start``, in
     ``usage`` or one of its details objects) as a response header, its fields as ``key=value``
     pairs (``token=12; message=0; role=system``; ``after=null``: before the first message); None
-    when the body has none. A stream's
-    headers are sent before its prompt is read: there the report is in the usage event only."""
+    when the body has none. A stream's headers are sent before its prompt is read: there the
+    report is in the usage event only."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
         return None
