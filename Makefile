@@ -96,6 +96,7 @@ $(CONVERTER): $(STAMP)
 	touch $(CONVERTER)
 
 serve: install-serve
+	@echo "glmserve is $(abspath $(BIN))/glmserve: '. $(BIN)/activate' puts it on your PATH for the docs' glmserve commands"
 	$(BIN)/glmserve serve --host $(HOST) --port $(PORT)
 
 # The web page's tests drive Debian's chromium (a test tool's own browser download does not work
