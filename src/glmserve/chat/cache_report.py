@@ -17,6 +17,7 @@ from typing import Any
 
 ANCHOR_CHARS = 24  # a message's text is found in the prompt by its first characters
 SHOWN_CHARS = 48  # the prompt's text shown from the first computed token
+MAX_MISSES = 32  # messages in a row whose text the prompt does not hold before the search stops
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,20 +75,31 @@ def prefill_start(decode: Callable[[list[int]], str], token_ids: Sequence[int], 
     """Where the prefill of ``token_ids`` started after ``cached`` tokens were read from the cache
     (``decode``: the tokenizer's, special tokens written out; ``messages``: the template messages
     the prompt was rendered from). Decodes the prompt once, in two parts at ``cached`` (a
-    character split there shows as U+FFFD): for a log line, not per token."""
+    character split there shows as U+FFFD), once per request. Each message's text is looked for
+    between the last one's end and the token, so the work is bounded by the messages times that
+    span; ``MAX_MISSES`` messages in a row that the prompt does not hold verbatim (a template that
+    rewrites them, a hostile request of many) end the search, the token then placed after the
+    last message found."""
     ids = list(token_ids)
     start = min(max(cached, 0), len(ids))
     head = decode(ids[:start])
     whole, offset = head + decode(ids[start:]), len(head)
     message = after = None
-    position = 0
+    position = misses = 0
     for i, m in enumerate(messages):
         text = _text(m)
-        found = whole.find(text[:ANCHOR_CHARS], position) if text else -1
-        if found < 0 or found > offset:
-            if found > offset:
+        if not text:
+            continue
+        # only a message starting before the token matters: the search ends there
+        found = whole.find(text[:ANCHOR_CHARS], position, offset + ANCHOR_CHARS)
+        if found < 0:
+            misses += 1
+            if misses == MAX_MISSES:  # a template that rewrites the texts: no place, and no more scans
                 break
             continue
+        if found > offset:  # it starts after the token
+            break
+        misses = 0
         end = found + len(text) if whole.startswith(text, found) else found + ANCHOR_CHARS
         position = end
         message, after = (i, None) if offset < end else (None, i)

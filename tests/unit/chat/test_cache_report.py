@@ -127,3 +127,18 @@ def test_every_api_gives_the_report_in_its_usage_whole_and_streamed():
                                                         "max_tokens": 2}).json()
         assert completion["usage"]["prompt_tokens_details"]["prefill_start"] == {
             "token": completion["usage"]["prompt_tokens_details"]["cached_tokens"]}
+
+
+def test_the_search_stops_after_messages_the_prompt_does_not_hold():
+    """A request of many messages whose texts the prompt does not hold (a template that rewrites
+    them, or a hostile request) is not searched message by message to its end: after
+    ``MAX_MISSES`` in a row the token is placed after the last message found."""
+    from glmserve.chat.cache_report import MAX_MISSES
+
+    unheld = [{"role": "user", "content": f"not in the prompt {i}"} for i in range(MAX_MISSES)]
+    messages = [MESSAGES[0], *unheld, *MESSAGES[1:]]
+    report = prefill_start(_decode, [ord(c) for c in PROMPT], 81, messages)
+    assert (report.message, report.after) == (None, 0)  # the search stopped before "New q"
+    shorter = [MESSAGES[0], *unheld[1:], *MESSAGES[1:]]  # one fewer: the search goes on
+    report = prefill_start(_decode, [ord(c) for c in PROMPT], 81, shorter)
+    assert (report.message, report.roles[report.message]) == (len(shorter) - 1, "user")
