@@ -37,3 +37,20 @@ def test_the_prompt_is_cut_at_glm4v_image_placeholders():
     image = "<|begin_of_image|><|image|><|end_of_image|>"
     assert _split(f"<|user|>\nA{image}B{image}\n<|assistant|>") == ["<|user|>\nA", "B", "\n<|assistant|>"]
     assert _split("<|user|>\n<|image|> as text") == ["<|user|>\n<|image|> as text"]
+
+
+def test_a_prompt_with_an_images_media_tokens_decodes_without_them():
+    """A vision prompt's ids hold each image's media tokens (``media_token``: negative ids, no
+    vocabulary's); the tokenizer's decode (the miss report decodes whole prompts) gives the
+    text around them, where llama.cpp read out of bounds and the server crashed."""
+    import llama_cpp
+
+    from glmserve.engine.llama_cpp.tokenizer import LlamaCppTokenizer
+    from glmserve.engine.llama_cpp.vision import media_token
+    from glmserve.models import default_model_path
+
+    model = llama_cpp.Llama(str(default_model_path()), vocab_only=True, verbose=False)
+    tokenizer = LlamaCppTokenizer(model._model)
+    before, after = tokenizer.encode("A picture:"), tokenizer.encode(" is a cat.")
+    image = [media_token(b"8,6,pixels")] * 3
+    assert tokenizer.decode([*before, *image, *after, -1]) == "A picture: is a cat."

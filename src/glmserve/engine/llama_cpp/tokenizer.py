@@ -80,8 +80,13 @@ class LlamaCppTokenizer:
         return IncrementalDecoder(tag_escaper(texts))
 
     def decode(self, token_ids: list[int]) -> str:
-        written = self._written  # cached per token: a whole prompt (the miss report's) without a call per token
-        pieces = [written[t] if t in written else written.setdefault(t, self._piece(t, special=True)) for t in token_ids]
+        """The text of ``token_ids``, special tokens written out; an id outside the vocabulary (an
+        image's media tokens in a prompt, ``vision.media_token``) gives nothing: llama.cpp reads
+        out of bounds for it. Pieces are cached per token (a whole prompt, the miss report's,
+        without a call per token)."""
+        written, n_vocab = self._written, self.n_vocab
+        pieces = [written[t] if t in written else written.setdefault(t, self._piece(t, special=True))
+                  if 0 <= t < n_vocab else b"" for t in token_ids]
         return b"".join(pieces).decode("utf-8", errors="replace")
 
     def _piece(self, token_id: int, special: bool = False) -> bytes:
