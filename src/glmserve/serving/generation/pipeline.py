@@ -219,7 +219,10 @@ class ModelPipeline:
         """``run.prefill_start``, where its prompt's prefill started (the miss report,
         ``chat/cache_report.py``), for its usage; logged at debug on ``glmserve.prompt``. Placing
         the token in a message decodes the prompt (off the event loop): done for a chat prompt or
-        for the log, else the token alone."""
+        for the log, else the token alone. Only the first choice's (``index`` 0): the others of
+        ``n`` share its prompt, and ``tokens`` reports the first's."""
+        if run.index:
+            return
         ids, cached = run.request.prompt_token_ids, run.cached_tokens
         if not (run.messages or prompt_log.isEnabledFor(logging.DEBUG)):
             run.prefill_start = PrefillStart.at(cached, len(ids))
