@@ -26,6 +26,7 @@ def pytest_report_header(config) -> str:
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
+SLOWEST_FILES = 25  # test files listed in the summary, slowest first
 FILE_SECONDS: dict[str, float] = {}  # each test file's setup, call and teardown time, for the summary
 
 
@@ -34,11 +35,11 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The ten slowest test files (their tests' setup, call and teardown, module fixtures
-    included), after ``--durations``' slowest tests: where the suite's time goes."""
-    slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:10]
+    """The ``SLOWEST_FILES`` slowest test files (their tests' setup, call and teardown, module
+    fixtures included), after ``--durations``' slowest tests: where the suite's time goes."""
+    slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:SLOWEST_FILES]
     if slowest:
-        terminalreporter.write_sep("=", "slowest 10 test files")
+        terminalreporter.write_sep("=", f"slowest {len(slowest)} test files")
         for path, seconds in slowest:
             terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
