@@ -25,6 +25,9 @@ from glmserve.deploy.ray import PROXY_CALLBACK, PROXY_CALLBACK_ENV  # noqa: E402
 SYSTEM = {"role": "system", "content": "You are a helpful AI assistant."}
 QUESTION = {"role": "user", "content": "What is the capital of France?"}
 SETTLE_S = 240
+# serve run's own shutdown on Ctrl-C: a few seconds here; a SIGINT to its whole process group
+# (Ray's daemons too) left it waiting on them for minutes (131 s of a suite run)
+SHUTDOWN_S = 30
 
 
 def test_serve_run_builder_from_a_config_file(tmp_path: Path):
@@ -60,9 +63,10 @@ def test_serve_run_builder_from_a_config_file(tmp_path: Path):
         assert [m.id for m in client.models.list()] == [DEFAULT_MODEL]
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # serve run shuts Serve and its Ray instance down
+            proc.send_signal(signal.SIGINT)  # serve run shuts Serve and its Ray instance down
             try:
-                proc.wait(timeout=120)
+                proc.wait(timeout=SHUTDOWN_S)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of its Ray instance is left
+        proc.wait()
