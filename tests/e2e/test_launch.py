@@ -32,6 +32,10 @@ from tests.hub_site import Hub, hub_site
 
 SMALL = ["--n-ctx", "8192", "--max-num-seqs", "1", "--override-generation-config",
          '{"temperature": 0, "max_new_tokens": 100}']
+# OpenCode sends max_tokens, the launch's output limit (a quarter of the context), to its build
+# agent and its title agent: the greedy model wrote 2048 tokens for each at 8192 (57 s of a suite
+# run, 15 s where the prompt's working directory made it stop early); its prompt here is short
+OPENCODE_SMALL = ["--n-ctx", "2048", *SMALL[2:]]
 
 
 @contextmanager
@@ -145,7 +149,7 @@ def test_launch_opencode_answers_over_the_projects_config(opencode, tmp_path):
         _write(home / "opencode.json", theirs)  # the project's
         _write(home / ".config" / "opencode" / "opencode.json", theirs)  # the user's
         _write(tmp_path / "custom.json", theirs)
-        proc = _launch(opencode, home, "opencode", *SMALL, "--", "run", "Say hi",
+        proc = _launch(opencode, home, "opencode", *OPENCODE_SMALL, "--", "run", "Say hi",
                        env={"OPENCODE_CONFIG": str(tmp_path / "custom.json")})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert '"POST /v1/chat/completions HTTP/1.1" 200' in _server_log(home)
