@@ -896,13 +896,10 @@ def bert_reference(folder: Path, token_ids: list[int], pooling: str) -> list[flo
     return torch.nn.functional.normalize(pooled, dim=0).tolist()
 
 
-@cached(by_content=True)
 def converted_gguf(folder: Path, out: Path, converter: Path, tokenizer_pre: str = "default",
                    outtype: str = "f32", mmproj: bool = False) -> Path:
     """``folder`` converted to a GGUF of ``outtype`` (f32 by default) by llama.cpp's own ``convert_hf_to_gguf.py``
     (``converter``; ``make install`` extracts it from the llama-cpp-python source release).
-    Converted once per machine for the same bytes of ``folder`` and ``converter`` (a converter
-    run is about 9 s here, most of it importing torch): ``tests/model_cache.py``.
     The tiny vocabularies match none of the pre-tokenizers the converter knows by checksum, so
     the converter is run with that lookup answering ``tokenizer_pre``: ``default`` (a BERT's
     WordPiece vocabulary is converted as for any BERT), or ``glm4``, the name it gives the real

@@ -7,8 +7,7 @@ The key is a SHA-256 over: the builder's name; ``tests/hf_models.py``, ``tests/m
 and the fixtures the builders read (templates, GLM tokenizer), so that a change to how any model
 is built builds anew; the versions of torch and transformers; and every argument but ``out``,
 where a path counts by its files (a small file by its bytes, a large one, such as converted
-weights, by its name and size; every file by its bytes for a builder ``cached(by_content=True)``,
-such as the GGUF converter's, given weights made in the test itself). A build writes into a temporary folder renamed into place, so
+weights, by its name and size). A build writes into a temporary folder renamed into place, so
 an interrupted build leaves nothing a later run would take for a model.
 """
 
@@ -36,33 +35,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GLMSERVE_TEST_CACHE") or Path.home() / ".cache" / "glmserve-tests")
 
 
-def _feed_path(h: "hashlib._Hash", path: Path, by_content: bool) -> None:
+def _feed_path(h: "hashlib._Hash", path: Path) -> None:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.exists() else []
     h.update(f"path {len(files)}\n".encode())
     for file in files:
         rel = file.relative_to(path).as_posix() if path.is_dir() else file.name
         size = file.stat().st_size
         h.update(f"{rel} {size}\n".encode())
-        if by_content or size <= SMALL_FILE:
-            with open(file, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+        if size <= SMALL_FILE:
+            h.update(file.read_bytes())
 
 
-def _feed(h: "hashlib._Hash", value: Any, by_content: bool) -> None:
+def _feed(h: "hashlib._Hash", value: Any) -> None:
     if isinstance(value, Path):
-        _feed_path(h, value, by_content)
+        _feed_path(h, value)
     elif isinstance(value, (list, tuple)):
         h.update(f"seq {len(value)}\n".encode())
         for item in value:
-            _feed(h, item, by_content)
+            _feed(h, item)
     else:
         h.update(json.dumps(value, sort_keys=True, default=repr).encode() + b"\n")
 
 
-def key(name: str, arguments: dict[str, Any], by_content: bool = False) -> str:
-    """The cache key of builder ``name`` called with ``arguments`` (``out`` left out);
-    ``by_content``: every file of a path argument counts by its bytes, large ones too."""
+def key(name: str, arguments: dict[str, Any]) -> str:
+    """The cache key of builder ``name`` called with ``arguments`` (``out`` left out)."""
     import torch
     import transformers
 
@@ -74,17 +70,13 @@ def key(name: str, arguments: dict[str, Any], by_content: bool = False) -> str:
             h.update(fixture.relative_to(TESTS).as_posix().encode() + fixture.read_bytes())
     for arg in sorted(arguments):
         h.update(f"arg {arg}\n".encode())
-        _feed(h, arguments[arg], by_content)
+        _feed(h, arguments[arg])
     return h.hexdigest()
 
 
-def cached(builder: Callable[..., Path] | None = None, *, by_content: bool = False):
+def cached(builder: Callable[..., Path]) -> Callable[..., Path]:
     """``builder(..., out, ...) -> out`` made to build into the cache once per key and copy
-    the cached folder or file to ``out`` (new; its parent is created). ``by_content``: path
-    arguments count by all their bytes (``key``): for a builder given weights made in the test
-    itself, which another run may make with the same names and sizes."""
-    if builder is None:
-        return functools.partial(cached, by_content=by_content)
+    the cached folder to ``out`` (a new folder; its parent is created)."""
     signature = inspect.signature(builder)
 
     @functools.wraps(builder)
@@ -93,8 +85,8 @@ def cached(builder: Callable[..., Path] | None = None, *, by_content: bool = Fal
         bound.apply_defaults()
         arguments = dict(bound.arguments)
         out = Path(arguments.pop("out"))
-        entry = cache_dir() / f"{builder.__name__}-{key(builder.__name__, arguments, by_content)[:24]}"
-        if not entry.exists():
+        entry = cache_dir() / f"{builder.__name__}-{key(builder.__name__, arguments)[:24]}"
+        if not entry.is_dir():
             entry.parent.mkdir(parents=True, exist_ok=True)
             scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
             try:
@@ -103,15 +95,12 @@ def cached(builder: Callable[..., Path] | None = None, *, by_content: bool = Fal
                 try:
                     os.rename(scratch / "model", entry)
                 except OSError:  # another process put the same model there first
-                    if not entry.exists():
+                    if not entry.is_dir():
                         raise
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        if entry.is_dir():
-            shutil.copytree(entry, out)
-        else:
-            shutil.copyfile(entry, out)
+        shutil.copytree(entry, out)
         return out
 
     return build

@@ -36,7 +36,8 @@ def flash_gguf(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
     import sys
 
-    from tests.hf_models import converted_gguf, tiny_glm4
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm4
 
     converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
     assert converter.is_file(), f"{converter} is missing: run `make install` (it extracts llama.cpp's converter)"

@@ -26,7 +26,8 @@ INPUTS = [[2, 5, 6, 7, 8, 5, 9, 3], [2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 
 
 @pytest.fixture(scope="module")
 def berts(tmp_path_factory) -> Path:
-    from tests.hf_models import converted_gguf, tiny_bert
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_bert
 
     converter = Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
     assert converter.is_file(), f"{converter} is missing: run `make install` (it extracts llama.cpp's converter)"

@@ -50,7 +50,8 @@ def _converter() -> Path:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from tests.hf_models import converted_gguf, tiny_glm4v
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm4v
 
     root = tmp_path_factory.mktemp("glm4v")
     folder = tiny_glm4v(root / "hf")

@@ -69,7 +69,8 @@ class Served:
 def glm(request, tmp_path_factory):
     pytest.importorskip("torch")
     from glmserve.chat.glm4 import to_glm4_items
-    from tests.hf_models import converted_gguf, tiny_glm_trained
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm_trained
 
     architecture = request.param
     template, tags, reply, call, reasons = CASES[architecture]

@@ -145,7 +145,8 @@ class Served:
 @pytest.fixture(scope="module", params=SERVED)
 def served(request, tmp_path_factory):
     pytest.importorskip("torch")
-    from tests.hf_models import converted_gguf, tiny_glm_trained
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm_trained
 
     tags = "text" if request.param == "gguf-text" else "special"
     replies = [(_template_messages(messages), {"tools": TOOLS}, reply, end)

@@ -40,7 +40,8 @@ PROMPTS = [
 def servers(tmp_path_factory):
     """``--batch-invariant`` servers of the tiny GLM-4.5 GGUF without and with ``--speculative mtp``."""
     pytest.importorskip("torch")
-    from tests.hf_models import converted_gguf, tiny_glm_with_nextn
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm_with_nextn
 
     root = tmp_path_factory.mktemp("mtp")
     gguf = converted_gguf(tiny_glm_with_nextn(root / MODEL), root / f"{MODEL}.gguf", _converter(), tokenizer_pre="glm4")
@@ -141,7 +142,8 @@ def test_drafts_are_the_nextn_layer_of_the_weights(tmp_path, monkeypatch):
 
     from glmserve.engine.llama_cpp import speculative
     from glmserve.engine.llama_cpp.kv.sequence import Chunk, Sequence
-    from tests.hf_models import converted_gguf, tiny_glm_with_nextn
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm_with_nextn
 
     folder = tiny_glm_with_nextn(tmp_path / MODEL, copy=False)
     gguf = converted_gguf(folder, tmp_path / f"{MODEL}.gguf", _converter(), tokenizer_pre="glm4")
@@ -171,7 +173,8 @@ def test_an_mtp_state_comes_back_with_its_prompt_from_the_host_cache(tmp_path):
 
     from glmserve.engine.llama_cpp.kv.prompt_cache import HostPromptCache
     from glmserve.engine.llama_cpp.kv.sequence import Chunk, KVOp, Sequence
-    from tests.hf_models import converted_gguf, tiny_glm_with_nextn
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm_with_nextn
 
     gguf = converted_gguf(tiny_glm_with_nextn(tmp_path / MODEL, copy=False), tmp_path / f"{MODEL}.gguf",
                           _converter(), tokenizer_pre="glm4")

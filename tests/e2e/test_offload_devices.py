@@ -135,7 +135,8 @@ def mtp_gguf(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
     import sys
 
-    from tests.hf_models import converted_gguf, tiny_glm_with_nextn
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm_with_nextn
 
     root = tmp_path_factory.mktemp("mtp")
     return converted_gguf(tiny_glm_with_nextn(root / "mtp"), root / "mtp.gguf",
@@ -184,7 +185,8 @@ def vision_gguf(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
     import sys
 
-    from tests.hf_models import converted_gguf, tiny_glm4v
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm4v
 
     root = tmp_path_factory.mktemp("glm4v")
     folder, converter = tiny_glm4v(root / "hf"), Path(sys.prefix) / "share" / "llama.cpp" / "convert_hf_to_gguf.py"
@@ -267,7 +269,8 @@ def moe_gguf(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
     import sys
 
-    from tests.hf_models import converted_gguf, tiny_glm4
+    from tests.gguf_cache import converted_gguf
+    from tests.hf_models import tiny_glm4
 
     root = tmp_path_factory.mktemp("moe")
     folder = tiny_glm4(root / "moe", "Glm4MoeForCausalLM", "glm-4.7.jinja", context=4096, layers=9, hidden_size=256,

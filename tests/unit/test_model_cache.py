@@ -64,25 +64,3 @@ def test_fixed_home_is_the_same_empty_folder_each_time():
         first = home
     with fixed_home("test-model-cache-home") as home:
         assert home == first and list(home.iterdir()) == []
-
-
-@cached(by_content=True)
-def _converter(folder: Path, out: Path) -> Path:
-    BUILDS.append((folder,))
-    out.write_bytes(b"gguf:" + (folder / "model.safetensors").read_bytes()[:8])
-    return out
-
-
-def test_a_file_built_by_content_is_built_anew_for_weights_of_the_same_size(cache, tmp_path, monkeypatch):
-    """A converted GGUF is a file, and weights made in a test have the same name and size from
-    one build to the next: by content, a large file's bytes count too."""
-    monkeypatch.setattr("tests.model_cache.SMALL_FILE", 4)  # the weights below count as large
-    folder = tmp_path / "hf"
-    folder.mkdir()
-    (folder / "model.safetensors").write_bytes(b"weights1")
-    assert _converter(folder, tmp_path / "a" / "m.gguf").read_bytes() == b"gguf:weights1"
-    assert _converter(folder, tmp_path / "b" / "m.gguf").read_bytes() == b"gguf:weights1"
-    assert len(BUILDS) == 1
-    (folder / "model.safetensors").write_bytes(b"weights2")  # same name, same size
-    assert _converter(folder, tmp_path / "c" / "m.gguf").read_bytes() == b"gguf:weights2"
-    assert len(BUILDS) == 2
