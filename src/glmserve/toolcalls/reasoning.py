@@ -59,14 +59,16 @@ class ReasoningParser(ToolCallParser):
     """``<think>`` reasoning -> ``reasoning`` events; the answer after it goes to ``inner`` (the
     tool-call parser) or, without one, becomes ``content``. ``state``: ``prompt_state`` of the
     rendered prompt; ``constrained``: a grammar writes the output from its first character (no
-    lead before a ``</think>`` is then taken for reasoning)."""
+    lead before a ``</think>`` is then taken for reasoning); ``call_tag``: a call's start tag that
+    ends the reasoning (default: ``inner``'s, when it has tools to call)."""
 
     name = "reasoning"
 
     def __init__(self, inner: ToolCallParser | None, state: PromptState, tools: list[dict[str, Any]] | None = None,
-                 constrained: bool = False) -> None:
+                 constrained: bool = False, call_tag: str | None = None) -> None:
         super().__init__(tools)
         self.inner = inner
+        self._state, self._constrained = state, constrained
         self._phase = {"reasoning": "think", "answer": "start", "open": "start"}[state]
         # thinking was off: reasoning the model opens anyway is held back until it closes, and
         # (unless a grammar writes the output) a lead it writes without <think> until it closes
@@ -77,7 +79,8 @@ class ReasoningParser(ToolCallParser):
         self._scanned = 0  # held-back reasoning (tentative) was searched for its end tags up to here
         self._reasoning = _TextStream("reasoning")
         # a call's start tag inside the reasoning ends it, when calls can be made
-        self._call_tag = inner.start_tag if isinstance(inner, TaggedCallParser) and inner.schemas else None
+        self._call_tag = call_tag or (inner.start_tag if isinstance(inner, TaggedCallParser) and inner.schemas
+                                      else None)
         if inner is not None:
             self.unread = inner.unread  # the inner parser's calls that could not be read
 
@@ -85,6 +88,18 @@ class ReasoningParser(ToolCallParser):
     def in_reasoning(self) -> bool:
         """Whether the text fed so far has opened the reasoning and not ended it."""
         return self._phase == "think"
+
+    @property
+    def settled(self) -> bool:
+        """Whether the reasoning is over or there was none: the text from here is the answer's
+        (and ``in_reasoning`` stays False whatever is fed)."""
+        return self._phase == "body"
+
+    def phases(self) -> ReasoningParser:
+        """A new parser of the same reply's reasoning alone (the same prompt state, lead and
+        call tag; no inner parser): for a reader that follows only where the reasoning is, fed
+        the same text (the reasoning budget and loop guard, ``serving/generation/reasoning_budget.py``)."""
+        return ReasoningParser(None, self._state, constrained=self._constrained, call_tag=self._call_tag)
 
     def feed(self, text: str) -> list[DeltaEvent]:
         if self._phase == "body":

@@ -7,6 +7,7 @@ a U+E000 the model wrote kept; and the text the engine's detokenizer held back a
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -49,7 +50,7 @@ def _run(sizes: list[int]) -> str:
     request = GenerationRequest("r", [1, 2], SamplingParams(max_tokens=100))
 
     async def read():
-        stream = budgeted(_engine(sizes, THOUGHT), request, len(THOUGHT), "reasoning", [END],
+        stream = budgeted(_engine(sizes, THOUGHT), request, len(THOUGHT), ReasoningParser(None, "reasoning"), [END],
                           lambda ids: sequence_text(ids, _decode, TAGS), _admit)
         return "".join([out.text async for out in stream])
     return asyncio.run(read())
@@ -64,3 +65,27 @@ def test_the_budget_cut_writes_what_the_model_wrote(sizes):
     reasoning = unescape_tags("".join(e.text for e in events if e.kind == "reasoning"))
     answer = unescape_tags("".join(e.text for e in events if e.kind == "content"))
     assert (reasoning, answer) == (THOUGHT.strip(), ANSWER)
+
+
+def test_a_call_that_ends_the_reasoning_is_not_cut_by_the_budget():
+    """A call's start tag written in the reasoning ends it for the budget as it does for the
+    reply's parser (``ReasoningParser.phases``): a budget that the call's tokens would cross
+    leaves the call whole (with a parser of the reasoning alone, the budget wrote ``</think>``
+    into the call's JSON)."""
+    from glmserve.toolcalls import assemble
+    from glmserve.toolcalls.hermes import HermesParser
+
+    tools = [{"name": "ls", "parameters": {"type": "object"}}]
+    call = '<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call>'
+    reply = ReasoningParser(HermesParser(tools), "reasoning")
+    request = GenerationRequest("r", [1, 2], SamplingParams(max_tokens=100))
+
+    async def read():  # "ab" then the call: 2 tokens of reasoning, a budget of 14
+        stream = budgeted(_engine([1] * len("ab" + call), "ab" + call), request, 14, reply.phases(), [END],
+                          lambda ids: sequence_text(ids, _decode, TAGS), _admit)
+        return "".join([out.text async for out in stream])
+    text = asyncio.run(read())
+    assert "</think>" not in text
+    parsed = assemble(reply.feed(text) + reply.finish())
+    assert (parsed.reasoning_content, [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]) == (
+        "ab", [("ls", {"path": "/tmp"})]), text

@@ -45,7 +45,7 @@ from glmserve.serving.generation.tools import plan_tools
 from glmserve.serving.structured.schema_check import SchemaLimits
 from glmserve.settings.model import ModelSettings
 from glmserve.toolcalls import PARSERS, has_reasoning, tag_texts
-from glmserve.toolcalls.reasoning import THINK_END
+from glmserve.toolcalls.reasoning import THINK_END, ReasoningParser
 
 loop_log = logging.getLogger("glmserve.loop_guard")  # reasoning_budget.py's loop guard
 prompt_log = logging.getLogger("glmserve.prompt")  # chat/normalize.py's removals, chat/cache_report.py's reports
@@ -261,7 +261,9 @@ class ModelPipeline:
         if run.reasoning_budget is not None or guard:
             loop = asyncio.get_running_loop()
             escaped = {i: self.shown_tags[i] for i in escaped_tags(run.request)}
-            stream = budgeted(stream, run.request, run.reasoning_budget, run.reasoning_state,
+            reasoning = (run.parser.phases() if isinstance(run.parser, ReasoningParser)
+                         else ReasoningParser(None, run.reasoning_state))
+            stream = budgeted(stream, run.request, run.reasoning_budget, reasoning,
                               self.end_of_reasoning_ids, lambda ids: sequence_text(ids, self.engine.tokenizer.decode,
                                                                                    escaped),
                               lambda follow: asyncio.to_thread(self.admit, run.model, follow, loop),

@@ -23,9 +23,11 @@ stream: the reasoning, the marker (the reasoning parser closes the reasoning on 
 counts its tokens as generated), then the answer; usage keeps the first prompt's size and
 cache hits.
 
-Where the reasoning starts is the reasoning parser's ``prompt_state``: counted from the first
-token when the prompt opened it, from the model's own ``<think>`` otherwise, never when the
-prompt closed it.
+Where the reasoning starts and ends is the reply's reasoning parser's (``ReasoningParser.phases``):
+counted from the first token when the prompt opened it, from the model's own ``<think>``
+otherwise, never when the prompt closed it; a tool call's start tag ends it as ``</think>``
+does (a budget or a loop then never writes ``</think>`` into a call). Once the reasoning is over
+the answer's text is not parsed again here.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Literal
 
 from glmserve.engine.loops import Loop, LoopDetector
 from glmserve.engine.types import GenerationOutput, GenerationRequest
-from glmserve.toolcalls.reasoning import THINK_END, PromptState, ReasoningParser
+from glmserve.toolcalls.reasoning import THINK_END, ReasoningParser
 
 Admit = Callable[[GenerationRequest], Awaitable[AsyncIterator[GenerationOutput]]]
 OnLoop = Callable[[Literal["reasoning", "answer"], Loop], None]
@@ -48,11 +50,12 @@ class _Tracker:
     the reasoning parser sees the text, so ``<think>`` itself and the output that ends the
     reasoning are not counted); ``room(n)``: how many of the next ``n`` tokens the budget still
     allows (``n`` when the reasoning is not open or there is no budget). With a loop detector,
-    ``loop``: the loop the tokens of the current part (reasoning or answer) end in."""
+    ``loop``: the loop the tokens of the current part (reasoning or answer) end in.
+    ``parser``: a new parser of the reply's reasoning (``ReasoningParser.phases``)."""
 
-    def __init__(self, budget: int | None, state: PromptState, guard: bool) -> None:
+    def __init__(self, budget: int | None, parser: ReasoningParser, guard: bool) -> None:
         self.budget = budget
-        self.parser = ReasoningParser(None, state)
+        self.parser = parser
         self.used = 0
         self.guard = guard
         self.detector = LoopDetector() if guard else None
@@ -69,7 +72,8 @@ class _Tracker:
 
     def add(self, text: str, token_ids: list[int]) -> None:
         was_reasoning = self.parser.in_reasoning
-        self.parser.feed(text)
+        if not self.parser.settled:  # the answer's text needs no parsing here
+            self.parser.feed(text)
         if was_reasoning and self.parser.in_reasoning:
             self.used += len(token_ids)
         if self.detector is not None:
@@ -79,21 +83,22 @@ class _Tracker:
 
 
 async def budgeted(outputs: AsyncIterator[GenerationOutput], request: GenerationRequest, budget: int | None,
-                   state: PromptState, end_token_ids: list[int], text_of: Callable[[list[int]], str],
+                   reasoning: ReasoningParser, end_token_ids: list[int], text_of: Callable[[list[int]], str],
                    admit: Admit, on_loop: OnLoop | None = None) -> AsyncIterator[GenerationOutput]:
     """``outputs`` (the engine's stream for ``request``) with the reasoning ended after
     ``budget`` tokens (None: no budget) and, with ``on_loop`` (the loop guard on; called with
-    where and what loop was found), where it loops; an answer that loops is stopped. To end the
-    reasoning ``end_token_ids`` (the tokenized ``</think>``; empty for a template without
-    reasoning, where ``state`` is ``answer``) are written and the generation goes on from there
-    through ``admit`` (which hands a request to the engine and may raise the engine's admission
-    errors). An output of several tokens (speculative decoding, vLLM's merged deltas) that
+    where and what loop was found), where it loops; an answer that loops is stopped.
+    ``reasoning``: a new parser of the reply's reasoning (``ReasoningParser.phases`` of the
+    reply's parser; ``ReasoningParser(None, "answer")`` for a template without reasoning). To end
+    the reasoning ``end_token_ids`` (the tokenized ``</think>``; empty for a template without
+    reasoning) are written and the generation goes on from there through ``admit`` (which hands
+    a request to the engine and may raise the engine's admission errors). An output of several tokens (speculative decoding, vLLM's merged deltas) that
     crosses the budget is cut to it. ``text_of``: a sequence's token ids -> its whole text as
     the engine writes it (tags' look-alikes escaped: ``engine/rules.py`` ``sequence_text``); at
     the cut the text the engine had not yet released (the cut output's kept tokens, a tail its
     detokenizer held back) is what ``text_of`` gives beyond the text sent. Closing this
     iterator closes the engine streams."""
-    tracker = _Tracker(budget, state, on_loop is not None)
+    tracker = _Tracker(budget, reasoning, on_loop is not None)
     generated: list[int] = []
     sent = ""  # the text of the outputs yielded
     prompt_tokens = cached_tokens = 0
