@@ -415,7 +415,10 @@ def test_too_large_overload_and_shutdown_in_anthropic_shapes():
 
 def test_strings_longer_than_100000_characters(messages_server):
     """A string ``system`` or ``content`` has no length bound of its own (only the body's and the
-    context's): a Claude Code session reads a long file. 100,001 dashes are 1,563 SmolLM2 tokens."""
+    context's): counted with all three 100,001 characters long (``MessagesRequest`` is
+    ``CountTokensRequest`` with ``max_tokens``), and answered where a Claude Code session reads a
+    long file, a tool result of 100,001 dashes (1,563 SmolLM2 tokens; the three long together
+    took 24 s to prefill here)."""
     read = {"name": "read_file", "description": "Read a file", "input_schema": {
         "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
     conversation = dict(system="-" * 100_001, tools=[read], messages=[
@@ -424,9 +427,12 @@ def test_strings_longer_than_100000_characters(messages_server):
                                            "input": {"path": "rule.txt"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "-" * 100_001}]}])
     client = sdk(messages_server)
-    counted = client.messages.count_tokens(model=DEFAULT_MODEL, **conversation).input_tokens
-    assert counted > 3 * 1562
-    reply = client.messages.create(model=DEFAULT_MODEL, max_tokens=4, extra_body=GREEDY, **conversation)
+    assert client.messages.count_tokens(model=DEFAULT_MODEL, **conversation).input_tokens > 3 * 1562
+    long_file = {**conversation, "system": "You are a helpful AI assistant.",
+                 "messages": [{"role": "user", "content": "Read rule.txt."}, *conversation["messages"][1:]]}
+    counted = client.messages.count_tokens(model=DEFAULT_MODEL, **long_file).input_tokens
+    assert counted > 1562
+    reply = client.messages.create(model=DEFAULT_MODEL, max_tokens=4, extra_body=GREEDY, **long_file)
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == counted
 
 

@@ -1,10 +1,14 @@
 """schemathesis against the served OpenAPI document: requests generated from the spec (valid
 and invalid ones) never get a 5xx, and every status, content type and JSON body the server
 answers is the one the spec declares. The number of examples is bounded, and the server runs
-with a small ``--n-ctx`` (and ``--max-embedding-tokens``) so that a generated request never
-generates or embeds for long."""
+with a small ``--n-ctx`` (and ``--max-embedding-tokens``) and 16 tokens as the reply's length
+where a request gives none (``--override-generation-config``: generated chat and Responses
+bodies mostly leave ``max_tokens`` out, and replies ran to the context's end, 29 and 14 s of the
+suite) so that a generated request never generates or embeds for long."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -20,7 +24,8 @@ MAX_EXAMPLES = 40
 
 @pytest.fixture(scope="module")
 def fuzzed_server():
-    server = RemoteServer("--n-ctx", "256", "--max-num-seqs", "2", "--max-embedding-tokens", "1024")
+    server = RemoteServer("--n-ctx", "256", "--max-num-seqs", "2", "--max-embedding-tokens", "1024",
+                          "--override-generation-config", json.dumps({"max_new_tokens": 16}))
     yield server
     server.stop()
 
