@@ -1,11 +1,11 @@
 """Cost of llama.cpp's unified KV cache at the decode step, measured directly at the llama.cpp level.
 
-8 sequences are prefilled with ``--prompt-len`` tokens each, then an 8-token decode step (one
-token per sequence) is timed, with the KV cache unified (one pool shared by all sequences:
+``--sequences`` (8) sequences are prefilled with ``--prompt-len`` tokens each, then a decode
+step of one token per sequence is timed (``--sequences 1``: a single request's decode step), with the KV cache unified (one pool shared by all sequences:
 ``glmserve --kv-layout unified``) and split in one stream per sequence (``--kv-layout split``,
 glmserve's and llama-server's default). Same model, threads and context. Prints a table.
 
-    python benchmarks/kv_unified_cost.py [--threads 2] [--prompt-len 160] [--steps 40]
+    python benchmarks/kv_unified_cost.py [--threads 2] [--sequences 8] [--prompt-len 160] [--steps 40]
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ def _decode(ctx, rows: list[tuple[int, int, int]]) -> None:
 def measure(model: LlamaModel, unified: bool, args) -> float:
     ctx = _context(model, 8, args.threads, unified)
     prompt = model.tokenize(b"The quick brown fox jumps over the lazy dog. " * 40, False, False)[: args.prompt_len]
-    for seq in range(8):
+    for seq in range(args.sequences):
         for start in range(0, len(prompt), 63):
             _decode(ctx, [(seq, t, start + i) for i, t in enumerate(prompt[start:start + 63])])
     times = []
     for k in range(args.steps):
         t = time.perf_counter()
-        _decode(ctx, [(seq, 100 + k, len(prompt) + k) for seq in range(8)])
+        _decode(ctx, [(seq, 100 + k, len(prompt) + k) for seq in range(args.sequences)])
         times.append(time.perf_counter() - t)
     llama_cpp.llama_free(ctx)
     return statistics.median(times) * 1000
@@ -63,6 +63,8 @@ def measure(model: LlamaModel, unified: bool, args) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sequences", type=int, choices=range(1, 9), default=8, metavar="1..8",
+                    help="sequences decoded together (the context holds 8)")
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=check_rounds, default=6, help="an even number (ABBA order)")
@@ -77,7 +79,8 @@ def main() -> None:
     split = statistics.median(s for s, _ in runs)
     unified = statistics.median(u for _, u in runs)
     print(f"\nhardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 | threads {args.threads} | n_ctx 4096 | "
-          f"8 sequences x {args.prompt_len} cached tokens | decode step of 8 tokens: median of {args.steps} steps, "
+          f"{args.sequences} of 8 sequences x {args.prompt_len} cached tokens | decode step of {args.sequences} "
+          f"tokens: median of {args.steps} steps, "
           f"{args.rounds} rounds in ABBA order\n")
     print("| KV cache | decode step ms (median of rounds) | unified / split per round |\n|---|---:|---:|")
     print(f"| split, one stream per sequence (glmserve and llama-server default) | {split:.1f} | |")
