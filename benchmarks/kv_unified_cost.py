@@ -1,7 +1,8 @@
 """Cost of llama.cpp's unified KV cache at the decode step, measured directly at the llama.cpp level.
 
 ``--sequences`` (8) sequences are prefilled with ``--prompt-len`` tokens each, then a decode
-step of one token per sequence is timed (``--sequences 1``: a single request's decode step), with the KV cache unified (one pool shared by all sequences:
+step of one token per sequence is timed (``--sequences 1``: a single request's decode step),
+with the KV cache unified (one pool shared by all sequences:
 ``glmserve --kv-layout unified``) and split in one stream per sequence (``--kv-layout split``,
 glmserve's and llama-server's default). Same model, threads and context. Prints a table.
 

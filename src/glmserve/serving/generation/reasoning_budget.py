@@ -92,12 +92,12 @@ async def budgeted(outputs: AsyncIterator[GenerationOutput], request: Generation
     reply's parser; ``ReasoningParser(None, "answer")`` for a template without reasoning). To end
     the reasoning ``end_token_ids`` (the tokenized ``</think>``; empty for a template without
     reasoning) are written and the generation goes on from there through ``admit`` (which hands
-    a request to the engine and may raise the engine's admission errors). An output of several tokens (speculative decoding, vLLM's merged deltas) that
-    crosses the budget is cut to it. ``text_of``: a sequence's token ids -> its whole text as
-    the engine writes it (tags' look-alikes escaped: ``engine/rules.py`` ``sequence_text``); at
-    the cut the text the engine had not yet released (the cut output's kept tokens, a tail its
-    detokenizer held back) is what ``text_of`` gives beyond the text sent. Closing this
-    iterator closes the engine streams."""
+    a request to the engine and may raise the engine's admission errors). An output of several
+    tokens (speculative decoding, vLLM's merged deltas) that crosses the budget is cut to it.
+    ``text_of``: a sequence's token ids -> its whole text as the engine writes it (tags'
+    look-alikes escaped: ``engine/rules.py`` ``sequence_text``); at the cut the text the engine
+    had not yet released (the cut output's kept tokens, a tail its detokenizer held back) is what
+    ``text_of`` gives beyond the text sent. Closing this iterator closes the engine streams."""
     tracker = _Tracker(budget, reasoning, on_loop is not None)
     generated: list[int] = []
     sent = ""  # the text of the outputs yielded
