@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
+from glmserve import testing
 from glmserve.testing import DEFAULT_MODEL, RemoteServer
+from tests.forkserver import ForkServers
 
 __all__ = ["DEFAULT_MODEL", "RemoteServer", "greedy_streams", "vllm_server"]
 
@@ -24,6 +29,21 @@ def pytest_report_header(config) -> str:
 # vLLM on this CPU: a small KV cache (GiB), and float32 without torch.compile (bfloat16 drifts
 # into nonsense on SmolLM2; torch.compile takes minutes to start)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def pytest_sessionstart(session) -> None:
+    """Test servers are forked from processes that imported their modules once
+    (tests/forkserver.py), unless ``GLMSERVE_TEST_FORKSERVER=0``."""
+    if os.environ.get("GLMSERVE_TEST_FORKSERVER") != "0":
+        session.config.forkservers = ForkServers(Path(tempfile.mkdtemp(prefix="glmserve-forkservers-")))
+        testing.launcher = session.config.forkservers.launch
+
+
+def pytest_sessionfinish(session) -> None:
+    if getattr(session.config, "forkservers", None) is not None:
+        testing.launcher = testing.popen
+        session.config.forkservers.stop()
+        shutil.rmtree(session.config.forkservers.directory, ignore_errors=True)
 
 
 SLOWEST_FILES = 25  # test files listed in the summary, slowest first

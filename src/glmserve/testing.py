@@ -12,7 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 
@@ -50,6 +52,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def popen(cmd: list[str], log: IO[str], env: dict[str, str]) -> subprocess.Popen:
+    """``cmd`` in a subprocess with the environment ``env``, its output and errors to ``log``."""
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+# how RemoteServer starts its process (``popen``'s signature; what it returns has ``Popen``'s ``pid``,
+# ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate`` and ``kill``): the tests put a
+# preloaded fork server here (tests/forkserver.py)
+launcher: Callable[[list[str], IO[str], dict[str, str]], Any] = popen
+
+
 class RemoteServer:
     """``glmserve serve ARGS`` on a free loopback port, healthy once constructed (raises
     ``RuntimeError`` with the server log if it exits or does not become healthy in time).
@@ -73,10 +86,7 @@ class RemoteServer:
                else [sys.executable, "-m", "glmserve", "serve", "--port", str(self.port), *threads, *args])
         # its own state directory (the encrypted_content key), not the user's
         self._state_dir = tempfile.mkdtemp(prefix="glmserve-state-")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "GLMSERVE_STATE_DIR": self._state_dir, **(env or {})}
-        )
+        self.proc = launcher(cmd, self._log, {**os.environ, "GLMSERVE_STATE_DIR": self._state_dir, **(env or {})})
         self._wait_healthy(startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
