@@ -51,6 +51,7 @@ def build_app(settings: ServeSettings, replica_id: str | None = None,
         ui=settings.ui, runtime_lora=settings.allow_runtime_lora_updating,
         storage=ResponseStorage(store, ConversationService(ConversationStore(store))),
         purge_interval_s=min(3600.0, ttl_s / 10),
-        batch_service=BatchService(BatchStore(database, store.quota), FileStore(store))))
+        batch_service=BatchService(BatchStore(database, store.quota), FileStore(store)),
+        batch_lease_s=settings.batch_lease_s()))
     freeze_heap()  # what start-up made lives as long as the process
     return app

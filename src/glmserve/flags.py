@@ -100,7 +100,7 @@ METAVARS: dict[str, str] = {
     "state_dir": "DIR", "config": "FILE", "chat_template": "FILE", "api_key": "KEY", "admin_api_key": "KEY", "host": "ADDRESS", "ray_address": "ADDRESS",
     "served_model_name": "NAME", "allowed_origins": "ORIGIN", "allowed_media_domains": "HOST",
     "default_chat_template_kwargs": "JSON", "override_generation_config": "JSON", "engine_arg": "KEY=VALUE",
-    "keep_alive": "DURATION", "tensor_split": "SHARE,SHARE,...", "store_ttl": "DURATION", "database_url": "URL", "memory_budget": "BYTES", "url": "URL", "json_file": "FILE", "plot": "FILE",
+    "keep_alive": "DURATION", "tensor_split": "SHARE,SHARE,...", "store_ttl": "DURATION", "batch_lease": "DURATION", "database_url": "URL", "memory_budget": "BYTES", "url": "URL", "json_file": "FILE", "plot": "FILE",
 }
 
 

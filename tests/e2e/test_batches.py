@@ -218,12 +218,16 @@ def _recorded(env: dict[str, str], batch_id: str) -> int:
         database.dispose()
 
 
+LEASE = ("--batch-lease", "4s")  # the killed server's claims lapse after 4 s (30 s by default)
+
+
 def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend, request, model):
     """A server SIGKILLed a third of the way through a batch; a new one on the same database
     finishes it: every line answered once in the output, and the new server runs exactly the
-    lines that the database had not recorded at the kill (counted there after it), none more."""
+    lines that the database had not recorded at the kill (counted there after it), none more,
+    the lines in flight at the kill once their ``--batch-lease`` lapsed."""
     env = _own_database(state_backend, request)  # the restarted server is the only one to resume it
-    first = RemoteServer("--api-key", KEY, *GREEDY, env=env)
+    first = RemoteServer("--api-key", KEY, *GREEDY, *LEASE, env=env)
     try:
         client = first.client(api_key=KEY)
         batch = client.batches.create(input_file_id=_upload(client, _chat_lines(model, KILLED_LINES, max_tokens=8)),
@@ -238,10 +242,11 @@ def test_a_batch_survives_sigkill_with_no_line_missing_or_doubled(state_backend,
         first.stop()
     recorded = _recorded(env, batch.id)  # what survived the kill, read after it
     assert KILLED_LINES // 3 <= recorded < KILLED_LINES
-    second = RemoteServer("--api-key", KEY, *GREEDY, env=env)
+    second = RemoteServer("--api-key", KEY, *GREEDY, *LEASE, env=env)
     try:
         client = second.client(api_key=KEY)
         batch = _wait(client, batch.id)
+        assert "not renewed for --batch-lease 4s" in second.log()
         assert batch.status == "completed"
         assert (batch.request_counts.completed, batch.request_counts.failed) == (KILLED_LINES, 0)
         output = _records(client, batch.output_file_id)

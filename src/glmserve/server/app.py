@@ -49,7 +49,8 @@ class AppOptions:
       mount ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``;
     - ``storage``: stored responses (default: none kept), its expired ones deleted every
       ``purge_interval_s`` seconds; ``batch_service``: files and batches (default: none kept),
-      whose lines a ``BatchRunner`` runs while the app runs."""
+      whose lines a ``BatchRunner`` runs while the app runs, each claimed for ``batch_lease_s``
+      seconds at a time."""
 
     api_key: str | Sequence[str] | None = None
     admin_api_key: Sequence[str] = ()
@@ -64,6 +65,7 @@ class AppOptions:
     storage: ResponseStorage | None = None
     purge_interval_s: float = 3600.0
     batch_service: BatchService | None = None
+    batch_lease_s: float = 30.0
 
 
 def create_app(models_served: ModelRouter, options: AppOptions = AppOptions()) -> FastAPI:
@@ -88,7 +90,8 @@ def create_app(models_served: ModelRouter, options: AppOptions = AppOptions()) -
             tasks.append(asyncio.create_task(stored.runs.heartbeat_forever()))
         runner = None
         if batch_work.batches is not None:
-            runner = BatchRunner(batch_work, dispatcher(app), capacity, activity, models=models_served.names)
+            runner = BatchRunner(batch_work, dispatcher(app), capacity, activity, models=models_served.names,
+                                 lease_s=o.batch_lease_s)
             tasks.append(asyncio.create_task(runner.run_forever()))
         yield
         for task in tasks:

@@ -71,6 +71,9 @@ class ListenSettings(BaseModel):
         return self
 
 
+MIN_BATCH_LEASE_S = 3.0  # a claim renewed every third of it: a second between renewals at least
+
+
 class StateSettings(BaseModel):
     """What outlives a restart: stored responses, conversations, files and batches."""
 
@@ -85,6 +88,10 @@ class StateSettings(BaseModel):
     )
     store_ttl: str = Field("30d", description="How long a stored response is kept (a number of seconds, or a "
                                               "duration such as 30d or 12h).")
+    batch_lease: str = Field("30s", description="How long a batch line's claim holds when its server stops renewing "
+                                                "it (every third of this, while the line runs): past it another server "
+                                                "on the same state, or this one restarted, runs the line again. "
+                                                "Shorter resumes a dead server's lines sooner; at least 3s.")
     store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes the state keeps in all (responses, conversations, "
                                                             "files, batches); past it the oldest responses go.")
     store_max_bytes_per_key: int | None = Field(
@@ -110,6 +117,21 @@ class StateSettings(BaseModel):
         if value.strip().startswith("-") or seconds <= 0:
             raise ValueError("must be more than 0 seconds")
         return value
+
+    @field_validator("batch_lease")
+    @classmethod
+    def _check_batch_lease(cls, value: str) -> str:
+        try:
+            seconds = parse_keep_alive(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration (e.g. 30, 30s, 2m)") from None
+        if value.strip().startswith("-") or seconds < MIN_BATCH_LEASE_S:
+            raise ValueError(f"must be at least {MIN_BATCH_LEASE_S:g} seconds")
+        return value
+
+    def batch_lease_s(self) -> float:
+        """``--batch-lease`` in seconds."""
+        return parse_keep_alive(self.batch_lease)
 
     def state_database_url(self) -> str:
         """``--database-url``, else the SQLite file ``state.db`` in ``--state-dir``."""

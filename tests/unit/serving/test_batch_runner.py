@@ -38,8 +38,8 @@ async def _batch(service: BatchService, models: list[str]) -> dict:
     return await service.create("", file["id"], "/v1/chat/completions", "24h", None, ENDPOINTS)
 
 
-def _runner(service: BatchService, dispatch, models=None) -> BatchRunner:
-    return BatchRunner(service, dispatch, lambda: 4, Activity(), poll_s=0.05, models=models)
+def _runner(service: BatchService, dispatch, models=None, lease_s: float = batch_runner.LEASE_S) -> BatchRunner:
+    return BatchRunner(service, dispatch, lambda: 4, Activity(), poll_s=0.05, models=models, lease_s=lease_s)
 
 
 async def _until(predicate, timeout: float = 30.0) -> None:
@@ -152,10 +152,9 @@ def test_transient_refusals_are_retried_with_back_off_never_stored(tmp_path, mon
     assert list(refusals.values()) == [3, 3]  # each line refused three times, then answered once
 
 
-def test_a_line_that_never_finishes_is_recorded_failed_once(tmp_path, monkeypatch):
+def test_a_line_that_never_finishes_is_recorded_failed_once(tmp_path):
     """A line whose run raises, or whose server dies on it, is claimed again after the lease;
     after ``MAX_LOST`` lost runs it is recorded as a 500 without running again."""
-    monkeypatch.setattr(batch_runner, "LEASE_S", 0.2)
     service = _service(tmp_path)
     runs: Counter = Counter()
 
@@ -167,7 +166,7 @@ def test_a_line_that_never_finishes_is_recorded_failed_once(tmp_path, monkeypatc
 
     async def scenario() -> dict:
         batch = await _batch(service, ["m", "poison", "m"])
-        await _run([_runner(service, breaks_on_poison)], lambda: _status_is(service, batch["id"], "completed"))
+        await _run([_runner(service, breaks_on_poison, lease_s=0.2)], lambda: _status_is(service, batch["id"], "completed"))
         return await service.get("", batch["id"])
 
     ended = asyncio.run(scenario())

@@ -100,8 +100,10 @@ def test_settings(tmp_path):
     assert settings.store_ttl_s() == 30 * 86400
     assert ServeSettings(store_ttl="12h").store_ttl_s() == 12 * 3600
     assert ServeSettings(database_url="postgresql://h/db").state_database_url() == "postgresql://h/db"
+    assert settings.batch_lease_s() == 30 and ServeSettings(batch_lease="2m").batch_lease_s() == 120
     for bad in ({"database_url": "mysql://h/db"}, {"store_ttl": "0"}, {"store_ttl": "-1"}, {"store_ttl": "soon"},
-                {"store_max_bytes": 0}, {"api_key": ["a", " "]}):
+                {"store_max_bytes": 0}, {"api_key": ["a", " "]}, {"batch_lease": "2s"}, {"batch_lease": "-30"},
+                {"batch_lease": "soon"}):
         with pytest.raises(ValidationError):
             ServeSettings(**bad)
     assert ServeSettings(api_key="a,b").api_key == ["a", "b"]

@@ -18,7 +18,7 @@ from glmserve.state import ClaimedLine, StoreFull
 
 log = logging.getLogger("glmserve.batches")
 
-LEASE_S = 30.0  # a claim not renewed for this long is taken to be a dead runner's
+LEASE_S = 30.0  # a claim not renewed for this long is taken to be a dead runner's (default of --batch-lease)
 QUIET_S = 1.0  # no new line starts until interactive requests have left the engine alone this long
 TRANSIENT = (429, 503, 529)  # refusals for now (queue full, model busy, overloaded): retried, never a result
 MAX_LOST = 3  # a line whose runs ended this many times with nothing recorded (its server died) is failed
@@ -85,12 +85,14 @@ class BatchRunner:
     every ``idle_poll_s`` while none is (an idle server: no query a second); the service wakes
     the runner at once for a batch created or cancelled through it, so only a batch another
     server created on the same database waits up to ``idle_poll_s`` for this runner (its own
-    server's runner starts it at once)."""
+    server's runner starts it at once). A line claimed here is claimed for ``lease_s`` seconds
+    (``--batch-lease``), renewed every third of it while it runs."""
 
     def __init__(self, service: BatchService, dispatch: Dispatch, capacity: Callable[[], int],
                  activity: Activity, poll_s: float = 1.0, models: Callable[[], Collection[str]] | None = None,
-                 idle_poll_s: float = IDLE_POLL_S) -> None:
+                 idle_poll_s: float = IDLE_POLL_S, lease_s: float = LEASE_S) -> None:
         self.service, self.dispatch, self.capacity, self.activity = service, dispatch, capacity, activity
+        self.lease_s = lease_s
         self.poll_s, self.idle_poll_s = poll_s, idle_poll_s
         self.models = models
         self.runner_id = uuid.uuid4().hex
@@ -108,11 +110,11 @@ class BatchRunner:
                 await beating
 
     async def _beat_forever(self) -> None:
-        """Keep the claims of the lines running here fresh every ``LEASE_S / 3``, on a timer of
+        """Keep the claims of the lines running here fresh every ``lease_s / 3``, on a timer of
         its own: a slow pass of the loop (a batch's files being written, a busy database) does
         not let them lapse."""
         while True:
-            await asyncio.sleep(LEASE_S / 3)
+            await asyncio.sleep(self.lease_s / 3)
             try:
                 if self._running:
                     await asyncio.to_thread(self.service.batches.heartbeat, self.runner_id, list(self._running))
@@ -168,8 +170,11 @@ class BatchRunner:
         if free <= 0:
             return []
         models = None if self.models is None else self.models()
-        claimed = await asyncio.to_thread(self.service.batches.claim, self.runner_id, free, LEASE_S, models,
+        claimed = await asyncio.to_thread(self.service.batches.claim, self.runner_id, free, self.lease_s, models,
                                           list(self._running))
+        if resumed := sum(1 for line in claimed if line.lost):
+            log.warning("batch lines run again: %d whose last run ended with nothing recorded (its server stopped, "
+                        "its claim not renewed for --batch-lease %gs)", resumed, self.lease_s)
         for line in claimed:
             self._running[line.id] = asyncio.create_task(self._run(line))
         return claimed

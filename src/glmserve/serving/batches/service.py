@@ -11,7 +11,7 @@ slots). The runner takes the engines' full batch size (the largest ``max_num_seq
 models loaded), and starts no new line while an interactive generation request is in flight or
 left less than ``batch_runner.QUIET_S`` ago (``Activity``), so that bursts of interactive requests do not
 share the event loop and the engine with new lines' set-up and prefill. Durability: ``state/batches.py`` (a line's result is
-stored with its done mark; lines of a dead runner are claimed again after ``batch_runner.LEASE_S``).
+stored with its done mark; lines of a dead runner are claimed again after ``--batch-lease``).
 
 Shapes follow OpenAI's batch object and output lines (``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``; non-200 lines go to the error file) and
