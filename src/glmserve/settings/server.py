@@ -71,6 +71,18 @@ class ListenSettings(BaseModel):
         return self
 
 
+def _duration(value: str, minimum: float, examples: str) -> str:
+    """``value`` if it is a duration (``parse_keep_alive``'s forms) of more than 0 seconds and
+    at least ``minimum``; raises ``ValueError`` naming ``examples`` of the form otherwise."""
+    try:
+        seconds = parse_keep_alive(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a duration (e.g. {examples})") from None
+    if value.strip().startswith("-") or seconds <= 0 or seconds < minimum:
+        raise ValueError(f"must be at least {minimum:g} seconds" if minimum else "must be more than 0 seconds")
+    return value
+
+
 MIN_BATCH_LEASE_S = 3.0  # a claim renewed every third of it: a second between renewals at least
 
 
@@ -110,24 +122,12 @@ class StateSettings(BaseModel):
     @field_validator("store_ttl")
     @classmethod
     def _check_store_ttl(cls, value: str) -> str:
-        try:
-            seconds = parse_keep_alive(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a duration (e.g. 2592000, 30d, 12h)") from None
-        if value.strip().startswith("-") or seconds <= 0:
-            raise ValueError("must be more than 0 seconds")
-        return value
+        return _duration(value, 0.0, "2592000, 30d, 12h")
 
     @field_validator("batch_lease")
     @classmethod
     def _check_batch_lease(cls, value: str) -> str:
-        try:
-            seconds = parse_keep_alive(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a duration (e.g. 30, 30s, 2m)") from None
-        if value.strip().startswith("-") or seconds < MIN_BATCH_LEASE_S:
-            raise ValueError(f"must be at least {MIN_BATCH_LEASE_S:g} seconds")
-        return value
+        return _duration(value, MIN_BATCH_LEASE_S, "30, 30s, 2m")
 
     def batch_lease_s(self) -> float:
         """``--batch-lease`` in seconds."""
