@@ -57,6 +57,10 @@ def pytest_runtest_logreport(report) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     """The ``SLOWEST_FILES`` slowest test files (their tests' setup, call and teardown, module
     fixtures included), after ``--durations``' slowest tests: where the suite's time goes."""
+    forkservers = getattr(terminalreporter.config, "forkservers", None)
+    if forkservers is not None and forkservers.started:
+        terminalreporter.write_line("test servers: " + ", ".join(f"{n} {how}" for how, n in
+                                                                   sorted(forkservers.started.items())))
     slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:SLOWEST_FILES]
     if slowest:
         terminalreporter.write_sep("=", f"slowest {len(slowest)} test files")

@@ -8,11 +8,10 @@ server from itself: the child takes its request's environment, working directory
 ``sys.argv``, and runs ``glmserve``'s ``__main__`` exactly as ``python -m glmserve`` does
 (``runpy``); its exit unwinds to the interpreter's own (threads joined, ``atexit`` run).
 
-Only what a fork cannot change is kept from ``python -m``: modules imported here read their
-environment when imported, so a request is forked only where its environment equals this
-process's but for ``GLMSERVE_*`` variables, which glmserve's settings read at start-up
-(``forkable``; and pytest's ``PYTEST_CURRENT_TEST``); any other one (``HF_ENDPOINT``,
-``PYTHONPATH``, vLLM's) gets a plain subprocess.
+What a fork cannot change is kept: modules imported here read some variables when imported, so
+a request is forked only where those (``READ_AT_IMPORT``) are as in this process's environment
+(``differences``); one with another ``HF_ENDPOINT``, ``PYTHONPATH`` or ``PATH`` gets a plain
+subprocess, as do vLLM's and Ray's servers (``engine``).
 
 Protocol, one Unix-socket connection per server: the client sends one JSON line (``argv``,
 ``env``, ``cwd``, ``log``: the path its output goes to); the server answers ``{"pid": N}``, then
@@ -21,6 +20,8 @@ number when a signal ended it)."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import os
 import runpy
@@ -62,14 +63,19 @@ def engine(argv: list[str], env: dict[str, str]) -> str | None:
     return "llama_cpp"
 
 
-def forkable(env: dict[str, str], own_env: dict[str, str]) -> bool:
-    """Whether a server with the environment ``env`` runs in a child of a process with the
-    environment ``own_env`` as it would run on its own."""
+# variables read when a preloaded module is imported (the Hub's endpoint and cache, thread pools,
+# library paths, the interpreter's own): a request whose value differs from the fork server's is
+# not forked. Others (``GLMSERVE_*``, which settings read at start-up; what a library set in the
+# tests' process, as torch's ``TORCHINDUCTOR_CACHE_DIR``) reach the child in its environment.
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH_", "PYTORCH_", "OMP_", "MKL_",
+                  "OPENBLAS_", "LLAMA_", "GGML_", "CUDA_", "LD_", "PYTHON", "HOME", "XDG_", "PATH")
 
-    def outside(environ: dict[str, str]) -> dict[str, str]:  # pytest names the test running in PYTEST_CURRENT_TEST
-        return {k: v for k, v in environ.items() if not k.startswith("GLMSERVE_") and k != "PYTEST_CURRENT_TEST"}
 
-    return outside(env) == outside(own_env)
+def differences(env: dict[str, str], own_env: dict[str, str]) -> list[str]:
+    """The variables of ``READ_AT_IMPORT`` whose values differ between ``env`` (a server's) and
+    ``own_env`` (the fork server's): none where the server runs in a fork as it would alone."""
+    return sorted(k for k in set(env) | set(own_env)
+                  if k.startswith(READ_AT_IMPORT) and env.get(k) != own_env.get(k))
 
 
 def _child(request: dict, keep: list[int]) -> None:
@@ -213,14 +219,18 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+_numbers = itertools.count()  # fork servers' socket and log files, one each
+
+
 class ForkServer:
     """A fork server for ``engine`` (a ``PRELOAD`` key) in a subprocess of this one with the
     environment ``env``, its socket and log in ``directory``."""
 
     def __init__(self, directory: Path, engine: str, env: dict[str, str]) -> None:
-        self.path = str(directory / f"{engine}.sock")
+        name = directory / f"{engine}-{next(_numbers)}"
+        self.path = f"{name}.sock"
         self.env = env
-        self._log = open(directory / f"{engine}.log", "w")
+        self._log = open(f"{name}.log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.forkserver", self.path, engine], env=env,
                                      stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=Path(__file__).parent.parent)
@@ -241,26 +251,37 @@ class ForkServer:
 class ForkServers:
     """A ``ForkServer`` per engine in ``PRELOAD`` under ``directory``, each started by the first
     server of its engine (which runs as a plain subprocess meanwhile: a run of unit tests starts
-    none); ``launch`` is ``glmserve.testing.launcher``. They run in this process's environment as
-    it is now (a test's changes to it reach its servers by plain subprocesses)."""
+    none); ``launch`` is ``glmserve.testing.launcher``. A fork server runs in this process's
+    environment as it was when it started; where a library has changed a variable of
+    ``READ_AT_IMPORT`` here since (vLLM sets ``LD_LIBRARY_PATH`` when imported), a new one is
+    started in the environment as it is now. ``started`` counts the servers by how they started."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.env = dict(os.environ)
         self.servers: dict[str, ForkServer] = {}
+        self.retired: list[ForkServer] = []  # still the parents of the servers they forked
+        self.started: collections.Counter = collections.Counter()
 
     def launch(self, cmd: list[str], log, env: dict[str, str]):
         """``cmd`` (``python -m glmserve ARGS``) forked with its output to ``log`` (an open file),
         or ``glmserve.testing.popen``'s subprocess where it cannot be."""
         if cmd[:3] == [sys.executable, "-m", "glmserve"] and (name := engine(cmd[3:], env)) is not None:
-            if name not in self.servers:
-                self.servers[name] = ForkServer(self.directory, name, self.env)
-            elif forkable(env, self.servers[name].env) and self.servers[name].ready():
-                return ForkedProcess(self.servers[name].path, cmd[3:], env, log.name)
+            server = self.servers.get(name)
+            if server is None or differences(dict(os.environ), server.env):
+                if server is not None:
+                    self.retired.append(server)
+                self.servers[name] = ForkServer(self.directory, name, dict(os.environ))
+            elif differ := differences(env, server.env):
+                self.started[f"subprocesses ({', '.join(differ)} differing)"] += 1
+                return popen(cmd, log, env)
+            elif server.ready():
+                self.started[f"forked ({name})"] += 1
+                return ForkedProcess(server.path, cmd[3:], env, log.name)
+        self.started["subprocesses"] += 1
         return popen(cmd, log, env)
 
     def stop(self) -> None:
-        for server in self.servers.values():
+        for server in [*self.servers.values(), *self.retired]:
             server.stop()
 
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from glmserve.testing import free_port
-from tests.forkserver import ForkedProcess, ForkServers, engine, forkable
+from tests.forkserver import ForkedProcess, ForkServers, differences, engine
 
 
 def test_which_fork_server_or_none():
@@ -29,12 +29,14 @@ def test_which_fork_server_or_none():
         assert engine(argv, env) is None, (argv, env)
 
 
-def test_only_glmserve_s_own_variables_may_differ():
-    own = {"PATH": "/bin", "HOME": "/root"}
-    assert forkable({**own, "GLMSERVE_API_KEY": "k"}, own)
-    assert not forkable({**own, "HF_ENDPOINT": "http://127.0.0.1:9"}, own)
-    assert not forkable({"PATH": "/usr/bin", "HOME": "/root"}, own)
-    assert not forkable({"PATH": "/bin"}, own)
+def test_variables_read_at_import_must_not_differ():
+    own = {"PATH": "/bin", "HOME": "/root", "HF_HOME": "/hf"}
+    for others in ({"GLMSERVE_API_KEY": "k"}, {"PYTEST_CURRENT_TEST": "t"}, {"TORCHINDUCTOR_CACHE_DIR": "/tmp/t"}):
+        assert differences({**own, **others}, own) == []
+    assert differences({**own, "HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": "/site"}, own) == [
+        "HF_ENDPOINT", "PYTHONPATH"]
+    assert differences({**own, "PATH": "/usr/bin"}, own) == ["PATH"]
+    assert differences({"PATH": "/bin", "HOME": "/root"}, own) == ["HF_HOME"]
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,26 @@ def test_a_served_model_runs_with_its_flags_and_environment_and_ends_on_a_signal
     assert proc.wait(timeout=60) == -signal.SIGKILL
     proc.kill()  # after the exit: nothing to signal, no error
     assert "Uvicorn running" in log.read_text() or str(port) in log.read_text()
+
+
+def test_a_variable_set_here_since_starts_a_new_fork_server(tmp_path, monkeypatch):
+    """A library of the tests' process setting a variable read at import (vLLM's
+    ``LD_LIBRARY_PATH``): later servers are forked from a fork server started in that
+    environment; the first one goes on as the parent of what it forked."""
+    servers = ForkServers(tmp_path / "forks")
+    (tmp_path / "forks").mkdir()
+    bad = [sys.executable, "-m", "glmserve", "serve", "--no-such-flag"]
+    try:
+        assert not isinstance(servers.launch(bad, open(os.devnull, "w"), dict(os.environ)), ForkedProcess)
+        first = servers.servers["llama_cpp"]
+        assert servers.launch(bad, open(os.devnull, "w"), dict(os.environ)).wait(timeout=60) == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert not isinstance(servers.launch(bad, open(os.devnull, "w"), dict(os.environ)), ForkedProcess)
+        second = servers.servers["llama_cpp"]
+        assert second is not first and servers.retired == [first] and second.env["OMP_NUM_THREADS"] == "1"
+        forked = servers.launch(bad, open(os.devnull, "w"), dict(os.environ))
+        assert isinstance(forked, ForkedProcess) and forked.wait(timeout=60) == 2
+        assert first.proc.poll() is None  # not stopped: it reaps what it forked
+        assert servers.started == {"forked (llama_cpp)": 2, "subprocesses": 2}
+    finally:
+        servers.stop()
