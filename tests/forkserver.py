@@ -78,13 +78,18 @@ def differences(env: dict[str, str], own_env: dict[str, str]) -> list[str]:
                   if k.startswith(READ_AT_IMPORT) and env.get(k) != own_env.get(k))
 
 
-def _child(request: dict, keep: list[int]) -> None:
-    """In the forked child: become ``python -m glmserve ARGV``; returns only by raising
-    ``SystemExit`` (which ends the process as the interpreter's own exit does)."""
+def _child(request: dict, inherited: list) -> None:
+    """In the forked child: close what it inherited of the fork server (sockets, the selector:
+    objects with ``close()``; pipe ends: numbers), then become ``python -m glmserve ARGV``;
+    returns only by raising ``SystemExit`` (which ends the process as the interpreter's own exit
+    does)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for fd in keep:
-        os.close(fd)
+    for thing in inherited:
+        if isinstance(thing, int):
+            os.close(thing)
+        else:
+            thing.close()
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -129,8 +134,7 @@ def serve(path: str, name: str) -> None:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(request, [listener.fileno(), wake_r, wake_w, conn.fileno(),
-                                     *(c.fileno() for c in children.values())])
+                    _child(request, [selector, listener, wake_r, wake_w, conn, *children.values()])
                 children[pid] = conn
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             else:
@@ -182,7 +186,8 @@ class ForkedProcess:
 
     def _read(self, timeout: float | None) -> None:
         message = self._message(timeout)
-        if message == {}:  # the fork server is gone: its children went to init; wait for the pid to end
+        if message == {}:  # the fork server is gone (killed): its children went to init, and their exit
+            # status with them; once the pid has ended it reads as SIGKILL's
             deadline = None if timeout is None else time.monotonic() + timeout
             while Path(f"/proc/{self.pid}").exists() and (deadline is None or time.monotonic() < deadline):
                 time.sleep(0.1)
