@@ -100,10 +100,8 @@ class StateSettings(BaseModel):
     )
     store_ttl: str = Field("30d", description="How long a stored response is kept (a number of seconds, or a "
                                               "duration such as 30d or 12h).")
-    batch_lease: str = Field("30s", description="How long a batch line's claim holds when its server stops renewing "
-                                                "it (every third of this, while the line runs): past it another server "
-                                                "on the same state, or this one restarted, runs the line again. "
-                                                "Shorter resumes a dead server's lines sooner; at least 3s.")
+    batch_lease: str = Field("30s", description="How long a batch line's claim holds unrenewed before another server, "
+                                                "or this one restarted, runs the line again (at least 3s).")
     store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes the state keeps in all (responses, conversations, "
                                                             "files, batches); past it the oldest responses go.")
     store_max_bytes_per_key: int | None = Field(
