@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -71,19 +72,23 @@ class ListenSettings(BaseModel):
         return self
 
 
-def _duration(value: str, minimum: float, examples: str) -> str:
-    """``value`` if it is a duration (``parse_keep_alive``'s forms) of more than 0 seconds and
-    at least ``minimum``; raises ``ValueError`` naming ``examples`` of the form otherwise."""
+def _duration(value: str, minimum: float, examples: str, maximum: float = math.inf) -> str:
+    """``value`` if it is a duration (``parse_keep_alive``'s forms) of more than 0 seconds,
+    within ``minimum`` and ``maximum``; raises ``ValueError`` naming ``examples`` of the form
+    otherwise."""
     try:
         seconds = parse_keep_alive(value)
     except ValueError:
         raise ValueError(f"{value!r} is not a duration (e.g. {examples})") from None
     if value.strip().startswith("-") or seconds <= 0 or seconds < minimum:
         raise ValueError(f"must be at least {minimum:g} seconds" if minimum else "must be more than 0 seconds")
+    if seconds > maximum:
+        raise ValueError(f"must be at most {maximum:g} seconds")
     return value
 
 
 MIN_BATCH_LEASE_S = 3.0  # a claim renewed every third of it: a second between renewals at least
+MAX_BATCH_LEASE_S = 86400.0  # a dead server's lines resumed within a day
 
 
 class StateSettings(BaseModel):
@@ -101,7 +106,7 @@ class StateSettings(BaseModel):
     store_ttl: str = Field("30d", description="How long a stored response is kept (a number of seconds, or a "
                                               "duration such as 30d or 12h).")
     batch_lease: str = Field("30s", description="How long a batch line's claim holds unrenewed before another server, "
-                                                "or this one restarted, runs the line again (at least 3s).")
+                                                "or this one restarted, runs the line again (3s to 1d).")
     store_max_bytes: int = Field(1 << 30, ge=1, description="Bytes the state keeps in all (responses, conversations, "
                                                             "files, batches); past it the oldest responses go.")
     store_max_bytes_per_key: int | None = Field(
@@ -125,7 +130,7 @@ class StateSettings(BaseModel):
     @field_validator("batch_lease")
     @classmethod
     def _check_batch_lease(cls, value: str) -> str:
-        return _duration(value, MIN_BATCH_LEASE_S, "30, 30s, 2m")
+        return _duration(value, MIN_BATCH_LEASE_S, "30, 30s, 2m", MAX_BATCH_LEASE_S)
 
     def batch_lease_s(self) -> float:
         """``--batch-lease`` in seconds."""

@@ -103,7 +103,7 @@ def test_settings(tmp_path):
     assert settings.batch_lease_s() == 30 and ServeSettings(batch_lease="2m").batch_lease_s() == 120
     for bad in ({"database_url": "mysql://h/db"}, {"store_ttl": "0"}, {"store_ttl": "-1"}, {"store_ttl": "soon"},
                 {"store_max_bytes": 0}, {"api_key": ["a", " "]}, {"batch_lease": "2s"}, {"batch_lease": "-30"},
-                {"batch_lease": "soon"}):
+                {"batch_lease": "soon"}, {"batch_lease": "inf"}, {"batch_lease": "2d"}):
         with pytest.raises(ValidationError):
             ServeSettings(**bad)
     assert ServeSettings(api_key="a,b").api_key == ["a", "b"]
