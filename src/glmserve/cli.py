@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from glmserve.flags import fail as _fail
-from glmserve.flags import parse_flags
+from glmserve.flags import given_flags, parse_flags
 from glmserve.settings.bench import BenchSettings
 from glmserve.settings.serve import ChatSettings, DeploySettings
 
@@ -47,6 +47,12 @@ def bench(args: list[str]) -> int:
 
 def chat(args: list[str]) -> int:
     settings = parse_flags(ChatSettings, args)
+    unused = settings.unused(given_flags(ChatSettings, args))
+    if unused:  # the environment's GLMSERVE_* variables may be a server's: those are left alone
+        flags = ", ".join(unused)
+        return _fail(f"glmserve chat --url sends requests to a running server and does not use {flags}: set them "
+                     "on that server" if settings.url else
+                     f"glmserve chat runs the model in this process and does not use {flags} (glmserve serve's)", 2)
     logging.basicConfig(level="WARNING")
     from glmserve.client.terminal import run_chat
 

@@ -257,6 +257,13 @@ def _cli_source(cls: type[BaseSettings]) -> CliSettingsSource:
     return source
 
 
+def given_flags(cls, args: list[str]) -> set[str]:
+    """The field names of ``cls`` set by flags in ``args`` (not by the environment); ``args``
+    already parsed by ``parse_flags``. Every argument's default is argparse's ``SUPPRESS``
+    there, so the namespace holds only what was given."""
+    return set(vars(_cli_source(cls).root_parser.parse_args(args)))
+
+
 def _problem(error: dict) -> str:
     """One validation error as a line: ``field: message``, or a check of several flags' message alone."""
     where = ".".join(map(str, error["loc"]))

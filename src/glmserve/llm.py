@@ -24,16 +24,25 @@ from glmserve.protocol.chat import ChatCompletion, ChatCompletionChunk, ChatComp
 from glmserve.protocol.errors import APIError, ErrorResponse, model_not_found
 from glmserve.runtime.start import start_model
 from glmserve.serving.generation.chunks import StreamItem
+from glmserve.settings.model import ModelSettings
 from glmserve.settings.serve import ServeSettings
 
 
 class LLM:
     """A model served in-process. ``LLM(model=None, engine="llama_cpp", **settings)``: the
-    keyword settings are ``glmserve serve``'s (``n_ctx``, ``n_threads``, ``max_num_seqs`` ...).
-    Raises what start-up raises (``EngineError``, ``ModelNotFoundError``) when the model cannot
-    be loaded. ``close()`` (or ``with LLM() as llm:``) frees it."""
+    keyword settings are ``glmserve serve``'s model settings (``n_ctx``, ``n_threads``,
+    ``max_num_seqs`` ...). Raises ``TypeError`` for any other keyword (a server's setting such
+    as ``port``, or a misspelt one), and what start-up raises (``EngineError``,
+    ``ModelNotFoundError``) when the model cannot be loaded. ``close()`` (or ``with LLM() as
+    llm:``) frees it."""
 
     def __init__(self, model: str | None = None, engine: str = "llama_cpp", **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(ModelSettings.model_fields))
+        if unknown:
+            server = set(ServeSettings.model_fields)
+            raise TypeError(f"LLM() does not take {', '.join(unknown)}: "
+                            + ("a server's settings; LLM runs a model in this process" if server.issuperset(unknown)
+                               else "not a model setting of glmserve serve"))
         self._runtime = start_model(ServeSettings(model=model, engine=engine, **settings))
         self.model = self._runtime.pipeline.name
         self._loop = asyncio.new_event_loop()

@@ -108,14 +108,16 @@ def test_against_a_running_server(server):
         child.close(force=True)
 
 
-def _piped(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+def _piped(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "glmserve", "chat", "--temperature", "0", *args], input=stdin,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})})
 
 
 def test_piped_stdin_in_process_and_remote(server):
+    # a server's variables in the user's environment are that server's: chat leaves them alone
+    env = {"GLMSERVE_STORE_TTL": "5s", "GLMSERVE_PORT": "9", "GLMSERVE_N_CTX": "2048"}
     for args in (["--n-threads", "2"], ["--url", server.url]):
-        proc = _piped(*args, "--system", SYSTEM, stdin="What is the capital of France?\n")
+        proc = _piped(*args, "--system", SYSTEM, stdin="What is the capital of France?\n", env=env)
         assert proc.returncode == 0, proc.stderr
         assert "Paris" in proc.stdout
 
@@ -130,6 +132,12 @@ def test_errors_are_one_line(server):
         assert proc.returncode == 1
         assert "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+    for args, needle in [  # a flag chat does not use: the usage error's exit status
+        (["--port", "9"], "does not use --port"),
+        (["--url", server.url, "--n-ctx", "512"], "does not use --n-ctx"),
+    ]:
+        proc = _piped(*args, stdin="Hi\n")
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
 
 def test_the_api_key_is_sent_and_a_wrong_one_is_one_line():

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from glmserve.settings.serve import ChatSettings, ServeSettings
+from glmserve.settings.model import ModelSettings
+from glmserve.settings.serve import ChatSettings
 
 
 class ChatError(RuntimeError):
@@ -19,8 +20,10 @@ class LocalBackend:
         from glmserve.llm import LLM
         from glmserve.runtime.start import STARTUP_ERRORS
 
-        # the serve flags the user set (and only those: an engine refuses a flag it does not use)
-        given = {k: getattr(settings, k) for k in ServeSettings.model_fields
+        # the model flags the user set (and only those: an engine refuses a flag it does not use);
+        # a server's flags were refused on the command line, and a server's variables in the
+        # environment are that server's
+        given = {k: getattr(settings, k) for k in ModelSettings.model_fields
                  if k in settings.model_fields_set and k != "model"}
         try:
             self._llm = LLM(model=settings.model, **given)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
@@ -99,3 +101,12 @@ class ChatSettings(ServeSettings):
     temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature.")
     top_p: float | None = Field(None, ge=0, le=1, description="Nucleus sampling probability mass.")
     max_tokens: int | None = Field(None, ge=1, description="Most tokens per reply.")
+
+    def unused(self, given: Iterable[str]) -> list[str]:
+        """The flags among ``given`` (field names set on the command line) that this chat does
+        not use, as ``--kebab-case``, sorted: in-process, the server's own (nothing listens,
+        stores or serves several models); with ``--url``, every ``glmserve serve`` flag but
+        ``--model`` and ``--api-key`` (the server was started with its own)."""
+        serve = set(ServeSettings.model_fields)
+        unused = serve - {"model", "api_key"} if self.url else serve - set(ModelSettings.model_fields)
+        return sorted(f"--{name.replace('_', '-')}" for name in unused.intersection(given))
