@@ -7,17 +7,26 @@ Per round and system: the server is started afresh (the embedded default GGUF, `
 32768, one sequence, 2 threads, greedy, and the same tool-rendering chat template on both:
 ``tests/fixtures/templates/chatml-hermes-tools.jinja``, Qwen2.5's layout, given to glmserve as
 ``--chat-template`` and to llama-server as ``--jinja --chat-template-file``), then Claude Code
-runs ``claude -p QUESTION`` twice, one session after the other, each in a new project folder
-under one home, as the README's by-hand recipe starts it but for the attribution switch: a user
-who has not read that far leaves ``CLAUDE_CODE_ATTRIBUTION_HEADER`` unset, so each session's
-system prompt starts with its own attribution line (its 3-character suffix follows the
-session's first question). A reply's ceiling is 256 tokens (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``)
-and a session at most ``--max-turns`` model turns, on both servers alike.
+runs ``claude -p QUESTION`` twice, one session after the other in one new project folder (as a
+user works on one project), as the README's by-hand recipe starts it but for the attribution
+switch: a user who has not read that far leaves ``CLAUDE_CODE_ATTRIBUTION_HEADER`` unset, so
+each session's system prompt starts with its own attribution line (its 3-character suffix
+follows the session's first question). Sessions in two folders differ further in what the model
+reads (Claude Code 2.1.330 names the folder in its memory path, ~800 tokens into the system
+prompt, and in its environment message), which no cache guard may remove: run that way
+(``results/agent_sessions_folder_per_session.md``), the second session's prompt was cached to
+its 825th token of 10,100 on glmserve. A reply's ceiling is 256 tokens
+(``CLAUDE_CODE_MAX_OUTPUT_TOKENS``) and a session at most ``--max-turns`` model turns, on both
+servers alike.
 
 Claude Code talks to the server through a recording proxy in this process, which passes every
 byte on and notes each request: its route, the time to its first ``content_block_delta`` (TTFT;
 a whole reply: its end), its end, and the usage the server gave (``input_tokens`` computed,
-``cache_read_input_tokens`` read from the prefix cache; both servers report them).
+``cache_read_input_tokens`` read from the prefix cache: glmserve reports both; llama-server's
+Anthropic stream reports neither, shown as 0 and None). The report compares each session's wall
+time, and its first request's TTFT, which is where a cached prompt shows: the rest of a session
+depends on what the model answered, which differs once the two servers' prompts differ
+(glmserve has removed the attribution line).
 
 Build llama-server as ``compare_llama_server.py`` says (or take ``build/llama-tools/bin/llama-server``,
 which ``make test`` builds), install Claude Code (``npm install --prefix DIR
@@ -138,9 +147,8 @@ def serve_proxy(recorder: Recorder) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def session(claude: str, proxy: str, home: Path, question: str, max_turns: int) -> dict:
-    """One ``claude -p`` session in a new project folder of ``home``: its wall time and answer."""
-    project = Path(tempfile.mkdtemp(prefix="project-", dir=home))
+def session(claude: str, proxy: str, home: Path, project: Path, question: str, max_turns: int) -> dict:
+    """One ``claude -p`` session in ``project``, a folder of ``home``: its wall time and answer."""
     names = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
              "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": proxy, "ANTHROPIC_API_KEY": "unused",
@@ -174,17 +182,23 @@ def run_system(spec, recorder: Recorder, proxy: str, args) -> dict:
     else:
         server = RemoteServer(*spec, n_threads=args.threads)
     home = Path(tempfile.mkdtemp(prefix="agent-home-"))
+    project = Path(tempfile.mkdtemp(prefix="project-", dir=home))
     out = {}
     try:
         recorder.upstream = server.url
         for i, question in enumerate(QUESTIONS, 1):
             recorder.session, first = f"session {i}", len(recorder.requests)
-            out[f"session {i}"] = {**session(args.claude, proxy, home, question, args.max_turns),
+            out[f"session {i}"] = {**session(args.claude, proxy, home, project, question, args.max_turns),
                                    "requests": recorder.requests[first:]}
     finally:
         server.stop()
         shutil.rmtree(home, ignore_errors=True)
     return out
+
+
+def _first(session: dict) -> dict:
+    """A session's first ``/v1/messages`` request's record ({} when it made none)."""
+    return next((q for q in session["requests"] if q["route"] == "/v1/messages"), {"ttft": float("nan")})
 
 
 def report(results: dict[str, list[dict]], args) -> tuple[str, dict]:
@@ -199,7 +213,7 @@ def report(results: dict[str, list[dict]], args) -> tuple[str, dict]:
     for system, rounds in results.items():
         for name in rounds[0]:
             walls = [r[name]["wall"] for r in rounds]
-            firsts = [next((q for q in r[name]["requests"] if q["route"] == "/v1/messages"), {}) for r in rounds]
+            firsts = [_first(r[name]) for r in rounds]
             stats.setdefault(system, {})[name] = {
                 "wall_s": statistics.median(walls), "rounds": [round(w, 1) for w in walls],
                 "requests": [r[name]["requests"] for r in rounds], "answers": [r[name]["answer"] for r in rounds],
@@ -215,6 +229,10 @@ def report(results: dict[str, list[dict]], args) -> tuple[str, dict]:
                            [r[name]["wall"] for r in results["llama-server"]])
             stats["glmserve"][name]["wall_vs_llama_server"] = ratio
             lines.append(f"- {name}: wall time glmserve / llama-server {paired_text(ratio)}")
+            firsts = {system: [_first(r[name])["ttft"] for r in results[system]] for system in ("glmserve", "llama-server")}
+            ratio = paired(firsts["glmserve"], firsts["llama-server"])
+            stats["glmserve"][name]["first_ttft_vs_llama_server"] = ratio
+            lines.append(f"- {name}: first request's TTFT glmserve / llama-server {paired_text(ratio)}")
     return "\n".join(lines), stats
 
 
