@@ -56,15 +56,18 @@ def test_the_proxy_passes_a_stream_on_whole_and_notes_it():
 
 
 def test_the_report_gives_glmserve_over_llama_server_per_round():
-    def system(walls: list[tuple[float, float]]) -> list[dict]:
+    def system(walls: list[tuple[float, float]], ttft_share: float) -> list[dict]:
         return [{f"session {i}": {"wall": w, "exit": 0, "answer": "ok", "requests": [
-            {"route": "/v1/messages", "input": 100, "cached": 0, "ttft": w / 2}]} for i, w in enumerate(pair, 1)}
-            for pair in walls]
+            {"route": "/v1/models", "ttft": 0.01},  # not a model turn: the first turn is the first /v1/messages
+            {"route": "/v1/messages", "input": 100, "cached": 0, "ttft": w * ttft_share}]}
+            for i, w in enumerate(pair, 1)} for pair in walls]
 
     args = argparse.Namespace(threads=2, max_turns=3, rounds=2)
-    text, stats = agent_sessions.report({"glmserve": system([(300, 60), (320, 80)]),
-                                         "llama-server": system([(300, 300), (320, 320)])}, args)
+    text, stats = agent_sessions.report({"glmserve": system([(300, 60), (320, 80)], 0.1),
+                                         "llama-server": system([(300, 300), (320, 320)], 0.5)}, args)
     ratio = stats["glmserve"]["session 2"]["wall_vs_llama_server"]
     assert ratio["rounds"] == [0.2, 0.25] and ratio["median"] == 0.225
+    first = stats["glmserve"]["session 2"]["first_ttft_vs_llama_server"]  # 6 / 150 and 8 / 160
+    assert first["rounds"] == [0.04, 0.05] and "first request's TTFT glmserve / llama-server 0.045" in text
     assert stats["glmserve"]["session 1"]["wall_vs_llama_server"]["median"] == 1.0
-    assert "| glmserve | session 2 | 70.0 | [60, 80] | 1 |" in text
+    assert "| glmserve | session 2 | 70.0 | [60, 80] | 2 |" in text
