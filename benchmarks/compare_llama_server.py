@@ -23,15 +23,29 @@ Build llama-server from the llama-cpp-python source package with the same CMake 
     cmake --build build --target llama-server -j2
 
     python benchmarks/compare_llama_server.py --llama-server build/bin/llama-server [--rounds 4]
+
+``--paired TRIALS`` measures glmserve against llama-server more finely: both run at once (each
+idle but for the wave it is sent), and each trial sends one wave of c requests (the same
+prompts) to each in turn, ABBA from trial to trial, so that the machine's drift between the two
+measurements of a trial is seconds, not the minutes between two servers' runs in a round (this
+machine's per-round ratios spread by about 10%). Reports per level each system's medians and the
+median, quartiles and every trial's ratio of output tok/s, and each trial's ratio of decode speed
+(TPOT p50, llama-server's over glmserve's) (``results/compare_llama_server_paired``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
 import sys
 from pathlib import Path
 
-from rounds import alternate, check_rounds, medians, paired, paired_text, per_round, save, table  # noqa: I001
+from rounds import alternate, check_rounds, medians, order, paired, paired_text, per_round, save, table  # noqa: I001
+from rounds import warm_up  # noqa: I001
+
+from glmserve.bench.runner import run_all
+from glmserve.settings.bench import BenchSettings
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -68,6 +82,65 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def wave(url: str, label: str, c: int, args, seed: int):
+    """One wave of ``c`` concurrent streaming greedy requests (ignore_eos) from ``seed``'s
+    prompts: its bench ``Summary``."""
+    settings = BenchSettings(url=url, model=DEFAULT_MODEL, label=label, concurrency=[c], num_requests=c,
+                             input_len=args.input_len, output_len=args.output_len, ignore_eos=True, seed=seed)
+    return asyncio.run(run_all(settings))[1][0]
+
+
+def run_paired(args, specs: dict[str, dict]) -> None:
+    """``--paired``: glmserve and llama-server side by side; per level, a discarded wave on
+    each, then ``args.paired`` trials of one wave on each in ``order`` (ABBA over trials)."""
+    names = ["glmserve", next(name for name in specs if name.startswith("llama-server"))]
+    servers = {}
+    waves: dict[str, dict[int, list]] = {name: {c: [] for c in args.concurrency} for name in names}
+    try:
+        for name in names:
+            servers[name] = start(specs[name], args)
+        for c in args.concurrency:
+            for name in names:
+                warm_up(servers[name].url, DEFAULT_MODEL, name, c, args.input_len, args.output_len, seed=0)
+            for t in range(args.paired):
+                for name in order(names, t):
+                    waves[name][c].append(wave(servers[name].url, name, c, args, seed=1000 * c + t))
+    finally:
+        for server in servers.values():
+            server.stop()
+    lines = ["| concurrency | system | output tok/s (median wave) | TTFT p50 ms | TPOT p50 ms | failed |",
+             "|---:|---|---:|---:|---:|---:|"]
+    checks, stats = [], {}
+    for c in args.concurrency:
+        for name in names:
+            ws = waves[name][c]
+            stats.setdefault(name, {})[c] = {
+                "output_tok_s": statistics.median(w.output_throughput for w in ws),
+                "ttft_p50_ms": statistics.median(w.ttft_ms["p50"] for w in ws),
+                "tpot_p50_ms": statistics.median(w.tpot_ms["p50"] for w in ws), "failed": sum(w.failed for w in ws)}
+            m = stats[name][c]
+            lines.append(f"| {c} | {name} | {m['output_tok_s']:.1f} | {m['ttft_p50_ms']:.0f} | "
+                         f"{m['tpot_p50_ms']:.2f} | {m['failed']} |")
+        ratio = paired(*([w.output_throughput for w in waves[name][c]] for name in names))
+        q1, _, q3 = statistics.quantiles(ratio["rounds"], n=4)
+        ratio.update(q1=q1, q3=q3)
+        # decode speed alone: llama-server's TPOT over glmserve's (above 1: glmserve decodes faster)
+        speed = paired(*([w.tpot_ms["p50"] for w in waves[name][c]] for name in reversed(names)))
+        stats["glmserve"][c].update(paired_throughput=ratio, paired_decode_speed=speed)
+        checks.append(f"- c={c}: output tok/s glmserve / llama-server, per trial: median {ratio['median']:.3f}, "
+                      f"quartiles {q1:.3f} .. {q3:.3f}, range {ratio['min']:.3f} .. {ratio['max']:.3f}; "
+                      f"trials: {ratio['rounds']}")
+        checks.append(f"- c={c}: decode speed (llama-server's TPOT p50 / glmserve's), per trial: {paired_text(speed)}")
+    report = "\n".join([
+        f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
+        f"{args.parallel} parallel sequences | input ~{args.input_len} tokens, output {args.output_len} "
+        f"(ignore_eos, greedy) | both servers up at once; per level a discarded wave on each, then "
+        f"{args.paired} trials of one wave of c requests on each in ABBA order; medians over the waves, and "
+        f"ratios per trial", "", *lines, "", *checks])
+    save("compare_llama_server_paired", "glmserve vs llama-server, paired waves", report, stats,
+         command=" ".join(["python benchmarks/compare_llama_server.py", *sys.argv[1:]]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", required=True, help="path to the llama-server binary")
@@ -79,8 +152,13 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
+    ap.add_argument("--paired", type=check_rounds, default=0, metavar="TRIALS",
+                    help="both servers at once, TRIALS waves on each in ABBA order (even); see the docstring")
     args = ap.parse_args()
     specs = systems(args)
+    if args.paired:
+        run_paired(args, specs)
+        return
     names = list(specs)
     rss: dict[str, list[float]] = {name: [] for name in names}
     rows = alternate(names, lambda name: start(specs[name], args), args.rounds, args.concurrency, args.input_len,
