@@ -36,16 +36,12 @@ median, quartiles and every trial's ratio of output tok/s, and each trial's rati
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 from pathlib import Path
 
 from rounds import alternate, check_rounds, medians, order, paired, paired_text, per_round, save, table  # noqa: I001
-from rounds import warm_up  # noqa: I001
-
-from glmserve.bench.runner import run_all
-from glmserve.settings.bench import BenchSettings
+from rounds import warm_up, wave  # noqa: I001
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -82,14 +78,6 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def wave(url: str, label: str, c: int, args, seed: int):
-    """One wave of ``c`` concurrent streaming greedy requests (ignore_eos) from ``seed``'s
-    prompts: its bench ``Summary``."""
-    settings = BenchSettings(url=url, model=DEFAULT_MODEL, label=label, concurrency=[c], num_requests=c,
-                             input_len=args.input_len, output_len=args.output_len, ignore_eos=True, seed=seed)
-    return asyncio.run(run_all(settings))[1][0]
-
-
 def run_paired(args, specs: dict[str, dict]) -> None:
     """``--paired``: glmserve and llama-server side by side; per level, a discarded wave on
     each, then ``args.paired`` trials of one wave on each in ``order`` (ABBA over trials)."""
@@ -104,7 +92,8 @@ def run_paired(args, specs: dict[str, dict]) -> None:
                 warm_up(servers[name].url, DEFAULT_MODEL, name, c, args.input_len, args.output_len, seed=0)
             for t in range(args.paired):
                 for name in order(names, t):
-                    waves[name][c].append(wave(servers[name].url, name, c, args, seed=1000 * c + t))
+                    waves[name][c].append(wave(servers[name].url, DEFAULT_MODEL, name, c, args.input_len,
+                                               args.output_len, seed=1000 * c + t))
     finally:
         for server in servers.values():
             server.stop()

@@ -73,9 +73,15 @@ def bench_round(url: str, model: str, label: str, concurrency: list[int], input_
 def warm_up(url: str, model: str, label: str, c: int, input_len: int, output_len: int, seed: int) -> None:
     """One wave of ``c`` requests at concurrency ``c`` (as ``bench_round``'s, on prompts of
     their own), its figures discarded."""
+    wave(url, model, label, c, input_len, output_len, WARMUP_SEED + seed * 1000 + c)
+
+
+def wave(url: str, model: str, label: str, c: int, input_len: int, output_len: int, seed: int) -> Summary:
+    """One wave of ``c`` streaming greedy requests (ignore_eos) at concurrency ``c``, prompts of
+    about ``input_len`` tokens drawn from ``seed``: its ``glmserve bench`` summary."""
     settings = BenchSettings(url=url, model=model, label=label, concurrency=[c], num_requests=c, input_len=input_len,
-                             output_len=output_len, ignore_eos=True, seed=WARMUP_SEED + seed * 1000 + c)
-    asyncio.run(run_all(settings))
+                             output_len=output_len, ignore_eos=True, seed=seed)
+    return asyncio.run(run_all(settings))[1][0]
 
 
 def alternate(names: list[str], start: Callable[[str], object], rounds: int, concurrency: list[int],
