@@ -111,7 +111,7 @@ def run_paired(args, specs: dict[str, dict]) -> None:
             lines.append(f"| {c} | {name} | {m['output_tok_s']:.1f} | {m['ttft_p50_ms']:.0f} | "
                          f"{m['tpot_p50_ms']:.2f} | {m['failed']} |")
         ratio = paired(*([w.output_throughput for w in waves[name][c]] for name in names))
-        q1, _, q3 = statistics.quantiles(ratio["rounds"], n=4)
+        q1, _, q3 = statistics.quantiles(ratio["rounds"], n=4, method="inclusive")  # within the trials' range
         ratio.update(q1=q1, q3=q3)
         # decode speed alone: llama-server's TPOT over glmserve's (above 1: glmserve decodes faster)
         speed = paired(*([w.tpot_ms["p50"] for w in waves[name][c]] for name in reversed(names)))
@@ -140,10 +140,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16])
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--rounds", type=check_rounds, default=4, help="an even number (ABBA order)")
+    ap.add_argument("--rounds", type=check_rounds, help="an even number (ABBA order; default 4); not with --paired")
     ap.add_argument("--paired", type=check_rounds, default=0, metavar="TRIALS",
                     help="both servers at once, TRIALS waves on each in ABBA order (even); see the docstring")
     args = ap.parse_args()
+    if args.paired and args.rounds is not None:
+        ap.error("--rounds is for the rounds of separate runs; --paired counts its own trials")
+    args.rounds = args.rounds or 4
     specs = systems(args)
     if args.paired:
         run_paired(args, specs)
