@@ -24,6 +24,10 @@ MaxNumBatchedTokens = Annotated[int | None, Field(
     None, ge=1, le=1 << 16,
     description="llama_cpp, vllm: tokens per engine step, one per running sequence plus prompt chunks (chunked "
                 "prefill).")]
+StreamIntervalMs = Annotated[float, Field(
+    50, ge=0, le=1000,
+    description="llama_cpp, transformers: streamed tokens may wait this long (ms) to go with later ones (not a "
+                "reply's first, last): less CPU; 0: none wait.")]
 BatchInvariant = Annotated[bool, Field(
     False, description="llama_cpp, vllm: output independent of batching and drafts (llama_cpp: slower prefill, "
                        "one-token steps on one thread).")]

@@ -3,12 +3,20 @@
 Engine-neutral: an engine's worker thread collects a step's outputs in an ``OutputBatch`` and
 flushes it (thread-safe, one event-loop wake-up); the request's ``RequestStream`` is what
 ``Engine.generate`` returns.
+
+Stream interval (``--stream-interval-ms``, the time counterpart of vLLM's and SGLang's
+``--stream-interval`` in tokens): a request's outputs between two flushes are merged into one
+(its tokens, text and logprobs joined), and a step's outputs may be held for the next step's,
+so that the event loop wakes, and the serving layer renders and writes an SSE event, once for
+several tokens. A request's first output and its last are never held, nor is any output past
+the interval, nor a ``token_by_token`` request's (``GenerationRequest``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 
 from glmserve.engine.types import GenerationOutput
@@ -19,13 +27,17 @@ class OutputStream:
     through ``OutputBatch``. A deque and one waiting future: ``asyncio.Queue``'s loop checks,
     getter list and wake-up bookkeeping cost more than a single consumer needs, once per token."""
 
-    __slots__ = ("_loop", "_items", "_waiter")
+    __slots__ = ("_loop", "_items", "_waiter", "merge", "started")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``loop``: the consumer's event loop (default: the running one)."""
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, merge: bool = True) -> None:
+        """``loop``: the consumer's event loop (default: the running one). ``merge``: False hands
+        each output over as the engine gave it, at the end of its step
+        (``GenerationRequest.token_by_token``)."""
         self._loop = loop or asyncio.get_running_loop()
         self._items: collections.deque[GenerationOutput] = collections.deque()
         self._waiter: asyncio.Future | None = None
+        self.merge = merge
+        self.started = False  # an output was handed to ``OutputBatch`` (engine thread)
 
     async def get(self) -> GenerationOutput:
         """The next output, waiting for one (one consumer at a time)."""
@@ -50,22 +62,60 @@ def _put_all(pairs: list[tuple[OutputStream, GenerationOutput]]) -> None:
         stream.put_nowait(output)
 
 
+def _merge(into: GenerationOutput, output: GenerationOutput) -> None:
+    """``output`` appended to ``into``, an earlier output of the same request not yet handed over."""
+    into.token_ids = into.token_ids + output.token_ids
+    into.text += output.text
+    if into.logprobs is not None or output.logprobs is not None:
+        into.logprobs = (into.logprobs or []) + (output.logprobs or [])
+    into.finish_reason, into.error, into.invalid = output.finish_reason, output.error, output.invalid
+    into.num_prompt_tokens, into.num_cached_tokens = output.num_prompt_tokens, output.num_cached_tokens
+
+
 class OutputBatch:
-    """Outputs of one engine step, handed to the event loop(s) in one wake-up each, instead of
-    one thread-safe call per token per sequence. Used from the engine thread only."""
+    """Outputs of engine steps, handed to the event loop(s) in one wake-up each, instead of one
+    thread-safe call per token per sequence, and one output per request (``_merge``). Used from
+    the engine thread only.
 
-    __slots__ = ("_items",)
+    ``interval_s``: how long an output may be held for later steps' (0: never held; see the
+    module docstring). ``step_done`` decides after each step whether to hand them over now."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_items", "_open", "_interval_s", "_since", "_urgent")
+
+    def __init__(self, interval_s: float = 0.0) -> None:
         self._items: list[tuple[OutputStream, GenerationOutput]] = []
+        self._open: dict[OutputStream, GenerationOutput] = {}  # each merging stream's output in ``_items``
+        self._interval_s = interval_s
+        self._since = 0.0  # perf_counter() when the oldest output held was added
+        self._urgent = False  # a first or last output is held: hand over at the step's end
 
     def add(self, stream: OutputStream, output: GenerationOutput) -> None:
+        held = self._open.get(stream)
+        if held is not None:
+            if held.finish_reason is None:
+                _merge(held, output)
+                self._urgent = self._urgent or output.finish_reason is not None
+            return  # else: the request has ended, its consumer reads no further
+        if not self._items:
+            self._since = time.perf_counter()
         self._items.append((stream, output))
+        if stream.merge:
+            self._open[stream] = output
+        self._urgent = self._urgent or not (stream.merge and stream.started) or output.finish_reason is not None
+        stream.started = True
+
+    def step_done(self, step_s: float) -> None:
+        """After a step of ``step_s`` seconds: hand the outputs over, unless none is a first or
+        last one and the next step (taken to last as long) ends within the interval."""
+        if self._items and (self._urgent or time.perf_counter() - self._since + step_s >= self._interval_s):
+            self.flush()
 
     def flush(self) -> None:
+        """Hand every output held to its event loop now."""
         if not self._items:
             return
-        items, self._items = self._items, []
+        items, self._items, self._urgent = self._items, [], False
+        self._open.clear()
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputStream, GenerationOutput]]] = {}
         for stream, output in items:
             by_loop.setdefault(stream._loop, []).append((stream, output))

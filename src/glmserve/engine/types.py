@@ -94,7 +94,11 @@ class GenerationRequest:
     ``shown_special_ids``: special tokens whose text the engine's detokenizer writes into
     ``GenerationOutput.text`` (every other special token gives none): the reasoning and tool-call
     tags the serving layer parses, where the vocabulary marks them special (a GGUF may make
-    ``</think>`` a control token; vLLM's parsers match such tags by token id)."""
+    ``</think>`` a control token; vLLM's parsers match such tags by token id).
+    ``token_by_token``: the request's outputs come one per token, never merged by the step
+    engines' ``--stream-interval-ms`` (``engine/stream.py``): the serving layer sets it where it
+    ends a reply at a stop string, so that usage counts the tokens up to the one the stop string
+    ended in, whatever the timing."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -105,6 +109,7 @@ class GenerationRequest:
     shown_special_ids: frozenset[int] = frozenset()
     cache_salt: str | None = None
     tenant: str | None = None
+    token_by_token: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

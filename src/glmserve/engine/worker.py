@@ -3,8 +3,9 @@ transformers): one loop, one abort path, one failure policy.
 
 Requests reach the worker through an ``Inbox`` and aborts through an ``AbortSet``; between two
 steps the worker takes both, then runs one engine step and hands the step's outputs to the
-event loop(s) in one ``OutputBatch`` flush. An engine (vLLM) with an async core of its own does
-not use this.
+event loop(s) in one ``OutputBatch`` flush, or holds them for the next step's within
+``--stream-interval-ms`` (nothing is held while the worker waits). An engine (vLLM) with an
+async core of its own does not use this.
 
 Failure policy: a step that raises ends the requests it was computing (the running ones) with
 ``finish_reason="error"`` and the exception's one-line message; the engine resets its batch
@@ -19,6 +20,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -107,11 +109,13 @@ class StepWorker(Generic[S]):
 
     # ---- shared machinery ---------------------------------------------------------------
 
-    def _init_worker(self, max_num_seqs: int, max_queue: int | None) -> None:
+    def _init_worker(self, max_num_seqs: int, max_queue: int | None, stream_interval_ms: float = 0) -> None:
+        """``stream_interval_ms``: how long a step's outputs may be held for later steps'
+        (``--stream-interval-ms``; ``stream.py``)."""
         self._admission = AdmissionControl(max_num_seqs, max_queue)
         self._inbox: Inbox[S | _Call] = Inbox()
         self._aborts = AbortSet()
-        self._outputs = OutputBatch()
+        self._outputs = OutputBatch(stream_interval_ms / 1000)
         self._thread: threading.Thread | None = None
 
     def _start_worker(self, name: str, setup: Callable[[], None] | None = None) -> None:
@@ -199,10 +203,14 @@ class StepWorker(Generic[S]):
     def _worker(self) -> None:
         running = True
         while running:
-            running = self._inbox.drain(self._held_s() if self._has_work() else None, self._take)
+            wait = self._held_s() if self._has_work() else None
+            if wait != 0:  # no step follows at once: what is held goes now
+                self._outputs.flush()
+            running = self._inbox.drain(wait, self._take)
             self._apply_aborts()
             if not running:
                 break
+            start = time.perf_counter()
             try:
                 self._step()
             except Exception as exc:  # see the failure policy in the module docstring
@@ -210,7 +218,7 @@ class StepWorker(Generic[S]):
                 for seq in list(self._running()):
                     self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
                 self._after_failed_step()
-            self._outputs.flush()
+            self._outputs.step_done(time.perf_counter() - start)
         self._inbox.drain(0, self._take_after_close)
         for seq in list(self._unfinished()):
             self._finish(seq, "abort")

@@ -68,6 +68,7 @@ class CompletionService:
         prompts = await asyncio.to_thread(self._token_prompts, req)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         runs: list[Run] = []
+        stops = stop_strings(req)
         for p, ids in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
             n_ctx = self.pipeline.context_length
@@ -78,8 +79,8 @@ class CompletionService:
                 request = GenerationRequest(
                     request_id=f"{rid}-{p * req.n + j}", prompt_token_ids=ids, sampling=choice_sampling(sampling, j),
                     lora=req.model if req.model in self.pipeline.adapters else None, priority=priority,
-                    shown_special_ids=self.pipeline.shown_special_ids, **engine_scope())
-                runs.append(Run(rid, created, request, stop_strings(req), None, model=req.model, index=p * req.n + j))
+                    shown_special_ids=self.pipeline.shown_special_ids, token_by_token=bool(stops), **engine_scope())
+                runs.append(Run(rid, created, request, stops, None, model=req.model, index=p * req.n + j))
         await self.pipeline.admit_all(runs)
         if not req.echo:
             echoes = [""] * len(runs)

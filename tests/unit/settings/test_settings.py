@@ -23,8 +23,8 @@ BEFORE = {
                   "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "cache_ram", "runner", "mmproj",
                   "spec_ngram_cost", "cache_type_k", "cache_type_v", "n_gpu_layers", "split_mode", "tensor_split",
                   "main_gpu", "cpu_moe", "n_cpu_moe", "override_tensor", "no_mmap", "mlock", "fit", "fit_target", "rpc", "n_gpu_layers_draft",
-                  "fit_ctx", "no_mmproj_offload"},
-    "transformers": {"dtype", "device", "trust_remote_code", "n_threads"},
+                  "fit_ctx", "no_mmproj_offload", "stream_interval_ms"},
+    "transformers": {"dtype", "device", "trust_remote_code", "n_threads", "stream_interval_ms"},
     "vllm": {"dtype", "trust_remote_code", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
              "distributed_executor_backend", "gpu_memory_utilization", "kv_cache_memory", "enforce_eager", "engine_arg",
              "speculative", "spec_ngram_min", "spec_ngram_max", "spec_draft_max", "draft_model", "batch_invariant", "scheduling_policy"},
@@ -55,6 +55,8 @@ def test_llama_cpp_batch_size_and_prompt_cache_in_force():
     for flag in ("batch_invariant", "cache_ram"):
         with pytest.raises(EngineError, match=f"--{flag.replace('_', '-')} is not used by the transformers engine"):
             check_engine_settings(ServeSettings(engine="transformers", **{flag: 1}))
+    with pytest.raises(EngineError, match="--stream-interval-ms is not used by the vllm engine"):
+        check_engine_settings(ServeSettings(engine="vllm", stream_interval_ms=0))
 
 
 def test_a_field_two_engines_read_is_the_same_field():

@@ -92,7 +92,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         self._embedder: Embedder | None = None
         self._draft: DraftModel | MtpDraft | None = None  # --speculative draft, mtp
         self._scheduler: Scheduler | None = None
-        self._init_worker(settings.max_num_seqs, settings.max_queue)
+        self._init_worker(settings.max_num_seqs, settings.max_queue, settings.stream_interval_ms)
         self._by_id: dict[str, Sequence] = {}
         self._adapters: GGUFAdapters | None = None  # at start()
         self.spec_decode = SpecDecodeCounters() if self.speculative else None
@@ -265,7 +265,7 @@ class LlamaCppEngine(StepWorker[Sequence]):
         except BaseException:
             sampler.free()
             raise
-        stream = OutputStream(loop)
+        stream = OutputStream(loop, merge=not request.token_by_token)
         spec, media = self.speculative, request.multimodal or ()  # images: vision.py's spans
         drafter = (None if spec is None or media else ModelDrafter(spec, self._draft) if self._draft is not None
                    else NgramDrafter(spec, self._step_costs, self._ngram_pool, request.cache_salt))

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode  # a list flag's variable is read as on the command line (3,1)
 
-from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings
+from glmserve.engine.fields import BatchInvariant, MaxNumBatchedTokens, NThreads, SpeculativeSettings, StreamIntervalMs
 from glmserve.engine.settings import PER_MODEL
 
 # --max-num-batched-tokens when not set: llama.cpp's default micro-batch (n_ubatch), the prompt
@@ -28,6 +28,7 @@ class LlamaCppSettings(SpeculativeSettings):
     n_threads: NThreads
     max_num_batched_tokens: MaxNumBatchedTokens
     batch_invariant: BatchInvariant
+    stream_interval_ms: StreamIntervalMs
     spec_ngram_cost: Literal["measured", "prior"] = Field(
         "measured", description="llama_cpp, --speculative ngram, for tests: draft row cost learned, or fixed at "
                                 "the prior so that drafts follow the tokens alone.",

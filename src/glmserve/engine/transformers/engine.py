@@ -76,7 +76,7 @@ class TransformersEngine(StepWorker[_Seq]):
         self._resolved = model
         self.settings = settings = settings.model_copy(update={"max_num_seqs": max_num_seqs_in_force(settings)})
         self._loaded = loaded
-        self._init_worker(settings.max_num_seqs, settings.max_queue)
+        self._init_worker(settings.max_num_seqs, settings.max_queue, settings.stream_interval_ms)
         self._waiting: deque[_Seq] = deque()
         self._batch_seqs: list[_Seq] = []  # row i of the batch is _batch_seqs[i]
         self._by_id: dict[str, _Seq] = {}
@@ -144,7 +144,7 @@ class TransformersEngine(StepWorker[_Seq]):
         # still end on the model's own end-of-generation tokens
         mask = self._grammars.mask(sp.grammar, stop_ids or self.tokenizer.eog_ids) if sp.grammar else None
         self._admission.acquire(request.tenant)
-        stream = OutputStream(loop)
+        stream = OutputStream(loop, merge=not request.token_by_token)
         seq = _Seq(request, stream, Sampler(sp, self._n_vocab, mask),
                    self.tokenizer.detokenizer(request.prompt_token_ids[-4:], request.shown_special_ids,
                                               escaped_tags(request)),

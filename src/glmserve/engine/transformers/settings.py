@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from glmserve.engine.fields import Dtype, NThreads, TrustRemoteCode
+from glmserve.engine.fields import Dtype, NThreads, StreamIntervalMs, TrustRemoteCode
 from glmserve.engine.settings import EngineSettings
 
 
@@ -19,3 +19,4 @@ class TransformersSettings(EngineSettings):
     )
     trust_remote_code: TrustRemoteCode
     n_threads: NThreads
+    stream_interval_ms: StreamIntervalMs

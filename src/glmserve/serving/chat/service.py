@@ -123,7 +123,7 @@ class ChatService:
         # a reply a grammar writes from its first token has no reasoning to end
         state = prompt_state(prompt.text) if self.pipeline.reasoning and not plan.grammar else "answer"
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        runs = []
+        runs, stops = [], stop_strings(req)
         for i in range(req.n):
             request = GenerationRequest(
                 request_id=rid if req.n == 1 else f"{rid}-{i}",
@@ -133,9 +133,10 @@ class ChatService:
                 multimodal=prompt.multimodal,
                 priority=priority,
                 shown_special_ids=self.pipeline.shown_special_ids,
+                token_by_token=bool(stops),
                 **engine_scope(),
             )
-            runs.append(Run(rid, created, request, stop_strings(req), None,
+            runs.append(Run(rid, created, request, stops, None,
                             output_parser(calls, plan.functions, self.pipeline.reasoning, prompt.text,
                                           plan.grammar is not None),
                             plan.forced_prefix, plan.max_calls, req.model, index=i,
