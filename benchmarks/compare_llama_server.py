@@ -36,12 +36,11 @@ median, quartiles and every trial's ratio of output tok/s, and each trial's rati
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
-from rounds import alternate, check_rounds, medians, order, paired, paired_text, per_round, save, table  # noqa: I001
-from rounds import warm_up, wave  # noqa: I001
+from rounds import alternate, check_rounds, medians, paired, paired_text, per_round, save, table  # noqa: I001
+from rounds import paired_trials, paired_waves, wave_medians  # noqa: I001
 
 from glmserve.bench.report import hardware
 from glmserve.models import default_model_path
@@ -83,17 +82,11 @@ def run_paired(args, specs: dict[str, dict]) -> None:
     each, then ``args.paired`` trials of one wave on each in ``order`` (ABBA over trials)."""
     names = ["glmserve", next(name for name in specs if name.startswith("llama-server"))]
     servers = {}
-    waves: dict[str, dict[int, list]] = {name: {c: [] for c in args.concurrency} for name in names}
     try:
         for name in names:
             servers[name] = start(specs[name], args)
-        for c in args.concurrency:
-            for name in names:
-                warm_up(servers[name].url, DEFAULT_MODEL, name, c, args.input_len, args.output_len, seed=0)
-            for t in range(args.paired):
-                for name in order(names, t):
-                    waves[name][c].append(wave(servers[name].url, DEFAULT_MODEL, name, c, args.input_len,
-                                               args.output_len, seed=1000 * c + t))
+        waves = paired_waves({name: servers[name].url for name in names}, args.concurrency, args.paired,
+                             args.input_len, args.output_len, DEFAULT_MODEL)
     finally:
         for server in servers.values():
             server.stop()
@@ -102,17 +95,11 @@ def run_paired(args, specs: dict[str, dict]) -> None:
     checks, stats = [], {}
     for c in args.concurrency:
         for name in names:
-            ws = waves[name][c]
-            stats.setdefault(name, {})[c] = {
-                "output_tok_s": statistics.median(w.output_throughput for w in ws),
-                "ttft_p50_ms": statistics.median(w.ttft_ms["p50"] for w in ws),
-                "tpot_p50_ms": statistics.median(w.tpot_ms["p50"] for w in ws), "failed": sum(w.failed for w in ws)}
-            m = stats[name][c]
+            m = stats.setdefault(name, {})[c] = wave_medians(waves[name][c])
             lines.append(f"| {c} | {name} | {m['output_tok_s']:.1f} | {m['ttft_p50_ms']:.0f} | "
                          f"{m['tpot_p50_ms']:.2f} | {m['failed']} |")
-        ratio = paired(*([w.output_throughput for w in waves[name][c]] for name in names))
-        q1, _, q3 = statistics.quantiles(ratio["rounds"], n=4, method="inclusive")  # within the trials' range
-        ratio.update(q1=q1, q3=q3)
+        ratio = paired_trials(*([w.output_throughput for w in waves[name][c]] for name in names))
+        q1, q3 = ratio["q1"], ratio["q3"]
         # decode speed alone: llama-server's TPOT over glmserve's (above 1: glmserve decodes faster)
         speed = paired(*([w.tpot_ms["p50"] for w in waves[name][c]] for name in reversed(names)))
         stats["glmserve"][c].update(paired_throughput=ratio, paired_decode_speed=speed)

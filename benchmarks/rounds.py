@@ -132,6 +132,42 @@ def interleave(urls: dict[str, str], rounds: int, concurrency: list[int], input_
     return rows
 
 
+def paired_waves(urls: dict[str, str], concurrency: list[int], trials: int, input_len: int, output_len: int,
+                 model: str) -> dict[str, dict[int, list[Summary]]]:
+    """Trials over servers running side by side (``urls``: {label: base URL}), each idle but for
+    the wave it is sent: per level of ``concurrency`` a discarded wave on each, then ``trials``
+    (even: ``check_rounds``) trials of one ``wave`` of c requests on each (the same prompts), in
+    ``order`` (ABBA over the trials), so that a trial's measurements are seconds apart. Returns
+    {label: {c: each trial's summary}}."""
+    check_rounds(trials)
+    labels = list(urls)
+    waves: dict[str, dict[int, list[Summary]]] = {label: {c: [] for c in concurrency} for label in labels}
+    for c in concurrency:
+        for label in labels:
+            warm_up(urls[label], model, label, c, input_len, output_len, seed=0)
+        for t in range(trials):
+            for label in order(labels, t):
+                waves[label][c].append(wave(urls[label], model, label, c, input_len, output_len, seed=1000 * c + t))
+    return waves
+
+
+def wave_medians(waves: list[Summary]) -> dict:
+    """Medians over ``paired_waves``' trials of one system at one level: output tok/s, TTFT,
+    TPOT and ITL p50 (ms); failed requests summed."""
+    return {"output_tok_s": statistics.median(w.output_throughput for w in waves),
+            "ttft_p50_ms": statistics.median(w.ttft_ms["p50"] for w in waves),
+            "tpot_p50_ms": statistics.median(w.tpot_ms["p50"] for w in waves),
+            "itl_p50_ms": statistics.median(w.itl_ms["p50"] for w in waves), "failed": sum(w.failed for w in waves)}
+
+
+def paired_trials(ours: list[float], theirs: list[float]) -> dict:
+    """``paired`` with the quartiles of the ratios (``q1``, ``q3``; the inclusive method, within
+    the trials' range), for ``paired_waves``' trials."""
+    ratio = paired(ours, theirs)
+    q1, _, q3 = statistics.quantiles(ratio["rounds"], n=4, method="inclusive")
+    return {**ratio, "q1": q1, "q3": q3}
+
+
 def medians(rounds: list[list[Summary]], c: int) -> dict:
     """Medians over the rounds at concurrency ``c``: output tok/s, TTFT and TPOT p50 (ms);
     failed requests summed; each round's tok/s."""
