@@ -1,5 +1,5 @@
-"""glmserve at ``--stream-interval-ms 0`` (every step's tokens handed over as they come) against
-another interval (default 50, the default), in paired waves of one run.
+"""glmserve at ``--stream-interval-ms 0`` (the default: every step's tokens handed over as they
+come) against another interval (default 50), in paired waves of one run.
 
 Both servers run at once (the embedded default GGUF, the same threads, 8 parallel sequences),
 each idle but for the wave it is sent; per level, a discarded wave on each, then TRIALS trials
