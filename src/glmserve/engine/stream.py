@@ -107,7 +107,8 @@ class OutputBatch:
     def step_done(self, step_s: float) -> None:
         """After a step of ``step_s`` seconds: hand the outputs over, unless none is a first or
         last one and the next step (taken to last as long) ends within the interval."""
-        if self._items and (self._urgent or time.perf_counter() - self._since + step_s >= self._interval_s):
+        if self._items and (self._urgent or not self._interval_s
+                            or time.perf_counter() - self._since + step_s >= self._interval_s):
             self.flush()
 
     def flush(self) -> None:
