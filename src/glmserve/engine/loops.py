@@ -34,7 +34,8 @@ class Loop:
 
 class LoopDetector:
     """``feed(token_ids)`` -> the ``Loop`` the tokens fed so far end in, or None (see the module
-    docstring). Keeps the last ``max_period`` tokens and one count per period."""
+    docstring); ``find`` stops at the first token that ends one. Keeps the last ``max_period``
+    tokens and one count per period."""
 
     __slots__ = ("max_period", "min_span", "min_repeats", "_last", "_runs")
 
@@ -50,6 +51,17 @@ class LoopDetector:
         for token in token_ids:
             found = self._push(token) or found
         return found
+
+    def find(self, token_ids: list[int]) -> tuple[int, Loop] | None:
+        """Feeds ``token_ids`` up to the first one that ends a loop: (how many were fed, that
+        ``Loop``), the rest not fed; None when none does (all fed). A caller handed several tokens
+        at once (a merged or speculative output) cuts them where the loop was found, as it would
+        have, one token at a time."""
+        for i, token in enumerate(token_ids):
+            found = self._push(token)
+            if found is not None:
+                return i + 1, found
+        return None
 
     def _push(self, token: int) -> Loop | None:
         last, runs, n = self._last, self._runs, len(self._last)

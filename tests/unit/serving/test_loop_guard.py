@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from glmserve.chat import ChatTemplate
 from glmserve.engine.loops import MIN_SPAN
+from glmserve.engine.types import GenerationOutput
 from glmserve.server import create_app
 from glmserve.serving.generation.pipeline import ModelPipeline
 from tests.unit.fakes import FakeEngine, one_model
@@ -24,8 +25,24 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _client(reply, template: str = GLM47, parser: str | None = "glm47", loop_guard: str = "reasoning"):
-    engine = FakeEngine(reply=reply, context_length=8000)
+class _Merged(FakeEngine):
+    """Hands over ``group`` tokens an output, as ``--stream-interval-ms`` merges a step's outputs."""
+
+    group = 7
+
+    async def _outputs(self, request, prompt, n):
+        parts: list[GenerationOutput] = []
+        async for out in super()._outputs(request, prompt, n):
+            parts.append(out)
+            if len(parts) == self.group or out.finished:
+                yield GenerationOutput(out.request_id, [t for p in parts for t in p.token_ids],
+                                       "".join(p.text for p in parts), out.finish_reason, num_prompt_tokens=n)
+                parts = []
+
+
+def _client(reply, template: str = GLM47, parser: str | None = "glm47", loop_guard: str = "reasoning",
+            engine_type: type[FakeEngine] = FakeEngine):
+    engine = engine_type(reply=reply, context_length=8000)
     pipeline = ModelPipeline(engine, "glm", ChatTemplate(template), parser, loop_guard=loop_guard)
     return engine, pipeline, TestClient(create_app(one_model(pipeline)))
 
@@ -44,6 +61,18 @@ def test_a_loop_in_the_reasoning_ends_it_and_the_answer_follows(caplog):
     content, reasoning, _, finish = chat_stream(client, body)
     assert (reasoning, content, finish) == (STUCK[:MIN_SPAN], ANSWER, "stop")
     assert 'glmserve:loops_stopped_total{model_name="glm",where="reasoning"} 2.0' in client.get("/metrics").text
+
+
+def test_outputs_of_several_tokens_are_cut_where_the_loop_was_found():
+    # the loop's last token falls inside a merged output: the reasoning ends there, not at the
+    # output's end, so a reply is the same whatever the grouping
+    assert MIN_SPAN % _Merged.group
+    for looping, answer in ((_thinker(STUCK), ANSWER), ("Done.</think>" + "ha" * 300, "ha" * (MIN_SPAN // 2))):
+        engine, _, client = _client(looping, engine_type=_Merged)
+        message = client.post("/v1/chat/completions", json={"model": "glm", "messages": ASK,
+                                                              "max_tokens": 4000}).json()["choices"][0]["message"]
+        assert message["reasoning_content"] == (STUCK[:MIN_SPAN] if answer == ANSWER else "Done.")
+        assert message["content"] == answer
 
 
 def test_a_loop_in_the_answer_stops_it_as_max_tokens_would(caplog):

@@ -70,15 +70,25 @@ class _Tracker:
     def room(self, n: int) -> int:
         return min(n, self.budget - self.used) if self.parser.in_reasoning and self.budget is not None else n
 
+    def seek(self, token_ids: list[int]) -> int:
+        """How many of an output's ``token_ids`` to keep: all, or those up to the token that ends
+        a loop in the current part (``loop`` then set), so that a loop in an output of several
+        tokens (merged by ``--stream-interval-ms``, speculative) is cut where one token at a
+        time would have found it. Call before ``add``."""
+        found = self.detector.find(token_ids) if self.detector is not None else None
+        if found is None:
+            return len(token_ids)
+        kept, self.loop = found
+        return kept
+
     def add(self, text: str, token_ids: list[int]) -> None:
         was_reasoning = self.parser.in_reasoning
         if not self.parser.settled:  # the answer's text needs no parsing here
             self.parser.feed(text)
         if was_reasoning and self.parser.in_reasoning:
             self.used += len(token_ids)
-        if self.detector is not None:
-            if was_reasoning != self.parser.in_reasoning:  # a loop is sought within one part
-                self.detector = LoopDetector()
+        if self.detector is not None and was_reasoning != self.parser.in_reasoning:
+            self.detector = LoopDetector()  # a loop is sought within one part: the new part's tokens
             self.loop = self.detector.feed(token_ids)
 
 
@@ -110,8 +120,8 @@ async def budgeted(outputs: AsyncIterator[GenerationOutput], request: Generation
                     out.request_id, out.num_prompt_tokens = request.request_id, prompt_tokens or max(
                         0, out.num_prompt_tokens - extra)
                     out.num_cached_tokens = cached_tokens
-                keep = tracker.room(len(out.token_ids))
-                if keep < len(out.token_ids):  # crosses the budget: cut to it
+                keep = tracker.seek(out.token_ids[:tracker.room(len(out.token_ids))])
+                if keep < len(out.token_ids):  # crosses the budget or ends a loop: cut there
                     kept = out.token_ids[:keep]
                     out = dataclasses.replace(out, token_ids=kept, finish_reason=None,
                                               text=_unsent(text_of, [*generated, *kept], sent, kept),
