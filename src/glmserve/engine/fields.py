@@ -25,7 +25,7 @@ MaxNumBatchedTokens = Annotated[int | None, Field(
     description="llama_cpp, vllm: tokens per engine step, one per running sequence plus prompt chunks (chunked "
                 "prefill).")]
 StreamIntervalMs = Annotated[float, Field(
-    0, ge=0, le=1000,
+    50, ge=0, le=1000,
     description="llama_cpp, transformers: streamed tokens may wait this long (ms) to go with later ones (not a "
                 "reply's first, last): less CPU; 0: none wait.")]
 BatchInvariant = Annotated[bool, Field(
