@@ -47,6 +47,14 @@ def test_text_that_does_not_repeat_is_not_a_loop_and_outputs_of_several_tokens_a
         LoopDetector(max_period=0)
 
 
+def test_find_stops_at_the_token_that_ends_a_loop():
+    detector = LoopDetector()
+    assert detector.find([7] * (MIN_SPAN - 2)) is None
+    kept, found = detector.find([7, 7, 7, 7])  # the loop's span is written at the second of these
+    assert (kept, found.period, found.span) == (2, 1, MIN_SPAN)
+    assert detector.find([7])[1].span == MIN_SPAN + 1  # the two 7s after it were not fed
+
+
 @pytest.mark.parametrize("path", [
     ROOT / "benchmarks" / "results" / "speculative-paired-before-after.md",  # "1.0, 1.0, 1.0, ..." in a JSON list
     Path(sysconfig.get_paths()["stdlib"]) / "ipaddress.py",  # "0.0.0.0.0.0.0.0..." in a docstring
