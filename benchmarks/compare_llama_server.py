@@ -31,6 +31,10 @@ measurements of a trial is seconds, not the minutes between two servers' runs in
 machine's per-round ratios spread by about 10%). Reports per level each system's medians and the
 median, quartiles and every trial's ratio of output tok/s, and each trial's ratio of decode speed
 (TPOT p50, llama-server's over glmserve's) (``results/compare_llama_server_paired``).
+
+``--control`` runs the rounds with llama-server on both sides (an A/A run: two starts of the
+same command, ``results/compare_llama_server_control``): how far from 1.0 the rounds' ratio
+strays when nothing differs, the resolution of the rounds on this machine.
 """
 
 from __future__ import annotations
@@ -53,14 +57,16 @@ def systems(args) -> dict[str, dict]:
     """{label: how to start it, KV cells per sequence and in all}."""
     n, ctx = args.parallel, args.n_ctx
     glm = ("--max-num-seqs", str(n), "--n-ctx", str(ctx), "--max-queue", "1024")
+    llama = {"command": [args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1",
+                         "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.llama_server_ctx),
+                         "-np", str(n), "--no-kv-unified", "--no-webui"],
+             "cells": (args.llama_server_ctx // n, args.llama_server_ctx)}
+    if args.control:
+        return {f"llama-server -np {n} (A)": llama, f"llama-server -np {n} (B)": llama}
     return {
         "glmserve": {"args": glm, "cells": (ctx, n * ctx)},
         "glmserve --kv-layout unified": {"args": (*glm, "--kv-layout", "unified"), "cells": (ctx, ctx)},
-        f"llama-server -np {n}": {
-            "command": [args.llama_server, "-m", str(default_model_path()), "--host", "127.0.0.1",
-                        "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.llama_server_ctx),
-                        "-np", str(n), "--no-kv-unified", "--no-webui"],
-            "cells": (args.llama_server_ctx // n, args.llama_server_ctx)},
+        f"llama-server -np {n}": llama,
     }
 
 
@@ -130,7 +136,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=check_rounds, help="an even number (ABBA order; default 4); not with --paired")
     ap.add_argument("--paired", type=check_rounds, default=0, metavar="TRIALS",
                     help="both servers at once, TRIALS waves on each in ABBA order (even); see the docstring")
+    ap.add_argument("--control", action="store_true", help="the rounds with llama-server against itself (A/A)")
     args = ap.parse_args()
+    if args.control and args.paired:
+        ap.error("--control is for the rounds")
     if args.paired and args.rounds is not None:
         ap.error("--rounds is for the rounds of separate runs; --paired counts its own trials")
     args.rounds = args.rounds or 4
@@ -143,7 +152,8 @@ def main() -> None:
     rows = alternate(names, lambda name: start(specs[name], args), args.rounds, args.concurrency, args.input_len,
                      args.output_len, DEFAULT_MODEL, after=lambda name, srv: rss[name].append(rss_mib(srv.proc.pid)))
     stats = {name: {c: medians(rounds, c) for c in args.concurrency} for name, rounds in rows.items()}
-    ours, theirs = stats["glmserve"], stats[names[2]]
+    a, b = names[0], names[-1]  # glmserve and llama-server; A and B with --control
+    ours, theirs = stats[a], stats[b]
     lines = table(stats, args.concurrency)
     memory = ["| system | KV cells per sequence | KV cells in all | KV cache MiB | per sequence MiB | "
               "server RSS MiB (max over rounds) |", "|---|---:|---:|---:|---:|---:|"]
@@ -154,20 +164,21 @@ def main() -> None:
     checks = []
     for c in args.concurrency:
         o, t = ours[c], theirs[c]
-        throughput = paired(per_round(rows["glmserve"], c), per_round(rows[names[2]], c))
-        tpot = paired(*(per_round(rows[n], c, lambda s: s.tpot_ms["p50"]) for n in ("glmserve", names[2])))
+        throughput = paired(per_round(rows[a], c), per_round(rows[b], c))
+        tpot = paired(*(per_round(rows[n], c, lambda s: s.tpot_ms["p50"]) for n in (a, b)))
         o.update(paired_throughput=throughput, paired_tpot_p50=tpot)
-        checks.append(f"- c={c}: output tok/s glmserve / llama-server {paired_text(throughput)}; TPOT p50 "
+        checks.append(f"- c={c}: output tok/s {a} / {b} {paired_text(throughput)}; TPOT p50 "
                       f"{paired_text(tpot)} ({o['tpot_p50_ms']:.1f} vs {t['tpot_p50_ms']:.1f} ms); TTFT p50 "
                       f"{o['ttft_p50_ms']:.0f} vs {t['ttft_p50_ms']:.0f} ms")
-    checks.append(f"- failed glmserve requests over all levels and rounds: "
+    checks.append(f"- failed {a} requests over all levels and rounds: "
                   f"{sum(m['failed'] for m in ours.values())}")
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"{args.parallel} parallel sequences | input ~{args.input_len} tokens, output {args.output_len} "
         f"(ignore_eos, greedy) | requests per level: max(8, 4 x concurrency), after a discarded wave of c | "
         f"{args.rounds} rounds in ABBA order; medians, and ratios as the median of per-round ratios", "", *lines, "", *memory, "", *checks])
-    save("compare_llama_server", "glmserve vs llama-server", report, stats,
+    save("compare_llama_server_control" if args.control else "compare_llama_server",
+         "llama-server vs llama-server (A/A control)" if args.control else "glmserve vs llama-server", report, stats,
          command=" ".join(["python benchmarks/compare_llama_server.py", *sys.argv[1:]]))
 
 
