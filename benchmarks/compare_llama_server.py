@@ -32,9 +32,9 @@ machine's per-round ratios spread by about 10%). Reports per level each system's
 median, quartiles and every trial's ratio of output tok/s, and each trial's ratio of decode speed
 (TPOT p50, llama-server's over glmserve's) (``results/compare_llama_server_paired``).
 
-``--control`` runs the rounds with llama-server on both sides (an A/A run: two starts of the
-same command, ``results/compare_llama_server_control``): how far from 1.0 the rounds' ratio
-strays when nothing differs, the resolution of the rounds on this machine.
+``--control`` runs llama-server on both sides (an A/A run: two starts of the same command,
+``results/compare_llama_server_control`` and ``_paired_control``): how far from 1.0 the ratio
+strays when nothing differs, the resolution of the measure on this machine.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def rss_mib(pid: int) -> float:
 def run_paired(args, specs: dict[str, dict]) -> None:
     """``--paired``: glmserve and llama-server side by side; per level, a discarded wave on
     each, then ``args.paired`` trials of one wave on each in ``order`` (ABBA over trials)."""
-    names = ["glmserve", next(name for name in specs if name.startswith("llama-server"))]
+    names = [next(iter(specs)), list(specs)[-1]]  # glmserve and llama-server; A and B with --control
+    a, b = names
     servers = {}
     try:
         for name in names:
@@ -108,18 +109,18 @@ def run_paired(args, specs: dict[str, dict]) -> None:
         q1, q3 = ratio["q1"], ratio["q3"]
         # decode speed alone: llama-server's TPOT over glmserve's (above 1: glmserve decodes faster)
         speed = paired(*([w.tpot_ms["p50"] for w in waves[name][c]] for name in reversed(names)))
-        stats["glmserve"][c].update(paired_throughput=ratio, paired_decode_speed=speed)
-        checks.append(f"- c={c}: output tok/s glmserve / llama-server, per trial: median {ratio['median']:.3f}, "
+        stats[a][c].update(paired_throughput=ratio, paired_decode_speed=speed)
+        checks.append(f"- c={c}: output tok/s {a} / {b}, per trial: median {ratio['median']:.3f}, "
                       f"quartiles {q1:.3f} .. {q3:.3f}, range {ratio['min']:.3f} .. {ratio['max']:.3f}; "
                       f"trials: {ratio['rounds']}")
-        checks.append(f"- c={c}: decode speed (llama-server's TPOT p50 / glmserve's), per trial: {paired_text(speed)}")
+        checks.append(f"- c={c}: decode speed ({b}'s TPOT p50 / {a}'s), per trial: {paired_text(speed)}")
     report = "\n".join([
         f"hardware: {hardware()} | model: SmolLM2-135M-Instruct Q4_1 (embedded default) | threads {args.threads} | "
         f"{args.parallel} parallel sequences | input ~{args.input_len} tokens, output {args.output_len} "
         f"(ignore_eos, greedy) | both servers up at once; per level a discarded wave on each, then "
         f"{args.paired} trials of one wave of c requests on each in ABBA order; medians over the waves, and "
         f"ratios per trial", "", *lines, "", *checks])
-    save("compare_llama_server_paired", "glmserve vs llama-server, paired waves", report, stats,
+    save(f"compare_llama_server_paired{'_control' if args.control else ''}", f"{a} vs {b}, paired waves", report, stats,
          command=" ".join(["python benchmarks/compare_llama_server.py", *sys.argv[1:]]))
 
 
@@ -136,10 +137,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=check_rounds, help="an even number (ABBA order; default 4); not with --paired")
     ap.add_argument("--paired", type=check_rounds, default=0, metavar="TRIALS",
                     help="both servers at once, TRIALS waves on each in ABBA order (even); see the docstring")
-    ap.add_argument("--control", action="store_true", help="the rounds with llama-server against itself (A/A)")
+    ap.add_argument("--control", action="store_true", help="llama-server against itself (A/A), rounds or paired")
     args = ap.parse_args()
-    if args.control and args.paired:
-        ap.error("--control is for the rounds")
     if args.paired and args.rounds is not None:
         ap.error("--rounds is for the rounds of separate runs; --paired counts its own trials")
     args.rounds = args.rounds or 4
