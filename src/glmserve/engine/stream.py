@@ -96,7 +96,7 @@ class OutputBatch:
                 _merge(held, output)
                 self._urgent = self._urgent or output.finish_reason is not None
             return  # else: the request has ended, its consumer reads no further
-        if not self._items:
+        if not self._items and self._interval_s:  # at 0 nothing is held: no clock to read
             self._since = time.perf_counter()
         self._items.append((stream, output))
         if stream.merge:

@@ -70,14 +70,16 @@ class _Tracker:
     def room(self, n: int) -> int:
         return min(n, self.budget - self.used) if self.parser.in_reasoning and self.budget is not None else n
 
-    def seek(self, token_ids: list[int]) -> int:
-        """How many of an output's ``token_ids`` to keep: all, or those up to the token that ends
-        a loop in the current part (``loop`` then set), so that a loop in an output of several
-        tokens (merged by ``--stream-interval-ms``, speculative) is cut where one token at a
-        time would have found it. Call before ``add``."""
-        found = self.detector.find(token_ids) if self.detector is not None else None
+    def seek(self, token_ids: list[int], limit: int) -> int:
+        """How many of an output's first ``limit`` ``token_ids`` to keep: all of them, or those
+        up to the token that ends a loop in the current part (``loop`` then set), so that a loop
+        in an output of several tokens (merged by ``--stream-interval-ms``, speculative) is cut
+        where one token at a time would have found it. Call before ``add``."""
+        if self.detector is None:
+            return limit
+        found = self.detector.find(token_ids if limit == len(token_ids) else token_ids[:limit])
         if found is None:
-            return len(token_ids)
+            return limit
         kept, self.loop = found
         return kept
 
@@ -120,7 +122,7 @@ async def budgeted(outputs: AsyncIterator[GenerationOutput], request: Generation
                     out.request_id, out.num_prompt_tokens = request.request_id, prompt_tokens or max(
                         0, out.num_prompt_tokens - extra)
                     out.num_cached_tokens = cached_tokens
-                keep = tracker.seek(out.token_ids[:tracker.room(len(out.token_ids))])
+                keep = tracker.seek(out.token_ids, tracker.room(len(out.token_ids)))
                 if keep < len(out.token_ids):  # crosses the budget or ends a loop: cut there
                     kept = out.token_ids[:keep]
                     out = dataclasses.replace(out, token_ids=kept, finish_reason=None,
